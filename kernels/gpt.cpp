@@ -1,0 +1,229 @@
+#include "kernels/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/check.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+
+namespace {
+// Per-block tensors in layout order; LayerParams has the same order.
+const char* const kBlockTensors[] = {
+    "ln_1.weight",      "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",      "ln_2.bias",
+    "mlp.c_fc.weight",  "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+constexpr int kNumBlockTensors = 12;
+
+std::string block_name(int l, const char* suffix) {
+  return "h." + std::to_string(l) + "." + suffix;
+}
+}  // namespace
+
+TensorTable gpt_tensor_table(const GptConfig& g) {
+  const int C = g.n_embd;
+  TensorTable t;
+  t.add("wte", {g.vocab_size, C});
+  t.add("wpe", {g.block_size, C});
+  for (int l = 0; l < g.n_layer; l++) {
+    const std::vector<int> shapes[kNumBlockTensors] = {
+        {C}, {C}, {3 * C, C}, {3 * C}, {C, C}, {C}, {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
+    for (int k = 0; k < kNumBlockTensors; k++) t.add(block_name(l, kBlockTensors[k]), shapes[k]);
+  }
+  t.add("ln_f.weight", {C});
+  t.add("ln_f.bias", {C});
+  return t;
+}
+
+bool gpt_tensor_decays(const TensorInfo& tensor) { return tensor.shape.size() == 2; }
+
+Gpt::Gpt(const GptConfig& config, int max_batch)
+    : config_(config), max_batch_(max_batch), table_(gpt_tensor_table(config)) {
+  DL_CHECK(config.n_embd % config.n_head == 0, "n_embd %d %% n_head %d", config.n_embd, config.n_head);
+  DL_CHECK(max_batch > 0 && config.block_size > 0, "empty batch");
+  params_.assign(table_.total_numel(), 0.0f);
+  grads_.assign(table_.total_numel(), 0.0f);
+
+  const size_t B = max_batch, T = config.block_size, C = config.n_embd;
+  const size_t L = config.n_layer, NH = config.n_head, V = config.vocab_size;
+  const size_t N = B * T;
+  // Carve every activation out of one buffer.
+  struct Slot {
+    float** ptr;
+    size_t count;
+  };
+  Activations& a = acts_;
+  const Slot slots[] = {
+      {&a.encoded, N * C},
+      {&a.ln1, L * N * C}, {&a.ln1_mean, L * N}, {&a.ln1_rstd, L * N},
+      {&a.qkv, L * N * 3 * C}, {&a.atty, L * N * C}, {&a.att, L * B * NH * T * T},
+      {&a.attproj, L * N * C}, {&a.residual2, L * N * C},
+      {&a.ln2, L * N * C}, {&a.ln2_mean, L * N}, {&a.ln2_rstd, L * N},
+      {&a.fch, L * N * 4 * C}, {&a.fch_gelu, L * N * 4 * C}, {&a.fcproj, L * N * C},
+      {&a.residual3, L * N * C},
+      {&a.lnf, N * C}, {&a.lnf_mean, N}, {&a.lnf_rstd, N},
+      {&a.logits, N * V}, {&a.losses, N},
+      {&a.dresidual, N * C}, {&a.dln, N * C}, {&a.dqkv, N * 3 * C}, {&a.datty, N * C},
+      {&a.dfch, N * 4 * C}, {&a.dfch_gelu, N * 4 * C},
+  };
+  size_t total = 0;
+  for (const Slot& s : slots) total += s.count;
+  act_buffer_.assign(total, 0.0f);
+  float* p = act_buffer_.data();
+  for (const Slot& s : slots) {
+    *s.ptr = p;
+    p += s.count;
+  }
+}
+
+float* Gpt::tensor(float* base, const char* name) const {
+  const TensorInfo* t = table_.find(name);
+  DL_CHECK(t != nullptr, "no tensor %s", name);
+  return base + t->offset;
+}
+
+Gpt::LayerParams Gpt::layer(float* base, int l) const {
+  // Block l's tensors follow wte and wpe in kBlockTensors order.
+  const std::vector<TensorInfo>& ts = table_.tensors();
+  float* p[kNumBlockTensors];
+  for (int k = 0; k < kNumBlockTensors; k++) p[k] = base + ts[2 + l * kNumBlockTensors + k].offset;
+  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+}
+
+void Gpt::init_weights(uint64_t seed) {
+  Rng rng(seed);
+  const float proj_std = 0.02f / std::sqrt(2.0f * config_.n_layer);
+  for (const TensorInfo& t : table_.tensors()) {
+    float* p = params_.data() + t.offset;
+    const bool is_ln_weight = t.name.find("ln_") != std::string::npos &&
+                              t.name.ends_with(".weight");
+    if (is_ln_weight) {
+      for (size_t i = 0; i < t.numel; i++) p[i] = 1.0f;
+    } else if (t.shape.size() == 1) {
+      for (size_t i = 0; i < t.numel; i++) p[i] = 0.0f;
+    } else {
+      const float std = t.name.ends_with("c_proj.weight") ? proj_std : 0.02f;
+      for (size_t i = 0; i < t.numel; i++) p[i] = (float)(rng.normal() * std);
+    }
+  }
+}
+
+float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
+  DL_CHECK(B >= 1 && B <= max_batch_, "batch %d outside [1, %d]", B, max_batch_);
+  DL_CHECK(T >= 1 && T <= config_.block_size, "sequence %d outside [1, %d]", T, config_.block_size);
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int L = config_.n_layer;
+  const int N = B * T;
+  for (int i = 0; i < N; i++) {
+    DL_CHECK(inputs[i] >= 0 && inputs[i] < V, "token %d out of vocabulary", inputs[i]);
+    if (targets) DL_CHECK(targets[i] >= 0 && targets[i] < V, "target %d out of vocabulary", targets[i]);
+  }
+  // Activation strides are fixed by max_batch and block_size; a smaller
+  // batch uses the front of each layer's slot.
+  const size_t NC = (size_t)max_batch_ * config_.block_size * C;
+  const size_t NR = (size_t)max_batch_ * config_.block_size;
+  const size_t ATT = (size_t)max_batch_ * NH * config_.block_size * config_.block_size;
+  Activations& a = acts_;
+
+  encoder_forward(a.encoded, inputs, tensor(params(), "wte"), tensor(params(), "wpe"), B, T, C);
+  const float* residual = a.encoded;
+  for (int l = 0; l < L; l++) {
+    const LayerParams w = layer(params(), l);
+    float* ln1 = a.ln1 + l * NC;
+    float* qkv = a.qkv + l * 3 * NC;
+    float* atty = a.atty + l * NC;
+    float* attproj = a.attproj + l * NC;
+    float* residual2 = a.residual2 + l * NC;
+    float* ln2 = a.ln2 + l * NC;
+    float* fch = a.fch + l * 4 * NC;
+    float* fch_gelu = a.fch_gelu + l * 4 * NC;
+    float* fcproj = a.fcproj + l * NC;
+    float* residual3 = a.residual3 + l * NC;
+    layernorm_forward(ln1, a.ln1_mean + l * NR, a.ln1_rstd + l * NR, residual, w.ln1w, w.ln1b, N, C);
+    matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
+    attention_forward(atty, a.att + l * ATT, qkv, B, T, C, NH);
+    matmul_forward(attproj, atty, w.attprojw, w.attprojb, N, C, C);
+    residual_forward(residual2, residual, attproj, (size_t)N * C);
+    layernorm_forward(ln2, a.ln2_mean + l * NR, a.ln2_rstd + l * NR, residual2, w.ln2w, w.ln2b, N, C);
+    matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
+    gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
+    matmul_forward(fcproj, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
+    residual_forward(residual3, residual2, fcproj, (size_t)N * C);
+    residual = residual3;
+  }
+  layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, tensor(params(), "ln_f.weight"),
+                    tensor(params(), "ln_f.bias"), N, C);
+  matmul_forward(a.logits, a.lnf, tensor(params(), "wte"), nullptr, N, C, V);
+
+  B_ = B;
+  T_ = T;
+  have_loss_ = targets != nullptr;
+  if (!targets) return 0.0f;
+  inputs_.assign(inputs, inputs + N);
+  targets_.assign(targets, targets + N);
+  softmax_crossentropy_forward(a.losses, a.logits, a.logits, targets, N, V);
+  double sum = 0.0;
+  for (int i = 0; i < N; i++) sum += a.losses[i];
+  return (float)(sum / N);
+}
+
+void Gpt::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+
+void Gpt::backward() {
+  DL_CHECK(have_loss_, "backward() needs a forward() with targets first");
+  have_loss_ = false;  // the logits buffer becomes their gradient below
+  const int B = B_, T = T_, N = B * T;
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int L = config_.n_layer;
+  const size_t NC = (size_t)max_batch_ * config_.block_size * C;
+  const size_t NR = (size_t)max_batch_ * config_.block_size;
+  const size_t ATT = (size_t)max_batch_ * NH * config_.block_size * config_.block_size;
+  Activations& a = acts_;
+  auto zero = [](float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); };
+
+  float* dlogits = a.logits;  // in place over the probabilities
+  softmax_crossentropy_backward(dlogits, a.logits, targets_.data(), 1.0f / N, N, V);
+  zero(a.dln, (size_t)N * C);
+  matmul_backward(a.dln, tensor(grads(), "wte"), nullptr, dlogits, a.lnf, tensor(params(), "wte"), N, C, V);
+  // dresidual carries the gradient of the residual stream down the blocks.
+  zero(a.dresidual, (size_t)N * C);
+  const float* last = L > 0 ? a.residual3 + (L - 1) * NC : a.encoded;
+  layernorm_backward(a.dresidual, tensor(grads(), "ln_f.weight"), tensor(grads(), "ln_f.bias"), a.dln, last,
+                     tensor(params(), "ln_f.weight"), a.lnf_mean, a.lnf_rstd, N, C);
+
+  for (int l = L - 1; l >= 0; l--) {
+    const LayerParams w = layer(params(), l);
+    const LayerParams g = layer(grads(), l);
+    const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+    // residual3 = residual2 + fcproj: both get dresidual as it is.
+    zero(a.dfch_gelu, (size_t)N * 4 * C);
+    matmul_backward(a.dfch_gelu, g.fcprojw, g.fcprojb, a.dresidual, a.fch_gelu + l * 4 * NC, w.fcprojw, N, 4 * C, C);
+    zero(a.dfch, (size_t)N * 4 * C);
+    gelu_backward(a.dfch, a.fch + l * 4 * NC, a.dfch_gelu, (size_t)N * 4 * C);
+    zero(a.dln, (size_t)N * C);
+    matmul_backward(a.dln, g.fcw, g.fcb, a.dfch, a.ln2 + l * NC, w.fcw, N, C, 4 * C);
+    layernorm_backward(a.dresidual, g.ln2w, g.ln2b, a.dln, a.residual2 + l * NC, w.ln2w, a.ln2_mean + l * NR,
+                       a.ln2_rstd + l * NR, N, C);
+    // residual2 = residual + attproj: both get dresidual as it is.
+    zero(a.datty, (size_t)N * C);
+    matmul_backward(a.datty, g.attprojw, g.attprojb, a.dresidual, a.atty + l * NC, w.attprojw, N, C, C);
+    zero(a.dqkv, (size_t)N * 3 * C);
+    attention_backward(a.dqkv, a.datty, a.qkv + l * 3 * NC, a.att + l * ATT, B, T, C, NH);
+    zero(a.dln, (size_t)N * C);
+    matmul_backward(a.dln, g.qkvw, g.qkvb, a.dqkv, a.ln1 + l * NC, w.qkvw, N, C, 3 * C);
+    layernorm_backward(a.dresidual, g.ln1w, g.ln1b, a.dln, residual, w.ln1w, a.ln1_mean + l * NR,
+                       a.ln1_rstd + l * NR, N, C);
+  }
+  encoder_backward(tensor(grads(), "wte"), tensor(grads(), "wpe"), a.dresidual, inputs_.data(), B, T, C);
+}
+
+}  // namespace diloco

@@ -1,0 +1,95 @@
+// GPT-2 style language model on the CPU engine: token + position embedding,
+// n_layer pre-LayerNorm blocks (causal self-attention, 4x GELU MLP), final
+// LayerNorm, LM head tied to the token embedding, mean cross-entropy loss.
+// Shapes: shapes.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/tensor_table.h"
+
+namespace diloco {
+
+struct GptConfig {
+  int vocab_size = 256;  // byte-level tokens
+  int block_size = 64;   // max sequence length T
+  int n_layer = 4;
+  int n_embd = 128;      // C
+  int n_head = 4;        // NH; must divide n_embd
+};
+
+// The parameter layout: wte, wpe, then each block's tensors together (so a
+// block is one contiguous range), then ln_f. Names follow nanoGPT.
+TensorTable gpt_tensor_table(const GptConfig& config);
+
+// Whether AdamW decays this tensor: 2-D weights only (matrices and
+// embeddings), never biases or LayerNorm parameters.
+bool gpt_tensor_decays(const TensorInfo& tensor);
+
+class Gpt {
+ public:
+  // Allocates parameters, gradients and activations for batches of up to
+  // max_batch sequences of up to block_size tokens.
+  Gpt(const GptConfig& config, int max_batch);
+
+  const GptConfig& config() const { return config_; }
+  const TensorTable& table() const { return table_; }
+  size_t num_params() const { return table_.total_numel(); }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+
+  // GPT-2 init: weights N(0, 0.02), residual projections (attn.c_proj,
+  // mlp.c_proj) N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weight 1.
+  void init_weights(uint64_t seed);
+
+  // Runs the model on inputs (B,T). With targets (B,T) returns the mean
+  // cross-entropy loss and keeps what backward() needs; without, returns 0
+  // and logits() holds the logits of every position.
+  float forward(const int* inputs, const int* targets, int B, int T);
+  // (B,T,V) logits of the last forward() without targets.
+  const float* logits() const { return acts_.logits; }
+
+  void zero_grad();
+  // ADDS the gradient of the last forward()'s mean loss to grads().
+  void backward();
+
+  // Bytes held for activations and their gradients (the memory that scales
+  // with batch size), for memory reports.
+  size_t activation_bytes() const { return act_buffer_.size() * sizeof(float); }
+
+ private:
+  struct Activations {
+    float* encoded;                   // (B,T,C)
+    float *ln1, *ln1_mean, *ln1_rstd;  // per layer
+    float *qkv, *atty, *att, *attproj, *residual2;
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu, *fcproj, *residual3;
+    float *lnf, *lnf_mean, *lnf_rstd;  // (B,T,C), (B,T), (B,T)
+    float* logits;                    // (B,T,V); probabilities after a loss
+    float* losses;                    // (B,T)
+    // Gradient scratch, reused by every layer in backward.
+    float *dresidual, *dln, *dqkv, *datty, *dfch, *dfch_gelu;
+  };
+  // Per-layer views of the parameter or gradient buffer.
+  struct LayerParams {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  };
+  LayerParams layer(float* base, int l) const;
+  float* tensor(float* base, const char* name) const;
+
+  GptConfig config_;
+  int max_batch_;
+  TensorTable table_;
+  std::vector<float> params_, grads_, act_buffer_;
+  Activations acts_{};
+  // State of the last forward with targets.
+  std::vector<int> inputs_, targets_;
+  int B_ = 0, T_ = 0;
+  bool have_loss_ = false;
+};
+
+}  // namespace diloco

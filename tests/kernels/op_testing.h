@@ -1,0 +1,64 @@
+// Shared helpers for kernel tests: random tensors, central finite
+// differences in double, and closeness checks that name the first mismatch.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/rng.h"
+
+namespace diloco::testing {
+
+template <typename F = double>
+std::vector<F> random_vec(size_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  std::vector<F> v(n);
+  for (auto& x : v) x = (F)(rng.normal() * scale);
+  return v;
+}
+
+template <typename To, typename From>
+std::vector<To> cast(const std::vector<From>& v) {
+  return std::vector<To>(v.begin(), v.end());
+}
+
+// d loss / d x by central differences, perturbing x in place.
+inline std::vector<double> numeric_grad(std::vector<double>& x, const std::function<double()>& loss,
+                                        double eps = 1e-6) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    const double saved = x[i];
+    x[i] = saved + eps;
+    const double up = loss();
+    x[i] = saved - eps;
+    const double down = loss();
+    x[i] = saved;
+    g[i] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+  return s;
+}
+
+// |a - b| <= atol + rtol * |b| elementwise; reports the first failure.
+template <typename A, typename B>
+void require_close(const std::vector<A>& a, const std::vector<B>& b, double rtol, double atol,
+                   const std::string& what) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); i++) {
+    const double x = a[i], y = b[i];
+    if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) {
+      FAIL(what << ": element " << i << " is " << x << ", expected " << y);
+    }
+  }
+}
+
+}  // namespace diloco::testing
