@@ -117,7 +117,7 @@ void Gpt::init_weights(uint64_t seed) {
   }
 }
 
-float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
+double Gpt::forward(const int* inputs, const int* targets, int B, int T) {
   DL_CHECK(B >= 1 && B <= max_batch_, "batch %d outside [1, %d]", B, max_batch_);
   DL_CHECK(T >= 1 && T <= config_.block_size, "sequence %d outside [1, %d]", T, config_.block_size);
   const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
@@ -173,7 +173,7 @@ float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
   softmax_crossentropy_forward(a.losses, a.logits, a.logits, targets, N, V);
   double sum = 0.0;
   for (int i = 0; i < N; i++) sum += a.losses[i];
-  return (float)(sum / N);
+  return sum / N;
 }
 
 void Gpt::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }

@@ -48,7 +48,7 @@ class Gpt {
   // Runs the model on inputs (B,T). With targets (B,T) returns the mean
   // cross-entropy loss and keeps what backward() needs; without, returns 0
   // and logits() holds the logits of every position.
-  float forward(const int* inputs, const int* targets, int B, int T);
+  double forward(const int* inputs, const int* targets, int B, int T);
   // (B,T,V) logits of the last forward() without targets.
   const float* logits() const { return acts_.logits; }
 

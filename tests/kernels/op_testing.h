@@ -61,4 +61,26 @@ void require_close(const std::vector<A>& a, const std::vector<B>& b, double rtol
   }
 }
 
+// max |a - b| <= rtol * max |b|: for fast paths against a reference, where
+// single elements near zero carry the rounding of much larger terms.
+template <typename A, typename B>
+void require_close_to_scale(const std::vector<A>& a, const std::vector<B>& b, double rtol,
+                            const std::string& what) {
+  REQUIRE(a.size() == b.size());
+  double scale = 0, worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    scale = std::max(scale, std::fabs((double)b[i]));
+    const double d = std::fabs((double)a[i] - (double)b[i]);
+    if (!(d <= worst)) {  // also catches NaN
+      worst = d;
+      worst_i = i;
+    }
+  }
+  if (!(worst <= rtol * scale)) {
+    FAIL(what << ": element " << worst_i << " is " << a[worst_i] << ", expected " << b[worst_i]
+              << " (max |diff| " << worst << " > " << rtol << " * max |expected| " << scale << ")");
+  }
+}
+
 }  // namespace diloco::testing
