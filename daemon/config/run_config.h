@@ -1,0 +1,92 @@
+// The typed, validated config of a training run (`dilococtl train CONFIG
+// [--set key=value]...`): a YAML file with the sections model, data, train and
+// eval, plus command-line overrides. Every key, its type and its default is
+// listed below; run_config.cpp holds the one table that maps key names to
+// these fields.
+//
+//   model:  {n_layer: 4, n_embd: 128, n_head: 4, block_size: 64}
+//   data:   {corpus: PATH, val_fraction: 0.1}
+//   train:  {batch_size: 12, steps: 2000, lr: 1e-3, ...}
+//   eval:   {every: 0, batches: 20}
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+// The GPT's shape. The vocabulary is fixed at 256 (bytes) and is not a key.
+struct ModelConfig {
+  int n_layer = 4;
+  int n_embd = 128;  // must be a multiple of n_head
+  int n_head = 4;
+  int block_size = 64;  // context length in tokens
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct DataConfig {
+  // A text file or a directory of text files; always absolute and lexically
+  // normalized after loading (it need not exist: the data loader checks).
+  std::string corpus;
+  double val_fraction = 0.1;  // in (0, 0.5]: share of the corpus held out
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct TrainConfig {
+  int batch_size = 12;  // sequences per step
+  int steps = 2000;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int warmup_steps = 100;
+  int lr_decay_steps = 0;  // 0 = steps (the cosine reaches min_lr at the last step)
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // max global gradient norm; 0 = off
+  uint64_t seed = 1337;
+  int threads = 0;           // 0 = all cores
+  int checkpoint_every = 0;  // steps; 0 = only at the end
+  int log_every = 10;        // steps between metrics.jsonl/progress lines when not on a terminal
+  bool operator==(const TrainConfig&) const = default;
+};
+
+struct EvalConfig {
+  int every = 0;     // steps; 0 = only at the end
+  int batches = 20;  // validation batches per evaluation
+  bool operator==(const EvalConfig&) const = default;
+};
+
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  EvalConfig eval;
+  bool operator==(const RunConfig&) const = default;
+};
+
+// Reads the YAML file at path, applies overrides ("section.key=value", the
+// value parsed as a YAML scalar, later ones win), validates, and fills *out
+// (left untouched on error). A relative data.corpus in the file resolves
+// against the file's directory; one given with --set against the current
+// working directory. Error messages start with "path:line:col" (1-based) or
+// "--set key=value" and name the full dotted key.
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                     RunConfig* out);
+
+// The same from text: source_name stands for the file in messages and
+// relative paths in the text resolve against base_dir (the current working
+// directory when empty).
+Status ParseRunConfig(const std::string& yaml_text, const std::string& source_name,
+                      const std::string& base_dir, const std::vector<std::string>& overrides,
+                      RunConfig* out);
+
+// The resolved config as YAML: every key, doubles printed so that they read
+// back exactly, the corpus as an absolute path. ParseRunConfig of the result
+// gives back an equal RunConfig.
+std::string RunConfigToYaml(const RunConfig& config);
+
+}  // namespace diloco
