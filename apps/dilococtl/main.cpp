@@ -1,0 +1,55 @@
+// dilococtl: the user's tool. Wiring only: flags -> command structs -> run.
+// Exit codes: 0 ok, 1 failed, 2 usage.
+#include <CLI/CLI.hpp>
+
+#include "daemon/ctl/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace diloco;
+  CLI::App app{"dilococtl: train and drive Decoupled DiLoCo jobs"};
+  app.require_subcommand(1);
+
+  TrainCommand train;
+  CLI::App* train_cmd = app.add_subcommand("train", "Train a model from a YAML run config");
+  train_cmd->add_option("config", train.config_path, "Run config (YAML)")->required()->check(CLI::ExistingFile);
+  train_cmd->add_option("--set", train.overrides, "Override a config key: --set train.lr=3e-4 (repeatable)");
+  train_cmd->add_option("--out", train.out_dir, "Run directory (default: runs/<config>-<time>)");
+  train_cmd->add_flag("--resume", train.resume, "Continue the run in --out from its checkpoint");
+  train_cmd->add_flag("--json", train.json, "Print the summary as one JSON object on the last line");
+
+  SampleCommand sample;
+  CLI::App* sample_cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
+  sample_cmd->add_option("--checkpoint", sample.checkpoint, "checkpoint.bin of a run")->required();
+  sample_cmd->add_option("--prompt", sample.prompt, "Text to continue");
+  sample_cmd->add_option("--tokens", sample.tokens, "Bytes to generate")->capture_default_str();
+  sample_cmd->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str();
+  sample_cmd->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
+
+  DemoCommand demo;
+  CLI::App* demo_cmd = app.add_subcommand("demo", "Run the default demo job (configs/demo.yaml)");
+  demo_cmd->add_option("--config", demo.config_path, "Another run config");
+  demo_cmd->add_option("--set", demo.overrides, "Override a config key (repeatable)");
+  demo_cmd->add_flag("--json", demo.json, "Print the summary as one JSON object on the last line");
+
+  BenchEngineCommand bench_engine;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (prints a line, or JSON with --json)");
+  bench->require_subcommand(1);
+  CLI::App* engine = bench->add_subcommand("engine", "Training-step throughput of the CPU engine");
+  engine->add_option("--config", bench_engine.preset, "Model preset: tiny, small or gpt2ish")->capture_default_str();
+  engine->add_option("--threads", bench_engine.threads, "Threads")->capture_default_str();
+  engine->add_option("--steps", bench_engine.steps, "Timed steps (0: the preset's default)");
+  engine->add_option("--warmup", bench_engine.warmup, "Untimed steps first (0: the preset's default)");
+  engine->add_flag("--json", bench_engine.json, "Print one JSON object");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  if (train_cmd->parsed()) return RunTrainCommand(train);
+  if (sample_cmd->parsed()) return RunSampleCommand(sample);
+  if (demo_cmd->parsed()) return RunDemoCommand(demo);
+  if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
+  return 2;
+}

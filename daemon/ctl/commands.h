@@ -1,0 +1,44 @@
+// The commands of dilococtl. Each returns the process exit code:
+// 0 ok, 1 failed, 2 usage (bad flags or config).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace diloco {
+
+struct TrainCommand {
+  std::string config_path;
+  std::vector<std::string> overrides;  // --set key=value
+  std::string out_dir;                 // empty: runs/<config name>-<time>
+  bool json = false;                   // last stdout line: the summary object
+  bool resume = false;                 // continue from out_dir's checkpoint
+};
+int RunTrainCommand(const TrainCommand& cmd);
+
+struct SampleCommand {
+  std::string checkpoint;
+  std::string prompt;
+  int tokens = 200;
+  double temperature = 1.0;
+  uint64_t seed = 1337;
+};
+int RunSampleCommand(const SampleCommand& cmd);
+
+struct DemoCommand {
+  std::string config_path;  // empty: configs/demo.yaml next to the binary's source tree
+  std::vector<std::string> overrides;
+  bool json = false;
+};
+int RunDemoCommand(const DemoCommand& cmd);
+
+struct BenchEngineCommand {
+  std::string preset = "small";
+  int threads = 1;
+  int steps = 0;
+  int warmup = 0;
+  bool json = false;
+};
+int RunBenchEngineCommand(const BenchEngineCommand& cmd);
+
+}  // namespace diloco

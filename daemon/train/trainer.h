@@ -1,0 +1,47 @@
+// Single-learner training run: the inner loop of every later mode, with a
+// run directory (config.yaml, metrics.jsonl, checkpoint.bin), progress on a
+// terminal, periodic evaluation and checkpoints, and a summary at the end.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "daemon/config/run_config.h"
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+struct TrainOptions {
+  RunConfig config;
+  std::string run_dir;     // created if missing
+  bool resume = false;     // continue from run_dir/checkpoint.bin
+  bool progress = false;   // redraw one status line on stderr (a terminal)
+  bool quiet = false;      // no progress lines at all
+};
+
+struct TrainSummary {
+  double final_val_loss = 0;
+  double final_train_loss = 0;  // mean of the last log_every steps
+  long steps = 0;
+  long tokens = 0;          // training tokens processed by this run
+  double wall_s = 0;        // whole run, setup and evaluation included
+  double train_s = 0;       // training steps only
+  double tokens_per_s = 0;  // tokens / train_s
+  uint64_t bytes_up = 0;    // learner -> syncer; 0 with one learner
+  uint64_t bytes_down = 0;  // syncer -> learner; 0 with one learner
+  double peak_rss_mb = 0;
+  std::string run_dir;
+  std::string checkpoint;
+};
+
+// Trains to config.train.steps. Stops with an error naming the step when
+// the loss or gradients become NaN/Inf (the last checkpoint is kept), or
+// when SIGINT/SIGTERM arrives (a checkpoint of the current step is saved).
+Status RunTraining(const TrainOptions& options, TrainSummary* summary);
+
+// The summary as one JSON object (the last stdout line of --json).
+nlohmann::json TrainSummaryObject(const TrainSummary& s);
+std::string TrainSummaryJson(const TrainSummary& s);
+
+}  // namespace diloco

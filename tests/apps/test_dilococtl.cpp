@@ -1,0 +1,161 @@
+// End-to-end: the real dilococtl binary on real files.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "daemon/train/checkpoint.h"
+
+namespace diloco {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code;
+  std::string out, err;
+};
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs dilococtl with args (already shell-quoted) in dir.
+Result Dilococtl(const fs::path& dir, const std::string& args) {
+  const std::string cmd = "cd '" + dir.string() + "' && " DILOCO_BINARY_DIR "/bin/dilococtl " + args +
+                          " > out.txt 2> err.txt";
+  const int rc = std::system(cmd.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(dir / "out.txt"), ReadFile(dir / "err.txt")};
+}
+
+nlohmann::json LastLineJson(const std::string& out) {
+  const std::string trimmed = out.substr(0, out.find_last_not_of('\n') + 1);
+  return nlohmann::json::parse(trimmed.substr(trimmed.find_last_of('\n') + 1));
+}
+
+// A fresh directory with a small corpus and a tiny run config.
+fs::path MakeWorkDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("dilococtl_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream corpus(dir / "corpus.txt");
+  for (int i = 0; i < 300; i++)
+    corpus << "Line " << i << ": the quick brown fox jumps over the lazy dog, again and again.\n";
+  std::ofstream(dir / "run.yaml") << "model: {n_layer: 1, n_embd: 16, n_head: 2, block_size: 16}\n"
+                                     "data: {corpus: corpus.txt}\n"
+                                     "train: {batch_size: 2, steps: 20, warmup_steps: 2, threads: 1}\n"
+                                     "eval: {every: 10, batches: 2}\n";
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("dilococtl train writes a run directory and a JSON summary", "[e2e]") {
+  const fs::path dir = MakeWorkDir("train");
+  const Result r = Dilococtl(dir, "train run.yaml --out run --json");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json s = LastLineJson(r.out);
+  for (const char* key : {"final_val_loss", "tokens", "wall_s", "tokens_per_s", "bytes_up", "bytes_down", "peak_rss_mb"})
+    CHECK(s.contains(key));
+  CHECK(s["tokens"] == 20 * 2 * 16);
+  CHECK(s["bytes_up"] == 0);
+  CHECK(s["final_val_loss"].get<double>() < 5.5);
+  CHECK(fs::exists(dir / "run/config.yaml"));
+  // metrics.jsonl: one line per step plus start, evals, checkpoint, summary.
+  std::ifstream metrics(dir / "run/metrics.jsonl");
+  int steps = 0, evals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && !j.contains("event")) steps++;
+    if (j.value("event", "") == "eval") evals++;
+  }
+  CHECK(steps == 20);
+  CHECK(evals == 2);
+  Checkpoint ckpt;
+  REQUIRE(LoadCheckpoint((dir / "run/checkpoint.bin").string(), &ckpt).ok());
+  CHECK(ckpt.step == 20);
+
+  // The checkpoint samples text; the run can be extended with --resume.
+  const Result sample = Dilococtl(dir, "sample --checkpoint run/checkpoint.bin --prompt Line --tokens 20");
+  CHECK(sample.exit_code == 0);
+  CHECK(sample.out.rfind("Line", 0) == 0);
+  CHECK(sample.out.size() == 4 + 20 + 1);
+  const Result again = Dilococtl(dir, "train run.yaml --out run");
+  CHECK(again.exit_code == 1);
+  CHECK_THAT(again.err, Catch::Contains("--resume"));
+  const Result resumed = Dilococtl(dir, "train run.yaml --out run --resume --set train.steps=30 --json");
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(LastLineJson(resumed.out)["steps"] == 30);
+  CHECK(LastLineJson(resumed.out)["tokens"] == 10 * 2 * 16);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resuming gives the same model as one uninterrupted run", "[e2e]") {
+  const fs::path dir = MakeWorkDir("resume");
+  // The LR schedule follows train.steps unless lr_decay_steps pins it, so
+  // the first half of the split run pins it to the full length.
+  REQUIRE(Dilococtl(dir, "train run.yaml --out straight2 --set train.lr_decay_steps=20").exit_code == 0);
+  REQUIRE(Dilococtl(dir, "train run.yaml --out split2 --set train.lr_decay_steps=20 --set train.steps=7").exit_code == 0);
+  REQUIRE(Dilococtl(dir, "train run.yaml --out split2 --resume --set train.lr_decay_steps=20").exit_code == 0);
+  Checkpoint a, b;
+  REQUIRE(LoadCheckpoint((dir / "straight2/checkpoint.bin").string(), &a).ok());
+  REQUIRE(LoadCheckpoint((dir / "split2/checkpoint.bin").string(), &b).ok());
+  CHECK(a.step == b.step);
+  CHECK(a.params == b.params);
+  CHECK(a.optimizer.m == b.optimizer.m);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("dilococtl train reports bad input clearly", "[e2e]") {
+  const fs::path dir = MakeWorkDir("errors");
+  SECTION("unknown key: usage error with file:line") {
+    std::ofstream(dir / "bad.yaml") << "model: {n_layer: 1}\ntrain:\n  stpes: 3\n";
+    const Result r = Dilococtl(dir, "train bad.yaml");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("bad.yaml:3:3") && Catch::Contains("train.stpes"));
+  }
+  SECTION("wrong type from --set") {
+    const Result r = Dilococtl(dir, "train run.yaml --set train.steps=many");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("train.steps") && Catch::Contains("many"));
+  }
+  SECTION("missing corpus") {
+    const Result r = Dilococtl(dir, "train run.yaml --set data.corpus=nowhere.txt");
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("nowhere.txt"));
+  }
+  SECTION("corpus shorter than a block") {
+    std::ofstream(dir / "short.txt") << "too short";
+    const Result r = Dilococtl(dir, "train run.yaml --set data.corpus=short.txt");
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("short.txt") && Catch::Contains("block_size"));
+  }
+  SECTION("corrupt checkpoint") {
+    std::ofstream(dir / "junk.bin") << "this is not a checkpoint at all, not even close to one, no.....";
+    const Result r = Dilococtl(dir, "sample --checkpoint junk.bin");
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("junk.bin"));
+  }
+  SECTION("divergence stops at a named step and keeps the last good checkpoint") {
+    REQUIRE(Dilococtl(dir, "train run.yaml --out run --set train.steps=5").exit_code == 0);
+    const Result r = Dilococtl(dir, "train run.yaml --out run --resume --set train.lr=1e9 --set train.min_lr=1e9");
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("diverged at step") && Catch::Contains("checkpoint"));
+    Checkpoint ckpt;
+    REQUIRE(LoadCheckpoint((dir / "run/checkpoint.bin").string(), &ckpt).ok());
+    CHECK(ckpt.step == 5);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace diloco
