@@ -41,6 +41,14 @@ int main(int argc, char** argv) {
   engine->add_option("--warmup", bench_engine.warmup, "Untimed steps first (0: the preset's default)");
   engine->add_flag("--json", bench_engine.json, "Print one JSON object");
 
+  BenchGemmCommand bench_gemm;
+  CLI::App* gemm = bench->add_subcommand("gemm", "GFLOP/s of the engine's sgemm, the ceiling for the engine");
+  gemm->add_option("-m", bench_gemm.m, "Rows of A")->capture_default_str();
+  gemm->add_option("-n", bench_gemm.n, "Columns of B")->capture_default_str();
+  gemm->add_option("-k", bench_gemm.k, "Inner dimension")->capture_default_str();
+  gemm->add_option("--threads", bench_gemm.threads, "Threads")->capture_default_str();
+  gemm->add_flag("--json", bench_gemm.json, "Print one JSON object");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,5 +59,6 @@ int main(int argc, char** argv) {
   if (sample_cmd->parsed()) return RunSampleCommand(sample);
   if (demo_cmd->parsed()) return RunDemoCommand(demo);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
+  if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   return 2;
 }

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/util/proc_stats.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/rng.h"
 #include "kernels/train_step.h"
 
@@ -83,6 +85,25 @@ Status RunEngineBench(const EngineBenchOptions& options, EngineBenchResult* out)
   r.peak_rss_mb = peak_rss_mb();
   *out = r;
   return Status::Ok();
+}
+
+double MeasureGemmGflops(int M, int N, int K, int threads, int repeats) {
+  omp_set_num_threads(threads);
+  Rng rng(1);
+  std::vector<float> a((size_t)M * K), b((size_t)K * N), c((size_t)M * N);
+  for (float& x : a) x = (float)rng.normal();
+  for (float& x : b) x = (float)rng.normal();
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats + 2; r++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ParallelForChunks(M, [&](int m0, int m1) {
+      gemm(false, false, m1 - m0, N, K, 1.0f, a.data() + (size_t)m0 * K, K, b.data(), N, 0.0f, c.data() + (size_t)m0 * N, N);
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r >= 2) seconds.push_back(s);  // the first two warm caches and threads
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * M * N * K / seconds[seconds.size() / 2] / 1e9;
 }
 
 std::string EngineBenchResultJson(const EngineBenchResult& r) {

@@ -30,6 +30,11 @@ struct EngineBenchResult {
 };
 
 Status RunEngineBench(const EngineBenchOptions& options, EngineBenchResult* out);
+
+// GFLOP/s of the engine's GEMM (OpenBLAS sgemm, rows split across threads as
+// the engine does) on an (M,K) x (K,N) product: the ceiling the engine's
+// GFLOP/s is compared against. Median of `repeats` runs.
+double MeasureGemmGflops(int M, int N, int K, int threads, int repeats = 20);
 std::string EngineBenchResultJson(const EngineBenchResult& r);
 
 }  // namespace diloco

@@ -24,4 +24,19 @@ int RunBenchEngineCommand(const BenchEngineCommand& cmd) {
   return 0;
 }
 
+int RunBenchGemmCommand(const BenchGemmCommand& cmd) {
+  if (cmd.threads < 1 || cmd.m < 1 || cmd.n < 1 || cmd.k < 1) {
+    std::fprintf(stderr, "dilococtl bench gemm: sizes and --threads must be at least 1\n");
+    return 2;
+  }
+  const double gflops = MeasureGemmGflops(cmd.m, cmd.n, cmd.k, cmd.threads);
+  if (cmd.json) {
+    std::printf("{\"m\": %d, \"n\": %d, \"k\": %d, \"threads\": %d, \"gflops\": %.2f}\n", cmd.m, cmd.n, cmd.k,
+                cmd.threads, gflops);
+  } else {
+    std::printf("sgemm %dx%dx%d thr=%d: %.1f GFLOP/s\n", cmd.m, cmd.n, cmd.k, cmd.threads, gflops);
+  }
+  return 0;
+}
+
 }  // namespace diloco

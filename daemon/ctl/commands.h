@@ -41,4 +41,11 @@ struct BenchEngineCommand {
 };
 int RunBenchEngineCommand(const BenchEngineCommand& cmd);
 
+struct BenchGemmCommand {
+  int m = 1024, n = 1536, k = 384;  // gpt2ish's MLP up-projection
+  int threads = 1;
+  bool json = false;
+};
+int RunBenchGemmCommand(const BenchGemmCommand& cmd);
+
 }  // namespace diloco
