@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
 
 namespace diloco {
@@ -135,8 +136,9 @@ void attention_forward(float* out, float* att, const float* inp, int B, int T,
           float maxv = a[0];
           for (int t2 = 1; t2 <= t; t2++) maxv = a[t2] > maxv ? a[t2] : maxv;
           float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
           for (int t2 = 0; t2 <= t; t2++) {
-            a[t2] = std::exp(a[t2] - maxv);
+            a[t2] = fast_expf(a[t2] - maxv);
             sum += a[t2];
           }
           const float inv = 1.0f / sum;
@@ -185,6 +187,7 @@ void attention_backward(float* dinp, const float* dout, const float* inp,
             const float* a = Pb + (size_t)r * T;
             float* d = dP.data() + (size_t)r * T;
             float weighted = 0.0f;
+#pragma omp simd reduction(+ : weighted)
             for (int t2 = 0; t2 <= t; t2++) weighted += a[t2] * d[t2];
             for (int t2 = 0; t2 <= t; t2++) d[t2] = a[t2] * (d[t2] - weighted);
             for (int t2 = t + 1; t2 < i1; t2++) d[t2] = 0.0f;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
+
 namespace diloco {
 
 template <typename F>
@@ -15,8 +17,9 @@ void softmax_crossentropy_forward(F* losses, F* probs, const F* logits,
     for (int v = 1; v < V; v++) maxv = x[v] > maxv ? x[v] : maxv;
     const F target_logit = x[targets[n]];  // read before p overwrites x
     F sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int v = 0; v < V; v++) {
-      p[v] = std::exp(x[v] - maxv);
+      p[v] = exp_op(x[v] - maxv);
       sum += p[v];
     }
     const F inv = F(1) / sum;

@@ -1,6 +1,6 @@
 #include "kernels/gelu.h"
 
-#include <cmath>
+#include "kernels/cpu/fast_math.h"
 
 namespace diloco {
 
@@ -14,7 +14,7 @@ void gelu_forward(F* out, const F* inp, size_t n) {
 #pragma omp parallel for simd
   for (size_t i = 0; i < n; i++) {
     const F x = inp[i];
-    out[i] = F(0.5) * x * (F(1) + std::tanh(s * (x + F(0.044715) * x * x * x)));
+    out[i] = F(0.5) * x * (F(1) + tanh_op(s * (x + F(0.044715) * x * x * x)));
   }
 }
 
@@ -25,7 +25,7 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const F x = inp[i];
     const F u = s * (x + F(0.044715) * x * x * x);
-    const F th = std::tanh(u);
+    const F th = tanh_op(u);
     const F sech2 = F(1) - th * th;
     const F local = F(0.5) * (F(1) + th) +
                     F(0.5) * x * sech2 * s * (F(1) + F(3 * 0.044715) * x * x);
