@@ -152,7 +152,7 @@ TEST_CASE("an empty section or file keeps the defaults", "[unit][config]") {
   CHECK(config.data.corpus == "/a");
 }
 
-TEST_CASE("--set overrides file values, creates sections, and resolves paths against the cwd",
+TEST_CASE("set overrides replace file values, creates sections, and resolves paths against the cwd",
           "[unit][config]") {
   RunConfig config;
   REQUIRE(Parse("model:\n  n_layer: 2\n" + std::string(kMinimal),
