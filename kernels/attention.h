@@ -11,7 +11,7 @@ template <typename F>
 void attention_forward_reference(F* out, F* att, const F* inp, int B, int T,
                                  int C, int NH);
 
-// ADDS to dinp (B,T,3C).
+// OVERWRITES dinp (B,T,3C).
 template <typename F>
 void attention_backward_reference(F* dinp, const F* dout, const F* inp,
                                   const F* att, int B, int T, int C, int NH);

@@ -9,7 +9,7 @@ namespace diloco {
 template <typename F>
 void gelu_forward(F* out, const F* inp, size_t n);
 
-// ADDS to dinp (n).
+// OVERWRITES dinp (n).
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
 

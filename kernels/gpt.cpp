@@ -188,14 +188,12 @@ void Gpt::backward() {
   const size_t NR = (size_t)max_batch_ * config_.block_size;
   const size_t ATT = (size_t)max_batch_ * NH * config_.block_size * config_.block_size;
   Activations& a = acts_;
-  auto zero = [](float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); };
 
   float* dlogits = a.logits;  // in place over the probabilities
   softmax_crossentropy_backward(dlogits, a.logits, targets_.data(), 1.0f / N, N, V);
-  zero(a.dln, (size_t)N * C);
   matmul_backward(a.dln, tensor(grads(), "wte"), nullptr, dlogits, a.lnf, tensor(params(), "wte"), N, C, V);
   // dresidual carries the gradient of the residual stream down the blocks.
-  zero(a.dresidual, (size_t)N * C);
+  std::memset(a.dresidual, 0, (size_t)N * C * sizeof(float));
   const float* last = L > 0 ? a.residual3 + (L - 1) * NC : a.encoded;
   layernorm_backward(a.dresidual, tensor(grads(), "ln_f.weight"), tensor(grads(), "ln_f.bias"), a.dln, last,
                      tensor(params(), "ln_f.weight"), a.lnf_mean, a.lnf_rstd, N, C);
@@ -205,20 +203,14 @@ void Gpt::backward() {
     const LayerParams g = layer(grads(), l);
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
     // residual3 = residual2 + fcproj: both get dresidual as it is.
-    zero(a.dfch_gelu, (size_t)N * 4 * C);
     matmul_backward(a.dfch_gelu, g.fcprojw, g.fcprojb, a.dresidual, a.fch_gelu + l * 4 * NC, w.fcprojw, N, 4 * C, C);
-    zero(a.dfch, (size_t)N * 4 * C);
     gelu_backward(a.dfch, a.fch + l * 4 * NC, a.dfch_gelu, (size_t)N * 4 * C);
-    zero(a.dln, (size_t)N * C);
     matmul_backward(a.dln, g.fcw, g.fcb, a.dfch, a.ln2 + l * NC, w.fcw, N, C, 4 * C);
     layernorm_backward(a.dresidual, g.ln2w, g.ln2b, a.dln, a.residual2 + l * NC, w.ln2w, a.ln2_mean + l * NR,
                        a.ln2_rstd + l * NR, N, C);
     // residual2 = residual + attproj: both get dresidual as it is.
-    zero(a.datty, (size_t)N * C);
     matmul_backward(a.datty, g.attprojw, g.attprojb, a.dresidual, a.atty + l * NC, w.attprojw, N, C, C);
-    zero(a.dqkv, (size_t)N * 3 * C);
     attention_backward(a.dqkv, a.datty, a.qkv + l * 3 * NC, a.att + l * ATT, B, T, C, NH);
-    zero(a.dln, (size_t)N * C);
     matmul_backward(a.dln, g.qkvw, g.qkvb, a.dqkv, a.ln1 + l * NC, w.qkvw, N, C, 3 * C);
     layernorm_backward(a.dresidual, g.ln1w, g.ln1b, a.dln, residual, w.ln1w, a.ln1_mean + l * NR,
                        a.ln1_rstd + l * NR, N, C);

@@ -1,4 +1,6 @@
-// Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_).
+// Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_). The
+// scale is applied inside the AdamW update (AdamWHyper::grad_scale), which
+// saves a pass over the gradients.
 #pragma once
 
 #include <cstddef>
@@ -9,8 +11,8 @@ namespace diloco {
 // bitwise the same for any thread count.
 double global_norm(const float* x, size_t n);
 
-// Scales grads by max_norm / norm when norm > max_norm (max_norm <= 0: off).
-// Returns the norm before clipping.
-double clip_grad_norm(float* grads, size_t n, double max_norm);
+// The factor that brings a gradient of this norm down to max_norm: 1 when
+// norm <= max_norm or max_norm <= 0 (clipping off).
+float clip_scale(double norm, double max_norm);
 
 }  // namespace diloco

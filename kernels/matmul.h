@@ -10,7 +10,7 @@ template <typename F>
 void matmul_forward_reference(F* out, const F* inp, const F* weight,
                               const F* bias, int N, int C, int OC);
 
-// ADDS to dinp (N,C), dweight (OC,C) and dbias (OC; may be null).
+// OVERWRITES dinp (N,C); ADDS to dweight (OC,C) and dbias (OC; may be null).
 template <typename F>
 void matmul_backward_reference(F* dinp, F* dweight, F* dbias, const F* dout,
                                const F* inp, const F* weight, int N, int C,

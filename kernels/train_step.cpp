@@ -13,9 +13,11 @@ StepStats train_step(Gpt& model, AdamWState& optimizer, const int* inputs, const
   if (!std::isfinite(s.loss)) return s;
   model.zero_grad();
   model.backward();
-  s.grad_norm = clip_grad_norm(model.grads(), model.num_params(), grad_clip);
+  s.grad_norm = global_norm(model.grads(), model.num_params());
   if (!std::isfinite(s.grad_norm)) return s;
-  adamw_step(model.params(), model.grads(), optimizer, model.table(), hp);
+  AdamWHyper clipped = hp;
+  clipped.grad_scale = hp.grad_scale * clip_scale(s.grad_norm, grad_clip);
+  adamw_step(model.params(), model.grads(), optimizer, model.table(), clipped);
   s.applied = true;
   return s;
 }

@@ -10,7 +10,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads,
   const float c2 = 1.0f - (float)std::pow((double)hp.beta2, (double)t);
 #pragma omp parallel for simd
   for (size_t i = 0; i < n; i++) {
-    const float g = grads[i];
+    const float g = grads[i] * hp.grad_scale;
     const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g;
     const float vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
     m[i] = mi;

@@ -57,6 +57,9 @@ void attention_backward_reference(F* dinp, const F* dout, const F* inp,
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       std::vector<F> datt(T);
+      for (int t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++)
+          for (int i = 0; i < hs; i++) dinp[(b * T + t) * C3 + part * C + h * hs + i] = 0;
       for (int t = 0; t < T; t++) {
         const F* a = att + (((size_t)b * NH + h) * T + t) * T;
         const F* d = dout + ((size_t)b * T + t) * C + h * hs;
@@ -171,6 +174,8 @@ void attention_backward(float* dinp, const float* dout, const float* inp,
         float* dv = dq + 2 * C;
         const float* P = att + ((size_t)b * NH + h) * T * T;
         const float* dY = dout + (size_t)b * T * C + (size_t)h * hs;
+        for (int t = 0; t < T; t++)
+          for (int part = 0; part < 3; part++) std::fill_n(dq + (size_t)t * x.ld + part * C, hs, 0.0f);
         for (int i0 = 0; i0 < T; i0 += kRowBlock) {
           const int i1 = std::min(T, i0 + kRowBlock);
           const int rows = i1 - i0;

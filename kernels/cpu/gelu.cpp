@@ -29,7 +29,7 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
     const F sech2 = F(1) - th * th;
     const F local = F(0.5) * (F(1) + th) +
                     F(0.5) * x * sech2 * s * (F(1) + F(3 * 0.044715) * x * x);
-    dinp[i] += local * dout[i];
+    dinp[i] = local * dout[i];
   }
 }
 

@@ -24,15 +24,10 @@ double global_norm(const float* x, size_t n) {
   return std::sqrt(sum);
 }
 
-double clip_grad_norm(float* grads, size_t n, double max_norm) {
-  const double norm = global_norm(grads, n);
-  if (max_norm > 0.0 && norm > max_norm) {
-    // torch adds 1e-6 to the norm here; so do we, for parity.
-    const float s = (float)(max_norm / (norm + 1e-6));
-#pragma omp parallel for simd
-    for (size_t i = 0; i < n; i++) grads[i] *= s;
-  }
-  return norm;
+float clip_scale(double norm, double max_norm) {
+  // torch adds 1e-6 to the norm here; so do we, for parity.
+  if (max_norm > 0.0 && norm > max_norm) return (float)(max_norm / (norm + 1e-6));
+  return 1.0f;
 }
 
 }  // namespace diloco

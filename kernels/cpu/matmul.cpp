@@ -24,6 +24,7 @@ void matmul_backward_reference(F* dinp, F* dweight, F* dbias, const F* dout,
                                int OC) {
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
+    for (int c = 0; c < C; c++) dinp[(size_t)n * C + c] = 0;
     for (int o = 0; o < OC; o++) {
       const F d = dout[(size_t)n * OC + o];
       for (int c = 0; c < C; c++) dinp[(size_t)n * C + c] += weight[(size_t)o * C + c] * d;
@@ -61,10 +62,10 @@ void matmul_forward(float* out, const float* inp, const float* weight,
 void matmul_backward(float* dinp, float* dweight, float* dbias,
                      const float* dout, const float* inp, const float* weight,
                      int N, int C, int OC) {
-  // dinp (N,C) += dout (N,OC) @ weight (OC,C): threads own rows of dinp.
+  // dinp (N,C) = dout (N,OC) @ weight (OC,C): threads own rows of dinp.
   ParallelForChunks(N, [&](int n0, int n1) {
     gemm(false, false, n1 - n0, C, OC, 1.0f, dout + (size_t)n0 * OC, OC, weight,
-         C, 1.0f, dinp + (size_t)n0 * C, C);
+         C, 0.0f, dinp + (size_t)n0 * C, C);
   });
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): threads own rows of dweight.
   ParallelForChunks(OC, [&](int o0, int o1) {

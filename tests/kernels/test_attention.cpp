@@ -28,7 +28,7 @@ TEST_CASE("attention reference backward matches finite differences", "[unit][ker
     return dot(out, dout);
   };
   loss();
-  std::vector<double> dinp(inp.size(), 0.0);
+  std::vector<double> dinp(inp.size(), 5.0);  // overwritten
   attention_backward_reference(dinp.data(), dout.data(), inp.data(), att.data(), B, T, C, NH);
   require_close(dinp, numeric_grad(inp, loss), 1e-5, 1e-7, "dinp");
 }
@@ -44,8 +44,8 @@ TEST_CASE("attention fast path matches the reference", "[unit][kernels]") {
     attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
     require_close_to_scale(out, out_ref, 1e-5, "out");
     require_close_to_scale(att, att_ref, 1e-5, "att");
-    auto dinp_ref = random_vec<float>(inp.size(), 73);
-    auto dinp = dinp_ref;
+    auto dinp_ref = random_vec<float>(inp.size(), 73);  // both overwrite: start from garbage
+    std::vector<float> dinp(inp.size(), -4.0f);
     attention_backward_reference(dinp_ref.data(), dout.data(), inp.data(), att_ref.data(), B, T, C, NH);
     attention_backward(dinp.data(), dout.data(), inp.data(), att.data(), B, T, C, NH);
     require_close_to_scale(dinp, dinp_ref, 1e-5, "dinp");

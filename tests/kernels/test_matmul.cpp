@@ -26,7 +26,7 @@ TEST_CASE("matmul reference backward matches finite differences", "[unit][kernel
     matmul_forward_reference(out.data(), x.data(), w.data(), b.data(), N, C, OC);
     return dot(out, dout);
   };
-  std::vector<double> dx(N * C, 0.0), dw(OC * C, 0.0), db(OC, 0.0);
+  std::vector<double> dx(N * C, 7.0), dw(OC * C, 0.0), db(OC, 0.0);  // dinp is overwritten
   matmul_backward_reference(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
   require_close(dx, numeric_grad(x, loss), 1e-6, 1e-8, "dinp");
   require_close(dw, numeric_grad(w, loss), 1e-6, 1e-8, "dweight");
@@ -41,9 +41,11 @@ TEST_CASE("matmul fast path matches the reference", "[unit][kernels]") {
     matmul_forward_reference(out_ref.data(), x.data(), w.data(), b.data(), N, C, OC);
     matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
     require_close_to_scale(out, out_ref, 1e-5, "out");
-    // Backward adds: start both from the same non-zero gradients.
+    // dweight and dbias are added to: start both from the same non-zero
+    // values; dinp is overwritten: start the fast path from garbage.
     auto dx_ref = random_vec<float>(N * C, 55), dw_ref = random_vec<float>(OC * C, 56), db_ref = random_vec<float>(OC, 57);
-    auto dx = dx_ref, dw = dw_ref, db = db_ref;
+    auto dw = dw_ref, db = db_ref;
+    std::vector<float> dx(N * C, -3.0f);
     matmul_backward_reference(dx_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), x.data(), w.data(), N, C, OC);
     matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
     require_close_to_scale(dx, dx_ref, 1e-5, "dinp");

@@ -26,10 +26,18 @@ TEST_CASE("adamw matches a hand-computed step", "[unit][kernels]") {
 TEST_CASE("global norm and clipping", "[unit][kernels]") {
   std::vector<float> g = {3.0f, 4.0f};
   CHECK(global_norm(g.data(), 2) == Approx(5.0));
-  CHECK(clip_grad_norm(g.data(), 2, 10.0) == Approx(5.0));
-  CHECK(g[0] == 3.0f);  // under the limit: untouched
-  CHECK(clip_grad_norm(g.data(), 2, 1.0) == Approx(5.0));
-  CHECK(global_norm(g.data(), 2) == Approx(1.0).epsilon(1e-5));
+  CHECK(clip_scale(5.0, 10.0) == 1.0f);  // under the limit
+  CHECK(clip_scale(5.0, 0.0) == 1.0f);   // clipping off
+  CHECK(clip_scale(5.0, 1.0) == Approx(0.2f).epsilon(1e-6));
+  // AdamW applies the scale: a scaled gradient gives the same first moment.
+  std::vector<float> p = {0, 0}, m = {0, 0}, v = {0, 0}, m2 = {0, 0}, v2 = {0, 0}, p2 = {0, 0};
+  const std::vector<float> g_small = {0.6f, 0.8f};
+  AdamWHyper hp;
+  hp.grad_scale = 0.2f;
+  adamw_update(p.data(), m.data(), v.data(), g.data(), 2, hp, 1);
+  adamw_update(p2.data(), m2.data(), v2.data(), g_small.data(), 2, AdamWHyper{}, 1);
+  CHECK(m[1] == Approx(m2[1]));
+  CHECK(v[1] == Approx(v2[1]));
   // Large buffers are summed in fixed chunks: check against a plain sum.
   const auto big = random_vec<float>(100003, 81);
   double s = 0;
