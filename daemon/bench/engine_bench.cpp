@@ -93,15 +93,17 @@ double MeasureGemmGflops(int M, int N, int K, int threads, int repeats) {
   std::vector<float> a((size_t)M * K), b((size_t)K * N), c((size_t)M * N);
   for (float& x : a) x = (float)rng.normal();
   for (float& x : b) x = (float)rng.normal();
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats + 2; r++) {
+  auto run_once = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     ParallelForChunks(M, [&](int m0, int m1) {
       gemm(false, false, m1 - m0, N, K, 1.0f, a.data() + (size_t)m0 * K, K, b.data(), N, 0.0f, c.data() + (size_t)m0 * N, N);
     });
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r >= 2) seconds.push_back(s);  // the first two warm caches and threads
-  }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // Half a second of warm-up: caches, threads and the cores' clocks.
+  for (double warm = 0; warm < 0.5;) warm += run_once();
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; r++) seconds.push_back(run_once());
   std::sort(seconds.begin(), seconds.end());
   return 2.0 * M * N * K / seconds[seconds.size() / 2] / 1e9;
 }
