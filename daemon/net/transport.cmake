@@ -1,0 +1,1 @@
+target_sources(diloco_net PRIVATE ${CMAKE_CURRENT_LIST_DIR}/socket.cpp)

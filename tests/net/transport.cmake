@@ -1,0 +1,2 @@
+diloco_test(net_transport_tests ${CMAKE_CURRENT_LIST_DIR}/test_transport.cpp)
+target_link_libraries(net_transport_tests PRIVATE diloco_net)
