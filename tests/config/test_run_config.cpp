@@ -8,6 +8,7 @@
 
 #include "daemon/config/run_config.h"
 
+#include "tests/temp_dir.h"
 namespace diloco {
 namespace {
 
@@ -15,33 +16,7 @@ namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 
-// A fresh directory under the system temp dir, removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("run_config_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
-  // Writes text to name inside the directory and returns its path.
-  std::string Write(const std::string& name, const std::string& text) const {
-    fs::path file = path_ / name;
-    fs::create_directories(file.parent_path());
-    std::ofstream(file) << text;
-    return file.string();
-  }
-
- private:
-  fs::path path_;
-};
+using diloco::testing::TempDir;
 
 Status Parse(const std::string& text, const std::vector<std::string>& overrides,
              RunConfig* config) {

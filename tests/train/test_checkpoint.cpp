@@ -11,26 +11,12 @@
 #include "daemon/util/crc32c.h"
 #include "kernels/rng.h"
 
+#include "tests/temp_dir.h"
 namespace diloco {
 namespace {
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "diloco_ckpt_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using diloco::testing::TempDir;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -11,28 +11,12 @@
 
 #include "kernels/rng.h"
 
+#include "tests/temp_dir.h"
 namespace diloco {
 namespace {
 namespace fs = std::filesystem;
 
-// A fresh directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "diloco_data_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using diloco::testing::TempDir;
 
 void write_file(const std::string& path, const std::string& bytes) {
   fs::create_directories(fs::path(path).parent_path());
