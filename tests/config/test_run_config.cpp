@@ -353,9 +353,9 @@ TEST_CASE("the shipped configs load", "[unit][config]") {
 
   status = LoadRunConfig((source / "configs/demo.yaml").string(), {}, &config);
   REQUIRE(status.message() == "");
-  CHECK(config.model == ModelConfig{2, 64, 4, 64});
+  CHECK(config.model == ModelConfig{3, 128, 4, 128});
   CHECK(config.data.corpus == "/usr/share/games/fortunes");
-  CHECK(config.train.steps == 600);
+  CHECK(config.train.steps == 800);
   CHECK(config.train.lr == 2e-3);
   CHECK(config.eval.every == 200);
 
