@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -382,6 +383,23 @@ Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const Par
 // summing to payload_bytes, and that their CRC32C is payload_crc32c. `what` prefixes errors.
 Status ReassembleChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
                         uint32_t payload_crc32c, std::string_view what, ParsedMessage::Bytes* out);
+
+// ---- For tests and fuzzers only ----
+
+// BuildMessageUnchecked writes whatever it is given, without any check, so tests can make
+// messages that are well-formed FlatBuffers but wrong; set fields replace computed ones.
+struct RawOverrides {
+  std::optional<uint64_t> payload_bytes;   // Payload.payload_bytes
+  std::optional<uint32_t> payload_crc32c;  // Payload.payload_crc32c
+  std::optional<uint32_t> num_chunks;      // Payload.num_chunks
+  std::optional<uint8_t> body_type;        // Envelope.body_type (the union tag)
+  size_t chunk_bytes = 0;                  // cut the payload at this size (0: kChunkBytes)
+};
+void BuildMessageUnchecked(const EnvelopeHeader& header, const MessageBody& body,
+                           std::span<const uint8_t> payload, const RawOverrides& raw,
+                           OutgoingMessage* out);
+// Rewrites the CRC32C trailer of a frame 0 after its FlatBuffer bytes were changed.
+void ResealHeader(std::vector<uint8_t>* frame0);
 
 // ---- Snapshots across several messages ----
 

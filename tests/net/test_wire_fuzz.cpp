@@ -1,0 +1,1 @@
+// Fuzz test: being written.
