@@ -3,12 +3,14 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <system_error>
@@ -21,71 +23,169 @@ namespace {
 namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------------------
-// The key table: the one place that lists every key. Reading, writing and the
-// "known keys" of error messages all come from it; to add a section, add rows
-// (a section's rows must be contiguous) and its checks in Validate().
+// The key table: the one place that lists every key, by its dotted path.
+// Reading, writing and the "known keys" of error messages all come from it; to
+// add a key, add a row where it should appear in the written YAML and its
+// checks in Validate(). A path's parents are sections (mappings); a row may itself be a
+// list of sections, whose items' keys are rows "list.<i>.<key>".
 
 // A string that names a file; resolved to an absolute path when read.
 struct PathField {
   std::string* value;
 };
-using FieldRef = std::variant<int*, uint64_t*, double*, PathField>;
 
-struct Key {
-  std::string section;
-  std::string name;
-  FieldRef field;
-  std::string dotted() const { return section + "." + name; }
+// An enum spelled as one of a few names.
+struct EnumField {
+  std::vector<std::string> names;  // the allowed spellings
+  std::function<int()> get;        // index into names
+  std::function<void(int)> set;
 };
 
-// Every key, bound to the fields of *c.
+// A list of sections, e.g. learners: [{slowdown: 3}].
+struct ListField {
+  std::function<void(size_t)> resize;
+  std::vector<std::string> item_names;  // the keys of one item, for messages
+};
+
+using FieldRef = std::variant<int*, uint64_t*, double*, PathField, EnumField, ListField>;
+
+struct Key {
+  std::string path;  // "train.lr", "sync.grace.gamma", "learners.0.slowdown"
+  FieldRef field;
+};
+
+template <typename E, size_t N>
+EnumField EnumOf(E* field, const std::array<std::string_view, N>& names) {
+  return {std::vector<std::string>(names.begin(), names.end()),
+          [field] { return static_cast<int>(*field); },
+          [field](int i) { *field = static_cast<E>(i); }};
+}
+
+// Codec values start at 1 (0 is invalid on the wire).
+EnumField CodecOf(CodecKind* field) {
+  std::vector<std::string> names;
+  for (uint8_t v = 1; IsValidCodecKind(v); ++v) {
+    names.emplace_back(CodecName(static_cast<CodecKind>(v)));
+  }
+  return {names, [field] { return static_cast<int>(*field) - 1; },
+          [field](int i) { *field = static_cast<CodecKind>(i + 1); }};
+}
+
+// The keys of one learners[i] item, relative to it.
+std::vector<Key> LearnerKeysOf(LearnerConfig* l) { return {{"slowdown", &l->slowdown}}; }
+
+// Every key, bound to the fields of *c; list items as many as *c holds.
 std::vector<Key> KeysOf(RunConfig* c) {
   ModelConfig& m = c->model;
   DataConfig& d = c->data;
   TrainConfig& t = c->train;
   EvalConfig& e = c->eval;
-  return {
-      {"model", "n_layer", &m.n_layer},
-      {"model", "n_embd", &m.n_embd},
-      {"model", "n_head", &m.n_head},
-      {"model", "block_size", &m.block_size},
-      {"data", "corpus", PathField{&d.corpus}},
-      {"data", "val_fraction", &d.val_fraction},
-      {"train", "batch_size", &t.batch_size},
-      {"train", "steps", &t.steps},
-      {"train", "lr", &t.lr},
-      {"train", "min_lr", &t.min_lr},
-      {"train", "warmup_steps", &t.warmup_steps},
-      {"train", "lr_decay_steps", &t.lr_decay_steps},
-      {"train", "weight_decay", &t.weight_decay},
-      {"train", "beta1", &t.beta1},
-      {"train", "beta2", &t.beta2},
-      {"train", "eps", &t.eps},
-      {"train", "grad_clip", &t.grad_clip},
-      {"train", "seed", &t.seed},
-      {"train", "threads", &t.threads},
-      {"train", "checkpoint_every", &t.checkpoint_every},
-      {"train", "log_every", &t.log_every},
-      {"eval", "every", &e.every},
-      {"eval", "batches", &e.batches},
+  SyncConfig& s = c->sync;
+  LearnerConfig sample;
+  std::vector<std::string> learner_names;
+  for (const Key& key : LearnerKeysOf(&sample)) learner_names.push_back(key.path);
+  std::vector<Key> keys = {
+      {"model.n_layer", &m.n_layer},
+      {"model.n_embd", &m.n_embd},
+      {"model.n_head", &m.n_head},
+      {"model.block_size", &m.block_size},
+      {"data.corpus", PathField{&d.corpus}},
+      {"data.val_fraction", &d.val_fraction},
+      {"train.batch_size", &t.batch_size},
+      {"train.steps", &t.steps},
+      {"train.lr", &t.lr},
+      {"train.min_lr", &t.min_lr},
+      {"train.warmup_steps", &t.warmup_steps},
+      {"train.lr_decay_steps", &t.lr_decay_steps},
+      {"train.weight_decay", &t.weight_decay},
+      {"train.beta1", &t.beta1},
+      {"train.beta2", &t.beta2},
+      {"train.eps", &t.eps},
+      {"train.grad_clip", &t.grad_clip},
+      {"train.seed", &t.seed},
+      {"train.threads", &t.threads},
+      {"train.checkpoint_every", &t.checkpoint_every},
+      {"train.log_every", &t.log_every},
+      {"eval.every", &e.every},
+      {"eval.batches", &e.batches},
+      {"sync.mode", EnumOf(&s.mode, kSyncModeNames)},
+      {"sync.learners", &s.learners},
+      {"sync.fragments", &s.fragments},
+      {"sync.inner_steps", &s.inner_steps},
+      {"sync.overlap", &s.overlap},
+      {"sync.quorum", &s.quorum},
+      {"sync.grace.gamma", &s.grace.gamma},
+      {"sync.grace.cap_ms", &s.grace.cap_ms},
+      {"sync.max_staleness", &s.max_staleness},
+      {"sync.weighting", EnumOf(&s.weighting, kWeightingNames)},
+      {"sync.merge", EnumOf(&s.merge, kMergeRuleNames)},
+      {"sync.fold", EnumOf(&s.fold, kFoldModeNames)},
+      {"sync.alpha", &s.alpha},
+      {"sync.codec.up", CodecOf(&s.codec.up)},
+      {"sync.codec.down", CodecOf(&s.codec.down)},
+      {"sync.codec.block", &s.codec.block},
+      {"sync.outer.lr", &s.outer.lr},
+      {"sync.outer.momentum", &s.outer.momentum},
+      {"sync.link.bandwidth_mbps", &s.link.bandwidth_mbps},
+      {"sync.link.latency_ms", &s.link.latency_ms},
+      {"sync.link.jitter_ms", &s.link.jitter_ms},
+      {"sync.link.loss", &s.link.loss},
+      {"sync.heartbeat_timeout_ms", &s.heartbeat_timeout_ms},
+      {"sync.norm_limit", &s.norm_limit},
+      {"sync.checkpoint_every", &s.checkpoint_every},
+      {"learners", ListField{[c](size_t n) { c->learners.resize(n); }, learner_names}},
   };
-}
-
-// Section names in table order.
-std::vector<std::string> SectionsOf(const std::vector<Key>& keys) {
-  std::vector<std::string> sections;
-  for (const Key& key : keys) {
-    if (sections.empty() || sections.back() != key.section) sections.push_back(key.section);
+  for (size_t i = 0; i < c->learners.size(); ++i) {
+    for (Key& key : LearnerKeysOf(&c->learners[i])) {
+      keys.push_back({"learners." + std::to_string(i) + "." + key.path, std::move(key.field)});
+    }
   }
-  return sections;
+  return keys;
 }
 
-std::vector<std::string> NamesIn(const std::vector<Key>& keys, const std::string& section) {
+std::string ChildPath(const std::string& parent, const std::string& name) {
+  return parent.empty() ? name : parent + "." + name;
+}
+
+// The names directly under parent ("" = the sections), in table order.
+std::vector<std::string> ChildrenOf(const std::vector<Key>& keys, const std::string& parent) {
+  const std::string prefix = parent.empty() ? "" : parent + ".";
   std::vector<std::string> names;
   for (const Key& key : keys) {
-    if (key.section == section) names.push_back(key.name);
+    if (key.path.compare(0, prefix.size(), prefix) != 0 || key.path.size() == prefix.size()) {
+      continue;
+    }
+    std::string name = key.path.substr(prefix.size());
+    name = name.substr(0, name.find('.'));
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   }
   return names;
+}
+
+const Key* FindKey(const std::vector<Key>& keys, const std::string& path) {
+  for (const Key& key : keys) {
+    if (key.path == path) return &key;
+  }
+  return nullptr;
+}
+
+std::set<std::string> ListPaths(const std::vector<Key>& keys) {
+  std::set<std::string> paths;
+  for (const Key& key : keys) {
+    if (std::holds_alternative<ListField>(key.field)) paths.insert(key.path);
+  }
+  return paths;
+}
+
+std::vector<std::string> Split(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (true) {
+    const size_t dot = path.find('.', begin);
+    parts.push_back(path.substr(begin, dot - begin));
+    if (dot == std::string::npos) return parts;
+    begin = dot + 1;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -228,7 +328,7 @@ Status ReadValue(const Key& key, const YAML::Node& node, const std::string& wher
                  const std::string& path_base) {
   const std::string text = node.IsScalar() ? node.Scalar() : "";
   auto expected = [&](const std::string& what) {
-    return Status::Error(where + ": " + key.dotted() + ": expected " + what + ", got " +
+    return Status::Error(where + ": " + key.path + ": expected " + what + ", got " +
                          Describe(node));
   };
   if (auto* field = std::get_if<int*>(&key.field)) {
@@ -245,64 +345,145 @@ Status ReadValue(const Key& key, const YAML::Node& node, const std::string& wher
     // An empty value leaves the path empty; Validate() says it is required.
     if (!node.IsScalar() && !node.IsNull()) return expected("a path");
     *field->value = ResolvePath(text, path_base);
+  } else if (auto* field = std::get_if<EnumField>(&key.field)) {
+    const auto it = std::find(field->names.begin(), field->names.end(), text);
+    if (!node.IsScalar() || it == field->names.end()) {
+      return Status::Error(where + ": " + key.path + ": expected one of " + Join(field->names) +
+                           ", got " + Describe(node) + DidYouMean(text, field->names));
+    }
+    field->set(static_cast<int>(it - field->names.begin()));
   }
   return Status::Ok();
 }
 
-// Reads the tree (sections → keys) into *config.
-Status ReadTree(const YAML::Node& root, const std::string& base_dir, Origins* origins,
-                RunConfig* config) {
-  const std::vector<Key> keys = KeysOf(config);
-  const std::vector<std::string> sections = SectionsOf(keys);
-  std::set<std::string> seen_sections;
-  for (const auto& section_entry : root) {
-    const YAML::Node& section_node = section_entry.first;
-    const YAML::Node& body = section_entry.second;
-    const std::string section = section_node.Scalar();
-    const std::string section_at = origins->At(section, section_node.Mark());
-    if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
-      return Status::Error(section_at + ": unknown section '" + section +
-                           "'; known sections: " + Join(sections) + DidYouMean(section, sections));
+// Sizes the config's lists to the tree's, so that KeysOf() has a row for
+// every item the reader will meet.
+void SizeLists(const YAML::Node& root, RunConfig* config) {
+  for (const Key& key : KeysOf(config)) {
+    const auto* list = std::get_if<ListField>(&key.field);
+    if (list == nullptr) continue;
+    // (reset() throws on a missing node, so look before each step)
+    YAML::Node node = root;
+    bool found = true;
+    for (const std::string& part : Split(key.path)) {
+      const YAML::Node child = node.IsMap() ? std::as_const(node)[part] : YAML::Node();
+      found = node.IsMap() && child.IsDefined();
+      if (!found) break;
+      node.reset(child);
     }
-    if (!seen_sections.insert(section).second) {
-      return Status::Error(section_at + ": section '" + section +
-                           "' appears twice; merge its keys into one");
-    }
-    if (body.IsNull()) continue;  // "train:" with every key commented out
-    if (!body.IsMap()) {
-      return Status::Error(origins->At(section, body.Mark()) + ": " + section +
-                           ": expected a section (a mapping of keys), got " + Describe(body));
-    }
-    const std::vector<std::string> names = NamesIn(keys, section);
-    std::set<std::string> seen_names;
-    for (const auto& entry : body) {
+    if (found && node.IsSequence()) list->resize(node.size());
+  }
+}
+
+// Reads a tree of sections into the fields the table binds.
+class TreeReader {
+ public:
+  TreeReader(const std::vector<Key>& keys, const std::string& base_dir, Origins* origins)
+      : keys_(keys), base_dir_(base_dir), origins_(origins) {}
+
+  // Reads map, the section at path parent ("" = the whole file).
+  Status ReadSection(const YAML::Node& map, const std::string& parent) {
+    const std::vector<std::string> names = ChildrenOf(keys_, parent);
+    std::set<std::string> seen;
+    for (const auto& entry : map) {
       const std::string name = entry.first.Scalar();
-      const std::string dotted = section + "." + name;
-      auto key = std::find_if(keys.begin(), keys.end(),
-                              [&](const Key& k) { return k.section == section && k.name == name; });
-      if (key == keys.end()) {
-        return Status::Error(origins->At(dotted, entry.first.Mark()) + ": unknown key '" + dotted +
-                             "'; known keys in '" + section + "': " + Join(names) +
-                             DidYouMean(name, names));
+      const std::string path = ChildPath(parent, name);
+      const std::string name_at = origins_->At(path, entry.first.Mark());
+      const Key* key = FindKey(keys_, path);
+      const bool is_section = key == nullptr && !ChildrenOf(keys_, path).empty();
+      if (key == nullptr && !is_section) {
+        if (parent.empty()) {
+          return Status::Error(name_at + ": unknown section '" + name + "'; known sections: " +
+                               Join(names) + DidYouMean(name, names));
+        }
+        return Status::Error(name_at + ": unknown key '" + path + "'; known keys in '" + parent +
+                             "': " + Join(names) + DidYouMean(name, names));
       }
-      if (!seen_names.insert(name).second) {
-        return Status::Error(origins->At(dotted, entry.first.Mark()) + ": key '" + dotted +
-                             "' appears twice; keep one");
+      const bool is_value = key != nullptr && !std::holds_alternative<ListField>(key->field);
+      if (!seen.insert(name).second) {
+        if (is_value) {
+          return Status::Error(name_at + ": key '" + path + "' appears twice; keep one");
+        }
+        return Status::Error(name_at + ": " + (parent.empty() ? "section '" : "key '") + path +
+                             "' appears twice; merge its keys into one");
       }
-      // A path given on the command line is relative to where the command ran.
-      const std::string path_base = origins->IsOverride(dotted) ? "" : base_dir;
-      const std::string where = origins->At(dotted, entry.second.Mark());
-      DL_RETURN_IF_ERROR(ReadValue(*key, entry.second, where, path_base));
-      origins->Record(dotted, where);
+      const YAML::Node& value = entry.second;
+      const std::string where = origins_->At(path, value.Mark());
+      if (is_value) {
+        // A path given on the command line is relative to where the command ran.
+        const std::string path_base = origins_->IsOverride(path) ? "" : base_dir_;
+        DL_RETURN_IF_ERROR(ReadValue(*key, value, where, path_base));
+        origins_->Record(path, where);
+      } else if (key != nullptr) {
+        DL_RETURN_IF_ERROR(ReadList(value, path, std::get<ListField>(key->field)));
+        origins_->Record(path, where);
+      } else {
+        DL_RETURN_IF_ERROR(ReadSubsection(value, path));
+      }
     }
+    return Status::Ok();
   }
-  return Status::Ok();
+
+ private:
+  Status ReadSubsection(const YAML::Node& node, const std::string& path) {
+    if (node.IsNull()) return Status::Ok();  // "train:" with every key commented out
+    if (!node.IsMap()) {
+      return Status::Error(origins_->At(path, node.Mark()) + ": " + path +
+                           ": expected a section (a mapping of keys), got " + Describe(node));
+    }
+    return ReadSection(node, path);
+  }
+
+  Status ReadList(const YAML::Node& node, const std::string& path, const ListField& list) {
+    if (node.IsNull()) return Status::Ok();
+    if (!node.IsSequence()) {
+      return Status::Error(origins_->At(path, node.Mark()) + ": " + path +
+                           ": expected a list of sections (keys: " + Join(list.item_names) +
+                           "), e.g. " + path + ": [{" + list.item_names.front() +
+                           ": ...}], got " + Describe(node));
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      DL_RETURN_IF_ERROR(ReadSubsection(node[i], path + "." + std::to_string(i)));
+    }
+    return Status::Ok();
+  }
+
+  const std::vector<Key>& keys_;
+  const std::string& base_dir_;
+  Origins* origins_;
+};
+
+// Largest list index --set accepts (it creates the items before it).
+constexpr size_t kMaxOverrideIndex = 9999;
+
+bool ParseIndex(const std::string& text, size_t* index) {
+  if (text.empty() || text.size() > 4) return false;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') return false;
+  }
+  *index = std::stoul(text);
+  return *index <= kMaxOverrideIndex;
 }
 
-// Applies "--set section.key=value" arguments to the tree, creating sections
-// as needed; the reader then checks them like the file's own keys.
+// The key table with one item in each list: the shape of any config.
+std::vector<Key> SchemaKeys(RunConfig* storage) {
+  for (const Key& key : KeysOf(storage)) {
+    if (const auto* list = std::get_if<ListField>(&key.field)) list->resize(1);
+  }
+  return KeysOf(storage);
+}
+
+// Applies "--set path.to.key=value" arguments to the tree, creating sections
+// and list items as needed; the reader then checks them like the file's own
+// keys.
 Status ApplyOverrides(const std::vector<std::string>& overrides, YAML::Node* root,
                       Origins* origins) {
+  RunConfig storage;
+  const std::vector<Key> schema = SchemaKeys(&storage);
+  const std::set<std::string> lists = ListPaths(schema);
+  auto new_container = [&](const std::string& schema_path) {
+    return YAML::Node(lists.count(schema_path) ? YAML::NodeType::Sequence : YAML::NodeType::Map);
+  };
   for (const std::string& argument : overrides) {
     const size_t equals = argument.find('=');
     auto trim = [](std::string s) {
@@ -323,22 +504,134 @@ Status ApplyOverrides(const std::vector<std::string>& overrides, YAML::Node* roo
       return Status::Error("--set " + argument + ": " + key + ": not a YAML value (" + e.msg +
                            "); quote it, e.g. --set '" + key + "=\"...\"'");
     }
-    const size_t dot = key.find('.');
-    if (dot == std::string::npos) {  // a whole section, e.g. "train=5": the reader rejects it
-      (*root)[key] = value;
-      origins->SetByOverride(key, argument);
-      continue;
+    const std::vector<std::string> parts = Split(key);
+    if (std::find(parts.begin(), parts.end(), "") != parts.end()) {
+      return Status::Error("--set " + argument + ": '" + key +
+                           "' is not a key path; join its parts with single dots, e.g. " +
+                           "--set sync.grace.gamma=0.5");
     }
-    const std::string section = key.substr(0, dot);
-    const std::string name = key.substr(dot + 1);
-    const YAML::Node existing = std::as_const(*root)[section];
-    if (!existing.IsDefined()) {
-      origins->SetByOverride(section, argument);
-    } else if (!existing.IsMap() && !existing.IsNull()) {
-      continue;  // the file's section is not a mapping: the reader reports that
+    // Walk down from the root, creating what is missing. schema_path is the
+    // path with list indices as 0, to look nodes up in the table.
+    YAML::Node node = *root;
+    std::string path, schema_path;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const bool last = i + 1 == parts.size();
+      const bool node_is_list = lists.count(schema_path) > 0;
+      const std::string parent = path;
+      path = ChildPath(path, parts[i]);
+      schema_path = ChildPath(schema_path, node_is_list ? "0" : parts[i]);
+      if (!last) {
+        const Key* row = FindKey(schema, schema_path);
+        if (row != nullptr && !std::holds_alternative<ListField>(row->field)) {
+          return Status::Error("--set " + argument + ": unknown key '" + key + "': '" + path +
+                               "' is a value, not a section");
+        }
+      }
+      if (node_is_list && node.IsNull()) node = YAML::Node(YAML::NodeType::Sequence);
+      // A node of the wrong kind in the file: the reader reports it.
+      if (node_is_list ? !node.IsSequence() : !(node.IsMap() || node.IsNull())) break;
+      if (node_is_list) {
+        size_t index = 0;
+        if (!ParseIndex(parts[i], &index)) {
+          return Status::Error("--set " + argument + ": '" + parts[i] +
+                               "' is not an index into the list '" + parent +
+                               "' (0, 1, ... up to " + std::to_string(kMaxOverrideIndex) + ")");
+        }
+        while (node.size() < index) {
+          origins->SetByOverride(ChildPath(parent, std::to_string(node.size())), argument);
+          node.push_back(YAML::Node(YAML::NodeType::Map));
+        }
+        if (node.size() == index) {
+          origins->SetByOverride(path, argument);
+          node.push_back(last ? value : new_container(schema_path));
+        } else if (last) {
+          node[index] = value;
+        }
+        node.reset(node[index]);
+      } else {
+        YAML::Node child = node[parts[i]];
+        if (last) {
+          child = value;
+        } else if (!child.IsDefined()) {
+          origins->SetByOverride(path, argument);
+          child = new_container(schema_path);
+        }
+        node.reset(child);
+      }
+      if (last) origins->SetByOverride(key, argument);
     }
-    (*root)[section][name] = value;
-    origins->SetByOverride(key, argument);
+  }
+  return Status::Ok();
+}
+
+// Checks the sync section and the learners list.
+Status ValidateSync(const RunConfig& c, const Origins& origins) {
+  auto fail = [&](const std::string& key, const std::string& detail,
+                  std::initializer_list<std::string> blame) {
+    return Status::Error(origins.OfValue(blame) + ": " + key + ": " + detail);
+  };
+  auto check = [&](const std::string& key, double value, bool ok,
+                   const std::string& rule) -> Status {
+    if (ok) return Status::Ok();
+    return fail(key, "must be " + rule + ", got " + FormatDouble(value), {key});
+  };
+  const SyncConfig& s = c.sync;
+  DL_RETURN_IF_ERROR(check("sync.learners", s.learners, s.learners >= 1, ">= 1"));
+  DL_RETURN_IF_ERROR(check("sync.fragments", s.fragments, s.fragments >= 1, ">= 1"));
+  DL_RETURN_IF_ERROR(check("sync.inner_steps", s.inner_steps, s.inner_steps >= 1, ">= 1"));
+  DL_RETURN_IF_ERROR(check("sync.overlap", s.overlap, s.overlap >= 0, ">= 0"));
+  if (s.mode != SyncMode::kDdp && s.overlap >= s.inner_steps) {
+    return fail("sync.overlap",
+                std::to_string(s.overlap) + " is not less than sync.inner_steps " +
+                    std::to_string(s.inner_steps) +
+                    ": a fragment's delta must be back before the fragment fires again; " +
+                    "lower overlap or raise inner_steps",
+                {"sync.overlap", "sync.inner_steps"});
+  }
+  DL_RETURN_IF_ERROR(check("sync.quorum", s.quorum, s.quorum >= 1, ">= 1"));
+  if (s.quorum > s.learners) {
+    return fail("sync.quorum",
+                std::to_string(s.quorum) + " is greater than sync.learners " +
+                    std::to_string(s.learners) + "; lower quorum or add learners",
+                {"sync.quorum", "sync.learners"});
+  }
+  DL_RETURN_IF_ERROR(check("sync.grace.gamma", s.grace.gamma,
+                           s.grace.gamma >= 0 && s.grace.gamma <= 1, "in [0, 1]"));
+  DL_RETURN_IF_ERROR(check("sync.grace.cap_ms", s.grace.cap_ms, s.grace.cap_ms >= 0,
+                           ">= 0 (0 turns the grace window off)"));
+  DL_RETURN_IF_ERROR(check("sync.max_staleness", s.max_staleness, s.max_staleness >= 0,
+                           ">= 0 (0 = only deltas based on the current version)"));
+  DL_RETURN_IF_ERROR(check("sync.alpha", s.alpha, s.alpha >= 0 && s.alpha <= 1, "in [0, 1]"));
+  DL_RETURN_IF_ERROR(check("sync.codec.block", s.codec.block,
+                           s.codec.block >= 1 && s.codec.block <= 65536, "in [1, 65536]"));
+  DL_RETURN_IF_ERROR(check("sync.outer.lr", s.outer.lr, s.outer.lr > 0, "> 0"));
+  DL_RETURN_IF_ERROR(check("sync.outer.momentum", s.outer.momentum,
+                           s.outer.momentum >= 0 && s.outer.momentum < 1, "in [0, 1)"));
+  DL_RETURN_IF_ERROR(check("sync.link.bandwidth_mbps", s.link.bandwidth_mbps,
+                           s.link.bandwidth_mbps >= 0, ">= 0 (0 = unlimited)"));
+  DL_RETURN_IF_ERROR(
+      check("sync.link.latency_ms", s.link.latency_ms, s.link.latency_ms >= 0, ">= 0"));
+  DL_RETURN_IF_ERROR(
+      check("sync.link.jitter_ms", s.link.jitter_ms, s.link.jitter_ms >= 0, ">= 0"));
+  DL_RETURN_IF_ERROR(
+      check("sync.link.loss", s.link.loss, s.link.loss >= 0 && s.link.loss < 1, "in [0, 1)"));
+  DL_RETURN_IF_ERROR(check("sync.heartbeat_timeout_ms", s.heartbeat_timeout_ms,
+                           s.heartbeat_timeout_ms >= 1, ">= 1"));
+  DL_RETURN_IF_ERROR(check("sync.norm_limit", s.norm_limit,
+                           s.norm_limit == 0 || s.norm_limit > 1, "0 (off) or > 1"));
+  DL_RETURN_IF_ERROR(check("sync.checkpoint_every", s.checkpoint_every, s.checkpoint_every >= 0,
+                           ">= 0 (0 = only at the end)"));
+
+  if (c.learners.size() > static_cast<size_t>(s.learners)) {
+    return fail("learners",
+                "has " + std::to_string(c.learners.size()) + " entries but sync.learners is " +
+                    std::to_string(s.learners) + "; remove entries or raise sync.learners",
+                {"learners", "sync.learners"});
+  }
+  for (size_t i = 0; i < c.learners.size(); ++i) {
+    const std::string key = "learners." + std::to_string(i) + ".slowdown";
+    const double slowdown = c.learners[i].slowdown;
+    DL_RETURN_IF_ERROR(check(key, slowdown, slowdown >= 1, ">= 1 (1 = full speed)"));
   }
   return Status::Ok();
 }
@@ -416,7 +709,7 @@ Status Validate(const RunConfig& c, const Origins& origins) {
   const EvalConfig& e = c.eval;
   DL_RETURN_IF_ERROR(at_least("eval.every", e.every, 0, " (0 = only at the end)"));
   DL_RETURN_IF_ERROR(at_least("eval.batches", e.batches, 1, ""));
-  return Status::Ok();
+  return ValidateSync(c, origins);
 }
 
 Status ReadFile(const std::string& path, std::string* text) {
@@ -450,11 +743,13 @@ Status ParseRunConfig(const std::string& yaml_text, const std::string& source_na
   if (!root.IsMap()) {
     RunConfig defaults;
     return Status::Error(origins.At("", root.Mark()) + ": expected a mapping of sections (" +
-                         Join(SectionsOf(KeysOf(&defaults))) + "), got " + Describe(root));
+                         Join(ChildrenOf(KeysOf(&defaults), "")) + "), got " + Describe(root));
   }
   DL_RETURN_IF_ERROR(ApplyOverrides(overrides, &root, &origins));
   RunConfig config;
-  DL_RETURN_IF_ERROR(ReadTree(root, base_dir, &origins, &config));
+  SizeLists(root, &config);
+  const std::vector<Key> keys = KeysOf(&config);
+  DL_RETURN_IF_ERROR(TreeReader(keys, base_dir, &origins).ReadSection(root, ""));
   DL_RETURN_IF_ERROR(Validate(config, origins));
   *out = std::move(config);
   return Status::Ok();
@@ -473,28 +768,42 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
 
 std::string RunConfigToYaml(const RunConfig& config) {
   RunConfig copy = config;  // KeysOf binds mutable pointers
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  std::string section;
+  YAML::Node root(YAML::NodeType::Map);
   for (const Key& key : KeysOf(&copy)) {
-    if (key.section != section) {
-      if (!section.empty()) out << YAML::EndMap;
-      section = key.section;
-      out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    // Parents come first in the table, so every step but a list item exists.
+    const std::vector<std::string> parts = Split(key.path);
+    YAML::Node node = root;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      if (node.IsSequence()) {
+        const size_t index = std::stoul(parts[i]);
+        node.SetStyle(YAML::EmitterStyle::Block);
+        while (node.size() <= index) node.push_back(YAML::Node(YAML::NodeType::Map));
+        node.reset(node[index]);
+      } else {
+        YAML::Node child = node[parts[i]];
+        if (!child.IsDefined()) child = YAML::Node(YAML::NodeType::Map);
+        node.reset(child);
+      }
     }
-    out << YAML::Key << key.name << YAML::Value;
+    YAML::Node value;
     if (auto* field = std::get_if<int*>(&key.field)) {
-      out << std::to_string(**field);
+      value = std::to_string(**field);
     } else if (auto* field = std::get_if<uint64_t*>(&key.field)) {
-      out << std::to_string(**field);
+      value = std::to_string(**field);
     } else if (auto* field = std::get_if<double*>(&key.field)) {
-      out << FormatDouble(**field);
+      value = FormatDouble(**field);
     } else if (auto* field = std::get_if<PathField>(&key.field)) {
-      out << *field->value;
+      value = *field->value;
+    } else if (auto* field = std::get_if<EnumField>(&key.field)) {
+      value = field->names.at(field->get());
+    } else {
+      value = YAML::Node(YAML::NodeType::Sequence);
+      value.SetStyle(YAML::EmitterStyle::Flow);  // "[]" until an item makes it a block
     }
+    node[parts.back()] = value;
   }
-  if (!section.empty()) out << YAML::EndMap;
-  out << YAML::EndMap;
+  YAML::Emitter out;
+  out << root;
   return std::string(out.c_str()) + "\n";
 }
 

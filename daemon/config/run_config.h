@@ -1,19 +1,28 @@
 // The typed, validated config of a training run (`dilococtl train CONFIG
-// [--set key=value]...`): a YAML file with the sections model, data, train and
-// eval, plus command-line overrides. Every key, its type and its default is
-// listed below; run_config.cpp holds the one table that maps key names to
-// these fields.
+// [--set key=value]...`): a YAML file with the sections model, data, train,
+// eval, sync and learners, plus command-line overrides. Every key, its type
+// and its default is listed below (sync and learners: sync_config.h);
+// run_config.cpp holds the one table that maps key paths to these fields.
 //
 //   model:  {n_layer: 4, n_embd: 128, n_head: 4, block_size: 64}
 //   data:   {corpus: PATH, val_fraction: 0.1}
-//   train:  {batch_size: 12, steps: 2000, lr: 1e-3, ...}
+//   train:  {batch_size: 12, steps: 2000, lr: 1e-3, ...}   # per learner
 //   eval:   {every: 0, batches: 20}
+//   sync:   {mode: decoupled, learners: 1, grace: {gamma: 0.5, cap_ms: 2000}, ...}
+//   learners: [{slowdown: 3}, ...]
+//
+// Overrides name a key by its dotted path; a list item by its index:
+//   --set train.lr=3e-4  --set sync.grace.gamma=0.25  --set sync.codec.up=fp32
+//   --set learners.1.slowdown=3        (creates learners 0 and 1 as needed)
+//   --set 'learners=[{slowdown: 1}, {slowdown: 3}]'   (replaces the whole list)
+// The value is parsed as YAML, so quote strings with special characters.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "daemon/config/sync_config.h"
 #include "daemon/util/status.h"
 
 namespace diloco {
@@ -65,11 +74,13 @@ struct RunConfig {
   DataConfig data;
   TrainConfig train;
   EvalConfig eval;
+  SyncConfig sync;
+  std::vector<LearnerConfig> learners;  // by learner index; at most sync.learners
   bool operator==(const RunConfig&) const = default;
 };
 
-// Reads the YAML file at path, applies overrides ("section.key=value", the
-// value parsed as a YAML scalar, later ones win), validates, and fills *out
+// Reads the YAML file at path, applies overrides ("path.to.key=value", the
+// value parsed as YAML, later ones win), validates, and fills *out
 // (left untouched on error). A relative data.corpus in the file resolves
 // against the file's directory; one given with --set against the current
 // working directory. Error messages start with "path:line:col" (1-based) or

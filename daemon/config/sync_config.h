@@ -1,0 +1,123 @@
+// The `sync` section of a run config and the per-learner `learners` list:
+// how M learners and the syncer train one model (DESIGN.md §3). With the
+// default `sync.learners: 1` a run is the single-learner trainer, unchanged.
+//
+//   sync:
+//     mode: decoupled          # ddp | diloco | streaming | decoupled
+//     learners: 1              # M
+//     fragments: 4             # P (diloco uses 1)
+//     inner_steps: 25          # H
+//     overlap: 2               # tau: inner steps a delta may be in flight
+//     quorum: 1                # K (decoupled; the lock-step modes wait for every live learner)
+//     grace: {gamma: 0.5, cap_ms: 2000}
+//     max_staleness: 4         # versions; older deltas are dropped
+//     weighting: tokens        # tokens (c_tok^2 / c_steps) | uniform
+//     merge: rda               # rda | mean
+//     fold: overwrite          # overwrite | replay | mix
+//     alpha: 0.5               # fold: mix keeps alpha of the local fragment
+//     codec: {up: int4, down: int8, block: 64}
+//     outer: {lr: 0.7, momentum: 0.9}
+//     link: {bandwidth_mbps: 0, latency_ms: 0, jitter_ms: 0, loss: 0}   # 0 = unlimited / none
+//     heartbeat_timeout_ms: 3000
+//     norm_limit: 10           # reject deltas whose norm > norm_limit x median; 0 = off
+//     checkpoint_every: 50     # merges between global-state checkpoints; 0 = only at the end
+//   learners:                  # optional, at most sync.learners entries, by learner index
+//     - {slowdown: 3}          # stretch this learner's step time 3x (a slower site)
+#pragma once
+
+#include <array>
+#include <string_view>
+#include <vector>
+
+#include "daemon/net/codec_kind.h"
+
+namespace diloco {
+
+enum class SyncMode { kDdp, kDiloco, kStreaming, kDecoupled };
+enum class Weighting { kTokens, kUniform };
+enum class MergeRule { kRda, kMean };
+enum class FoldMode { kOverwrite, kReplay, kMix };
+
+// Config spellings, indexed by the enum's value.
+inline constexpr std::array<std::string_view, 4> kSyncModeNames = {"ddp", "diloco", "streaming",
+                                                                   "decoupled"};
+inline constexpr std::array<std::string_view, 2> kWeightingNames = {"tokens", "uniform"};
+inline constexpr std::array<std::string_view, 2> kMergeRuleNames = {"rda", "mean"};
+inline constexpr std::array<std::string_view, 3> kFoldModeNames = {"overwrite", "replay", "mix"};
+
+inline std::string_view ToString(SyncMode v) { return kSyncModeNames[static_cast<int>(v)]; }
+inline std::string_view ToString(Weighting v) { return kWeightingNames[static_cast<int>(v)]; }
+inline std::string_view ToString(MergeRule v) { return kMergeRuleNames[static_cast<int>(v)]; }
+inline std::string_view ToString(FoldMode v) { return kFoldModeNames[static_cast<int>(v)]; }
+
+struct GraceConfig {
+  double gamma = 0.5;  // in [0, 1]: share of the slack the syncer may spend waiting
+  int cap_ms = 2000;   // upper bound of the grace window
+  bool operator==(const GraceConfig&) const = default;
+};
+
+struct CodecConfig {
+  CodecKind up = CodecKind::kInt4;    // learner -> syncer deltas
+  CodecKind down = CodecKind::kInt8;  // syncer -> learner updates
+  int block = kDefaultCodecBlock;     // values per fp32 scale (int8/int4)
+  bool operator==(const CodecConfig&) const = default;
+};
+
+struct OuterConfig {
+  double lr = 0.7;        // outer Nesterov learning rate eta
+  double momentum = 0.9;  // mu, in [0, 1)
+  bool operator==(const OuterConfig&) const = default;
+};
+
+// The emulated WAN under the transport; 0 everywhere = a perfect link.
+struct LinkConfig {
+  double bandwidth_mbps = 0;  // 0 = unlimited
+  double latency_ms = 0;
+  double jitter_ms = 0;
+  double loss = 0;  // probability a message is lost, in [0, 1)
+  bool operator==(const LinkConfig&) const = default;
+};
+
+struct SyncConfig {
+  SyncMode mode = SyncMode::kDecoupled;
+  int learners = 1;
+  int fragments = 4;
+  int inner_steps = 25;
+  int overlap = 2;
+  int quorum = 1;
+  GraceConfig grace;
+  int max_staleness = 4;
+  Weighting weighting = Weighting::kTokens;
+  MergeRule merge = MergeRule::kRda;
+  FoldMode fold = FoldMode::kOverwrite;
+  double alpha = 0.5;
+  CodecConfig codec;
+  OuterConfig outer;
+  LinkConfig link;
+  int heartbeat_timeout_ms = 3000;  // a learner silent this long is not waited for
+  double norm_limit = 10;           // k of the norm filter; 0 = off
+  int checkpoint_every = 50;        // merges; 0 = only at the end
+  bool operator==(const SyncConfig&) const = default;
+};
+
+struct LearnerConfig {
+  double slowdown = 1.0;  // >= 1: factor on this learner's step time
+  bool operator==(const LearnerConfig&) const = default;
+};
+
+// What each mode actually runs with (keys a mode ignores are still validated).
+inline int EffectiveFragments(const SyncConfig& s) {
+  return s.mode == SyncMode::kDiloco || s.mode == SyncMode::kDdp ? 1 : s.fragments;
+}
+// The lock-step modes wait for every live learner: K = M.
+inline int EffectiveQuorum(const SyncConfig& s) {
+  return s.mode == SyncMode::kDecoupled ? s.quorum : s.learners;
+}
+inline bool UsesGraceWindow(SyncMode mode) { return mode == SyncMode::kDecoupled; }
+
+// Learner i's slowdown: its entry in `learners`, else 1.
+inline double SlowdownOf(const std::vector<LearnerConfig>& learners, int i) {
+  return i >= 0 && static_cast<size_t>(i) < learners.size() ? learners[i].slowdown : 1.0;
+}
+
+}  // namespace diloco
