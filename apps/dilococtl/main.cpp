@@ -49,6 +49,13 @@ int main(int argc, char** argv) {
   gemm->add_option("--threads", bench_gemm.threads, "Threads")->capture_default_str();
   gemm->add_flag("--json", bench_gemm.json, "Print one JSON object");
 
+  BenchCodecCommand bench_codec;
+  CLI::App* codec = bench->add_subcommand("codec", "Encode/decode GB/s (one thread) and error of each delta codec");
+  codec->add_option("--mib", bench_codec.size_mib, "MiB of fp32 Gaussian input")->capture_default_str();
+  codec->add_option("--block", bench_codec.block_size, "int8/int4 block size")->capture_default_str();
+  codec->add_option("--repeats", bench_codec.repeats, "Timed runs (median)")->capture_default_str();
+  codec->add_flag("--json", bench_codec.json, "Print one JSON object on the last line");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,5 +67,6 @@ int main(int argc, char** argv) {
   if (demo_cmd->parsed()) return RunDemoCommand(demo);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
+  if (codec->parsed()) return RunBenchCodecCommand(bench_codec);
   return 2;
 }

@@ -48,4 +48,12 @@ struct BenchGemmCommand {
 };
 int RunBenchGemmCommand(const BenchGemmCommand& cmd);
 
+struct BenchCodecCommand {
+  int size_mib = 64;    // of fp32 Gaussian input
+  int block_size = 64;  // int8/int4 values per scale
+  int repeats = 7;      // timed runs of each direction; the median is reported
+  bool json = false;    // last stdout line: {"int8": {"encode_GBps": ...}, ...}
+};
+int RunBenchCodecCommand(const BenchCodecCommand& cmd);
+
 }  // namespace diloco
