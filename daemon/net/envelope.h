@@ -339,6 +339,11 @@ struct ParseOptions {
   uint32_t max_list = 4096;
 };
 
+// The largest frame a receiver with these options accepts: what to give ZMQ_MAXMSGSIZE.
+inline size_t MaxFrameBytes(const ParseOptions& o) {
+  return o.max_header_bytes > kChunkBytes ? o.max_header_bytes : kChunkBytes;
+}
+
 // Reads no further than what it returns: header, typed body, contiguous payload.
 struct ParsedMessage {
   // Default-initialising allocator: resizing the payload does not zero it first.
