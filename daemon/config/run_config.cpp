@@ -119,7 +119,7 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.max_staleness", &s.max_staleness},
       {"sync.weighting", EnumOf(&s.weighting, kWeightingNames)},
       {"sync.merge", EnumOf(&s.merge, kMergeRuleNames)},
-      {"sync.fold", EnumOf(&s.fold, kFoldModeNames)},
+      {"sync.fold", EnumOf(&s.fold, kFoldRuleNames)},
       {"sync.alpha", &s.alpha},
       {"sync.codec.up", CodecOf(&s.codec.up)},
       {"sync.codec.down", CodecOf(&s.codec.down)},

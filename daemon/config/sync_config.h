@@ -36,19 +36,19 @@ namespace diloco {
 enum class SyncMode { kDdp, kDiloco, kStreaming, kDecoupled };
 enum class Weighting { kTokens, kUniform };
 enum class MergeRule { kRda, kMean };
-enum class FoldMode { kOverwrite, kReplay, kMix };
+enum class FoldRule { kOverwrite, kReplay, kMix };
 
 // Config spellings, indexed by the enum's value.
 inline constexpr std::array<std::string_view, 4> kSyncModeNames = {"ddp", "diloco", "streaming",
                                                                    "decoupled"};
 inline constexpr std::array<std::string_view, 2> kWeightingNames = {"tokens", "uniform"};
 inline constexpr std::array<std::string_view, 2> kMergeRuleNames = {"rda", "mean"};
-inline constexpr std::array<std::string_view, 3> kFoldModeNames = {"overwrite", "replay", "mix"};
+inline constexpr std::array<std::string_view, 3> kFoldRuleNames = {"overwrite", "replay", "mix"};
 
 inline std::string_view ToString(SyncMode v) { return kSyncModeNames[static_cast<int>(v)]; }
 inline std::string_view ToString(Weighting v) { return kWeightingNames[static_cast<int>(v)]; }
 inline std::string_view ToString(MergeRule v) { return kMergeRuleNames[static_cast<int>(v)]; }
-inline std::string_view ToString(FoldMode v) { return kFoldModeNames[static_cast<int>(v)]; }
+inline std::string_view ToString(FoldRule v) { return kFoldRuleNames[static_cast<int>(v)]; }
 
 struct GraceConfig {
   double gamma = 0.5;  // in [0, 1]: share of the slack the syncer may spend waiting
@@ -89,7 +89,7 @@ struct SyncConfig {
   int max_staleness = 4;
   Weighting weighting = Weighting::kTokens;
   MergeRule merge = MergeRule::kRda;
-  FoldMode fold = FoldMode::kOverwrite;
+  FoldRule fold = FoldRule::kOverwrite;
   double alpha = 0.5;
   CodecConfig codec;
   OuterConfig outer;

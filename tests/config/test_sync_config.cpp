@@ -82,7 +82,7 @@ TEST_CASE("sync defaults keep single-learner runs unchanged", "[unit][config]") 
   CHECK(s.max_staleness == 4);
   CHECK(s.weighting == Weighting::kTokens);
   CHECK(s.merge == MergeRule::kRda);
-  CHECK(s.fold == FoldMode::kOverwrite);
+  CHECK(s.fold == FoldRule::kOverwrite);
   CHECK(s.alpha == 0.5);
   CHECK(s.codec == CodecConfig{CodecKind::kInt4, CodecKind::kInt8, 64});
   CHECK(s.outer == OuterConfig{0.7, 0.9});
@@ -105,7 +105,7 @@ TEST_CASE("every sync key is read and the YAML form round-trips", "[unit][config
   CHECK(s.max_staleness == 2);
   CHECK(s.weighting == Weighting::kUniform);
   CHECK(s.merge == MergeRule::kMean);
-  CHECK(s.fold == FoldMode::kMix);
+  CHECK(s.fold == FoldRule::kMix);
   CHECK(s.alpha == 0.75);
   CHECK(s.codec == CodecConfig{CodecKind::kFp32, CodecKind::kBf16, 128});
   CHECK(s.outer == OuterConfig{1.0, 0.8});
@@ -185,7 +185,7 @@ TEST_CASE("the mode decides fragments and quorum", "[unit][config]") {
   CHECK(EffectiveFragments(s) == 1);
   CHECK(EffectiveQuorum(s) == 4);
   CHECK(ToString(SyncMode::kDiloco) == "diloco");
-  CHECK(ToString(FoldMode::kReplay) == "replay");
+  CHECK(ToString(FoldRule::kReplay) == "replay");
 }
 
 TEST_CASE("unknown nested keys name the place, the path and the known keys", "[unit][config]") {

@@ -1,0 +1,147 @@
+#include "daemon/sync/decide.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace diloco {
+namespace {
+
+using Ms = std::chrono::duration<double, std::milli>;
+
+SyncTime Later(SyncTime t, double ms) {
+  return t + std::chrono::duration_cast<SyncClock::duration>(Ms(ms));
+}
+
+bool IsLive(SyncTime now, const LearnerPresence& l, const DecideOptions& options) {
+  return now - l.last_heard <= std::chrono::milliseconds(options.heartbeat_timeout_ms);
+}
+
+// When the earliest live learner that has not contributed stops counting as
+// live: the decision may change then.
+SyncTime NextTimeout(SyncTime now, const RoundState& state, const DecideOptions& options) {
+  SyncTime next = SyncTime::max();
+  for (const LearnerPresence& l : state.learners) {
+    if (l.contributed_at || !IsLive(now, l, options)) continue;
+    // Live until last_heard + timeout inclusive; it is dead just after.
+    const SyncTime dead_at = l.last_heard +
+                             std::chrono::milliseconds(options.heartbeat_timeout_ms) +
+                             SyncClock::duration(1);
+    next = std::min(next, dead_at);
+  }
+  return next;
+}
+
+std::string Detail(const Decision& d, SyncTime now) {
+  char line[160];
+  std::snprintf(line, sizeof line, "%d contributed, %d live, quorum %d, grace %.0f ms",
+                d.contributions, d.live, d.quorum, d.grace_ms);
+  std::string detail = line;
+  if (d.action == DecideAction::kWait && d.wait_until != SyncTime::max()) {
+    std::snprintf(line, sizeof line, ", decide again in %.0f ms", Ms(d.wait_until - now).count());
+    detail += line;
+  }
+  return detail;
+}
+
+}  // namespace
+
+const char* ToString(DecideReason reason) {
+  switch (reason) {
+    case DecideReason::kNoContributions:
+      return "no_contributions";
+    case DecideReason::kBelowQuorum:
+      return "below_quorum";
+    case DecideReason::kWaitingForAll:
+      return "waiting_for_all";
+    case DecideReason::kGraceRunning:
+      return "grace_running";
+    case DecideReason::kAllLiveIn:
+      return "all_live_in";
+    case DecideReason::kGraceExpired:
+      return "grace_expired";
+    case DecideReason::kNoGrace:
+      return "no_grace";
+  }
+  return "invalid";
+}
+
+const char* ToString(StalenessVerdict verdict) {
+  switch (verdict) {
+    case StalenessVerdict::kFresh:
+      return "fresh";
+    case StalenessVerdict::kTooStale:
+      return "too_stale";
+    case StalenessVerdict::kFromTheFuture:
+      return "from_the_future";
+  }
+  return "invalid";
+}
+
+double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options) {
+  const double cap = std::max(0.0, options.grace_cap_ms);
+  if (!timings.step_ms.has_value()) return cap;
+  const double slack = options.overlap_steps * timings.step_ms.value() - timings.quorum_ms.value() -
+                       timings.sync_ms.value();
+  return std::clamp(options.grace_gamma * slack, 0.0, cap);
+}
+
+Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& options) {
+  Decision d;
+  std::vector<SyncTime> arrivals;
+  bool all_live_in = true;
+  for (const LearnerPresence& l : state.learners) {
+    const bool live = IsLive(now, l, options);
+    d.live += live;
+    if (l.contributed_at) {
+      arrivals.push_back(*l.contributed_at);
+    } else if (live) {
+      all_live_in = false;
+    }
+  }
+  d.contributions = static_cast<int>(arrivals.size());
+  const bool decoupled = options.mode == SyncMode::kDecoupled;
+  // Lock-step modes wait for every live learner: K is everyone alive.
+  const int wanted =
+      decoupled ? std::max(1, options.quorum) : static_cast<int>(state.learners.size());
+  d.quorum = std::max(1, std::min(wanted, d.live));
+  d.grace_ms = decoupled ? GraceWindowMs(state.timings, options) : 0;
+
+  auto finish = [&](DecideAction action, DecideReason reason, SyncTime wait_until) {
+    d.action = action;
+    d.reason = reason;
+    d.wait_until = action == DecideAction::kMerge ? now : wait_until;
+    d.detail = Detail(d, now);
+    return d;
+  };
+  if (d.contributions == 0) {
+    return finish(DecideAction::kWait, DecideReason::kNoContributions, SyncTime::max());
+  }
+  if (all_live_in) return finish(DecideAction::kMerge, DecideReason::kAllLiveIn, now);
+  // Someone live is missing; a timeout may lower the quorum or end the wait.
+  const SyncTime timeout = NextTimeout(now, state, options);
+  if (!decoupled) return finish(DecideAction::kWait, DecideReason::kWaitingForAll, timeout);
+  if (d.contributions < d.quorum) {
+    return finish(DecideAction::kWait, DecideReason::kBelowQuorum, timeout);
+  }
+  if (d.grace_ms <= 0) return finish(DecideAction::kMerge, DecideReason::kNoGrace, now);
+  // The grace window runs from the arrival that made the quorum.
+  std::sort(arrivals.begin(), arrivals.end());
+  const SyncTime grace_end = Later(arrivals[d.quorum - 1], d.grace_ms);
+  if (now >= grace_end) return finish(DecideAction::kMerge, DecideReason::kGraceExpired, now);
+  return finish(DecideAction::kWait, DecideReason::kGraceRunning, std::min(grace_end, timeout));
+}
+
+StalenessCheck CheckStaleness(uint64_t current_version, uint64_t base_version, int max_staleness) {
+  StalenessCheck check;
+  if (base_version > current_version) {
+    check.verdict = StalenessVerdict::kFromTheFuture;
+    return check;
+  }
+  check.staleness = current_version - base_version;
+  if (check.staleness > static_cast<uint64_t>(std::max(0, max_staleness))) {
+    check.verdict = StalenessVerdict::kTooStale;
+  }
+  return check;
+}
+
+}  // namespace diloco

@@ -1,0 +1,123 @@
+// When the syncer closes a fragment's round: a pure decision with the clock
+// injected (no clock is read here), so every case is a table row in a test.
+//
+// A round collects learner deltas for one fragment. It closes (merge) when
+// at least the quorum K has contributed and either every live learner is in
+// or the adaptive grace window since quorum has passed:
+//   grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap)
+// with ξ the EMAs of a learner's step time, the time from round open to
+// quorum, and the time to merge and broadcast. The lock-step modes (diloco,
+// streaming; ddp too) wait for every live learner and have no grace window.
+// A learner is live while it was heard from (heartbeat or any message)
+// within the heartbeat timeout; failed learners drop out of the quorum
+// (K is capped at the number of live learners), so the global model never
+// stops while anyone trains.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/config/sync_config.h"
+
+namespace diloco {
+
+using SyncClock = std::chrono::steady_clock;
+using SyncTime = SyncClock::time_point;
+
+// Exponential moving average; empty until its first sample, which it takes
+// as is.
+class Ema {
+ public:
+  explicit Ema(double weight = 0.2) : weight_(weight) {}  // weight of each new sample
+  void Add(double sample) {
+    value_ = has_value_ ? value_ + weight_ * (sample - value_) : sample;
+    has_value_ = true;
+  }
+  bool has_value() const { return has_value_; }
+  double value() const { return value_; }  // 0 when empty
+
+ private:
+  double weight_;
+  double value_ = 0;
+  bool has_value_ = false;
+};
+
+// The syncer's running estimates (milliseconds), fed by the syncer loop.
+struct RoundTimings {
+  Ema step_ms;    // ξ_step: a learner's inner step time (from heartbeats)
+  Ema quorum_ms;  // ξ_quorum: round open (first contribution) -> quorum
+  Ema sync_ms;    // ξ_sync: merge + broadcast
+};
+
+struct DecideOptions {
+  SyncMode mode = SyncMode::kDecoupled;
+  int quorum = 1;            // K (decoupled only)
+  int overlap_steps = 2;     // τ
+  double grace_gamma = 0.5;  // γ
+  double grace_cap_ms = 2000;
+  int64_t heartbeat_timeout_ms = 3000;
+};
+
+// What the syncer knows of one learner in this round.
+struct LearnerPresence {
+  int learner = 0;
+  SyncTime last_heard;                     // last heartbeat or any message
+  std::optional<SyncTime> contributed_at;  // its delta for this round arrived then
+};
+
+struct RoundState {
+  std::vector<LearnerPresence> learners;  // every learner the syncer knows of
+  RoundTimings timings;
+};
+
+enum class DecideAction { kWait, kMerge };
+
+enum class DecideReason {
+  kNoContributions,  // wait: nothing to merge yet
+  kBelowQuorum,      // wait: fewer than K contributions
+  kWaitingForAll,    // wait (lock-step modes): some live learner has not contributed
+  kGraceRunning,     // wait: quorum reached, waiting up to the grace window for the rest
+  kAllLiveIn,        // merge: every live learner has contributed
+  kGraceExpired,     // merge: quorum reached and the grace window has passed
+  kNoGrace,          // merge: quorum reached and the grace window is 0
+};
+const char* ToString(DecideReason reason);
+
+struct Decision {
+  DecideAction action = DecideAction::kWait;
+  DecideReason reason = DecideReason::kNoContributions;
+  // Decide again at this time even if nothing arrives (grace end, or a
+  // missing learner's heartbeat timing out); SyncTime::max() = only on news.
+  SyncTime wait_until = SyncTime::max();
+  int contributions = 0;
+  int live = 0;         // learners heard from within the timeout
+  int quorum = 0;       // K in force: min(K, live), at least 1
+  double grace_ms = 0;  // the window in force (0 outside decoupled mode)
+  std::string detail;   // one line for logs: counts and times
+};
+
+// clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap); the cap while no step
+// time is known yet (nothing says the wait is too long).
+double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options);
+
+Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& options);
+
+// A delta is merged only when its base version is at most max_staleness
+// versions behind the fragment's current version; a base from the future
+// (the syncer restarted from an older checkpoint) is dropped too, and its
+// learner must resync from a snapshot.
+enum class StalenessVerdict { kFresh, kTooStale, kFromTheFuture };
+const char* ToString(StalenessVerdict verdict);
+
+struct StalenessCheck {
+  StalenessVerdict verdict = StalenessVerdict::kFresh;
+  uint64_t staleness = 0;  // current - base (0 when from the future)
+  bool accepted() const { return verdict == StalenessVerdict::kFresh; }
+};
+
+StalenessCheck CheckStaleness(uint64_t current_version, uint64_t base_version, int max_staleness);
+
+}  // namespace diloco

@@ -1,0 +1,78 @@
+// The syncer's maths for one fragment: contribution weights, the merge of
+// the learners' deltas (RDA or a plain weighted mean), a filter that rejects
+// broken deltas, and the outer Nesterov step. Deltas are packed fragment
+// vectors (fragments.h) holding Δ = base − θ_local. Sums run in double.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "daemon/config/sync_config.h"
+#include "daemon/sync/fragments.h"
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+// How much a learner did for this fragment since it last folded it.
+struct ContributionCounts {
+  double tokens = 0;  // c_tokens
+  double steps = 0;   // c_steps
+};
+
+// Normalized weights (sum 1): w_m ∝ c_tok²/c_steps (quantity × efficiency:
+// tokens per step) for kTokens, equal for kUniform. Errors on an empty list,
+// steps <= 0, tokens < 0 or non-finite counts, or when every weight is 0.
+Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
+                           std::vector<double>* weights);
+
+// out (fragment.numel) = the merged delta. Per tensor: the embedding ranges
+// and MergeRule::kMean take the weighted mean Σ w_m Δ_m; kRda takes radial-
+// directional averaging: (Σ w_m |Δ_m|) · s/|s| with s = Σ w_m Δ_m/|Δ_m|, so
+// near-orthogonal deltas do not shrink as 1/√M; when |s| vanishes (deltas
+// cancel) it falls back to the weighted mean. weights as above (sum 1).
+void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
+                 const std::vector<double>& weights, MergeRule rule, float* out);
+
+// Rejects deltas with NaN/Inf, or whose L2 norm exceeds max_ratio × the
+// median of the last `history` accepted norms (once min_history are known).
+// Keep one per fragment: norms differ between fragments.
+struct NormFilterOptions {
+  double max_ratio = 10;  // k; 0 = no norm limit (non-finite values are still rejected)
+  int history = 32;
+  int min_history = 3;
+};
+
+enum class FilterVerdict { kAccepted, kNonFinite, kNormTooLarge };
+const char* ToString(FilterVerdict verdict);
+
+struct FilterResult {
+  FilterVerdict verdict = FilterVerdict::kAccepted;
+  double norm = 0;
+  double limit = 0;    // k × median in force; 0 when none
+  std::string reason;  // for logs: what was wrong, with the numbers
+  bool accepted() const { return verdict == FilterVerdict::kAccepted; }
+};
+
+class NormFilter {
+ public:
+  explicit NormFilter(const NormFilterOptions& options = {}) : options_(options) {}
+  // Checks delta[0..n); an accepted norm joins the history.
+  FilterResult Check(const float* delta, size_t n);
+  double Median() const;  // of the history; 0 when empty
+
+ private:
+  NormFilterOptions options_;
+  std::deque<double> norms_;
+};
+
+// The outer Nesterov step on one fragment, split so that a lossy downlink
+// codec can sit between computing the update and applying it:
+//   u ← μ·u + Δ;  update = −η·(Δ + μ·u)   (= Θ_new − Θ_old)
+void OuterNesterovUpdate(const float* delta, size_t n, double lr, double momentum,
+                         float* momentum_buffer, float* update);
+// Θ += update (the exact, possibly decoded, update every learner applies).
+void ApplyUpdate(const float* update, size_t n, float* theta);
+
+}  // namespace diloco

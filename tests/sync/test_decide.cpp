@@ -1,0 +1,348 @@
+// Decide() as a table: each row is a round seen at a fake "now", with the
+// expected action, reason and the time to decide again.
+#include <catch2/catch.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/sync/decide.h"
+
+namespace diloco {
+namespace {
+
+using std::chrono::milliseconds;
+
+const SyncTime kNow = SyncTime() + std::chrono::hours(1);
+constexpr int kNever = -1;
+constexpr int64_t kForever = -1;
+
+SyncTime Ago(int ms) { return kNow - milliseconds(ms); }
+
+// One learner: how long ago it was heard from and contributed (kNever = no delta).
+struct L {
+  int heard_ms_ago;
+  int contributed_ms_ago;
+};
+
+struct Timings {
+  std::optional<double> step_ms, quorum_ms, sync_ms;
+};
+
+struct Row {
+  std::string name;
+  SyncMode mode;
+  int quorum;
+  std::vector<L> learners;
+  Timings timings;
+  DecideAction action;
+  DecideReason reason;
+  int64_t wait_ms;  // wait_until - now in ms (rounded down); kForever = SyncTime::max()
+  int expect_quorum;
+  int expect_live;
+};
+
+RoundState StateOf(const std::vector<L>& learners, const Timings& t) {
+  RoundState state;
+  for (size_t i = 0; i < learners.size(); ++i) {
+    LearnerPresence p;
+    p.learner = (int)i;
+    p.last_heard = Ago(learners[i].heard_ms_ago);
+    if (learners[i].contributed_ms_ago != kNever)
+      p.contributed_at = Ago(learners[i].contributed_ms_ago);
+    state.learners.push_back(p);
+  }
+  if (t.step_ms) state.timings.step_ms.Add(*t.step_ms);
+  if (t.quorum_ms) state.timings.quorum_ms.Add(*t.quorum_ms);
+  if (t.sync_ms) state.timings.sync_ms.Add(*t.sync_ms);
+  return state;
+}
+
+DecideOptions OptionsOf(SyncMode mode, int quorum) {
+  DecideOptions o;
+  o.mode = mode;
+  o.quorum = quorum;
+  o.overlap_steps = 2;
+  o.grace_gamma = 0.5;
+  o.grace_cap_ms = 2000;
+  o.heartbeat_timeout_ms = 3000;
+  return o;
+}
+
+// τ·ξ_step − ξ_quorum − ξ_sync = 2·1000 − 200 − 300 = 1500; γ = 0.5 → 750 ms.
+const Timings k750{1000.0, 200.0, 300.0};
+
+TEST_CASE("sync: Decide: quorum, everyone in, grace window and liveness, with reasons",
+          "[unit][sync]") {
+  using A = DecideAction;
+  using R = DecideReason;
+  const SyncMode kDec = SyncMode::kDecoupled;
+  // A live learner heard 500 ms ago times out 3000 ms after that: 2500 ms from now.
+  const std::vector<Row> rows = {
+      {"nothing arrived",
+       kDec,
+       1,
+       {{10, kNever}, {10, kNever}},
+       k750,
+       A::kWait,
+       R::kNoContributions,
+       kForever,
+       1,
+       2},
+      {"below quorum waits for a delta or a timeout",
+       kDec,
+       2,
+       {{10, 10}, {100, kNever}, {500, kNever}},
+       k750,
+       A::kWait,
+       R::kBelowQuorum,
+       2500,
+       2,
+       3},
+      {"every live learner in merges at once",
+       kDec,
+       1,
+       {{10, 10}, {10, 20}, {10, 900}},
+       k750,
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       1,
+       3},
+      {"quorum of all merges when all are in",
+       kDec,
+       3,
+       {{10, 10}, {10, 20}, {10, 30}},
+       {},
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       3,
+       3},
+      {"quorum reached: grace runs from the quorum arrival",
+       kDec,
+       1,
+       {{10, 100}, {10, kNever}, {10, kNever}},
+       k750,
+       A::kWait,
+       R::kGraceRunning,
+       650,
+       1,
+       3},
+      {"grace over: merge what is in",
+       kDec,
+       1,
+       {{10, 800}, {10, kNever}, {10, kNever}},
+       k750,
+       A::kMerge,
+       R::kGraceExpired,
+       0,
+       1,
+       3},
+      {"grace counts from the K-th arrival, not the first",
+       kDec,
+       2,
+       {{10, 900}, {10, 100}, {10, kNever}},
+       k750,
+       A::kWait,
+       R::kGraceRunning,
+       650,
+       2,
+       3},
+      {"grace ends early when the missing learner times out first",
+       kDec,
+       1,
+       {{10, 100}, {2800, kNever}},
+       k750,
+       A::kWait,
+       R::kGraceRunning,
+       200,
+       1,
+       2},
+      {"no slack: zero grace merges at quorum",
+       kDec,
+       1,
+       {{10, 5}, {10, kNever}},
+       {100.0, 500.0, 100.0},
+       A::kMerge,
+       R::kNoGrace,
+       0,
+       1,
+       2},
+      {"no step estimate yet: the cap",
+       kDec,
+       1,
+       {{10, 1500}, {10, kNever}},
+       {},
+       A::kWait,
+       R::kGraceRunning,
+       500,
+       1,
+       2},
+      {"a dead learner drops out of the quorum",
+       kDec,
+       2,
+       {{10, 10}, {5000, kNever}},
+       k750,
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       1,
+       1},
+      {"quorum capped by the live, still short",
+       kDec,
+       3,
+       {{10, 10}, {3500, kNever}, {500, kNever}},
+       k750,
+       A::kWait,
+       R::kBelowQuorum,
+       2500,
+       2,
+       2},
+      {"a contributor that died still counts",
+       kDec,
+       2,
+       {{3500, 3500}, {50, 50}, {10, kNever}},
+       k750,
+       A::kWait,
+       R::kGraceRunning,
+       700,
+       2,
+       2},
+      {"heard exactly at the timeout is live",
+       kDec,
+       1,
+       {{10, 10}, {3000, kNever}},
+       {},
+       A::kWait,
+       R::kGraceRunning,
+       0,
+       1,
+       2},
+      {"diloco waits for every live learner",
+       SyncMode::kDiloco,
+       1,
+       {{10, 10}, {10, 10}, {500, kNever}},
+       k750,
+       A::kWait,
+       R::kWaitingForAll,
+       2500,
+       3,
+       3},
+      {"diloco merges once the missing one is dead",
+       SyncMode::kDiloco,
+       1,
+       {{10, 10}, {10, 10}, {3001, kNever}},
+       k750,
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       2,
+       2},
+      {"streaming has no grace window",
+       SyncMode::kStreaming,
+       1,
+       {{10, 10}, {10, 10}},
+       k750,
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       2,
+       2},
+      {"streaming waits like diloco",
+       SyncMode::kStreaming,
+       1,
+       {{10, 5000}, {20, kNever}},
+       {},
+       A::kWait,
+       R::kWaitingForAll,
+       2980,
+       2,
+       2},
+  };
+  for (const Row& row : rows) {
+    INFO(row.name);
+    const Decision d =
+        Decide(kNow, StateOf(row.learners, row.timings), OptionsOf(row.mode, row.quorum));
+    INFO(d.detail);
+    CHECK(ToString(d.reason) == std::string(ToString(row.reason)));
+    CHECK(d.action == row.action);
+    CHECK(d.quorum == row.expect_quorum);
+    CHECK(d.live == row.expect_live);
+    if (row.wait_ms == kForever) {
+      CHECK(d.wait_until == SyncTime::max());
+    } else {
+      CHECK(std::chrono::floor<milliseconds>(d.wait_until - kNow).count() == row.wait_ms);
+    }
+    if (row.mode != SyncMode::kDecoupled) CHECK(d.grace_ms == 0);
+  }
+}
+
+TEST_CASE("sync: Decide again at wait_until: the grace window closes the round", "[unit][sync]") {
+  const RoundState state = StateOf({{10, 100}, {10, kNever}}, k750);
+  const DecideOptions options = OptionsOf(SyncMode::kDecoupled, 1);
+  const Decision waiting = Decide(kNow, state, options);
+  REQUIRE(waiting.reason == DecideReason::kGraceRunning);
+  CHECK(waiting.grace_ms == Approx(750));
+  CHECK(Decide(waiting.wait_until - milliseconds(1), state, options).action == DecideAction::kWait);
+  const Decision closed = Decide(waiting.wait_until, state, options);
+  CHECK(closed.action == DecideAction::kMerge);
+  CHECK(closed.reason == DecideReason::kGraceExpired);
+  CHECK(closed.detail == "1 contributed, 2 live, quorum 1, grace 750 ms");
+}
+
+TEST_CASE("sync: the grace window is gamma (tau step - quorum - sync time) clamped to the cap",
+          "[unit][sync]") {
+  DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
+  auto window = [&](std::optional<double> step, double quorum, double sync) {
+    return GraceWindowMs(StateOf({}, {step, quorum, sync}).timings, o);
+  };
+  CHECK(window(1000, 200, 300) == Approx(750));
+  CHECK(window(10000, 200, 300) == 2000);  // capped
+  CHECK(window(100, 500, 100) == 0);       // no slack
+  CHECK(window(std::nullopt, 0, 0) == 2000);
+  o.overlap_steps = 4;
+  o.grace_gamma = 0.25;
+  CHECK(window(1000, 200, 300) == Approx(0.25 * (4000 - 500)));
+  o.grace_cap_ms = 0;
+  CHECK(window(1000, 200, 300) == 0);
+}
+
+TEST_CASE("sync: Ema takes its first sample as is, then moves by its weight", "[unit][sync]") {
+  Ema ema(0.2);
+  CHECK_FALSE(ema.has_value());
+  CHECK(ema.value() == 0);
+  ema.Add(100);
+  CHECK(ema.has_value());
+  CHECK(ema.value() == 100);
+  ema.Add(200);
+  CHECK(ema.value() == Approx(120));
+  ema.Add(120);
+  CHECK(ema.value() == Approx(120));
+}
+
+TEST_CASE("sync: staleness: deltas too far behind or from the future are dropped", "[unit][sync]") {
+  struct Case {
+    uint64_t current, base;
+    int max_staleness;
+    StalenessVerdict verdict;
+    uint64_t staleness;
+  };
+  const std::vector<Case> cases = {
+      {10, 10, 4, StalenessVerdict::kFresh, 0},         {10, 6, 4, StalenessVerdict::kFresh, 4},
+      {10, 5, 4, StalenessVerdict::kTooStale, 5},       {10, 0, 4, StalenessVerdict::kTooStale, 10},
+      {10, 11, 4, StalenessVerdict::kFromTheFuture, 0}, {3, 3, 0, StalenessVerdict::kFresh, 0},
+      {3, 2, 0, StalenessVerdict::kTooStale, 1},        {0, 0, 0, StalenessVerdict::kFresh, 0},
+  };
+  for (const Case& c : cases) {
+    INFO("current " << c.current << " base " << c.base << " max " << c.max_staleness);
+    const StalenessCheck check = CheckStaleness(c.current, c.base, c.max_staleness);
+    CHECK(check.verdict == c.verdict);
+    CHECK(check.staleness == c.staleness);
+    CHECK(check.accepted() == (c.verdict == StalenessVerdict::kFresh));
+  }
+  CHECK(std::string(ToString(StalenessVerdict::kTooStale)) == "too_stale");
+  CHECK(std::string(ToString(StalenessVerdict::kFromTheFuture)) == "from_the_future");
+}
+
+}  // namespace
+}  // namespace diloco
