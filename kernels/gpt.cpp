@@ -99,11 +99,12 @@ Gpt::LayerParams Gpt::layer(float* base, int l) const {
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
 }
 
-void Gpt::init_weights(uint64_t seed) {
+void gpt_init_params(const GptConfig& config, uint64_t seed, float* params) {
   Rng rng(seed);
-  const float proj_std = 0.02f / std::sqrt(2.0f * config_.n_layer);
-  for (const TensorInfo& t : table_.tensors()) {
-    float* p = params_.data() + t.offset;
+  const float proj_std = 0.02f / std::sqrt(2.0f * config.n_layer);
+  const TensorTable table = gpt_tensor_table(config);
+  for (const TensorInfo& t : table.tensors()) {
+    float* p = params + t.offset;
     const bool is_ln_weight = t.name.find("ln_") != std::string::npos &&
                               t.name.ends_with(".weight");
     if (is_ln_weight) {
@@ -116,6 +117,8 @@ void Gpt::init_weights(uint64_t seed) {
     }
   }
 }
+
+void Gpt::init_weights(uint64_t seed) { gpt_init_params(config_, seed, params_.data()); }
 
 double Gpt::forward(const int* inputs, const int* targets, int B, int T) {
   DL_CHECK(B >= 1 && B <= max_batch_, "batch %d outside [1, %d]", B, max_batch_);

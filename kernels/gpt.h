@@ -27,6 +27,10 @@ TensorTable gpt_tensor_table(const GptConfig& config);
 // embeddings), never biases or LayerNorm parameters.
 bool gpt_tensor_decays(const TensorInfo& tensor);
 
+// GPT-2 init of a flat parameter buffer in gpt_tensor_table(config) layout
+// (what Gpt::init_weights does; backends without a host Gpt use it).
+void gpt_init_params(const GptConfig& config, uint64_t seed, float* params);
+
 class Gpt {
  public:
   // Allocates parameters, gradients and activations for batches of up to

@@ -56,6 +56,19 @@ int main(int argc, char** argv) {
   codec->add_option("--repeats", bench_codec.repeats, "Timed runs (median)")->capture_default_str();
   codec->add_flag("--json", bench_codec.json, "Print one JSON object on the last line");
 
+  BenchTransportCommand bench_transport;
+  CLI::App* transport = bench->add_subcommand("transport", "A delta through the full stack vs raw ZeroMQ (tcp, ipc, CURVE)");
+  transport->add_option("--mib", bench_transport.size_mib, "MiB of fp32 delta payload")->capture_default_str();
+  transport->add_option("--transfers", bench_transport.transfers, "Timed runs (median)")->capture_default_str();
+  transport->add_option("--stream", bench_transport.stream_depth, "Deltas back to back (0: skip)")->capture_default_str();
+  transport->add_flag("--no-curve", bench_transport.no_curve, "Skip the CURVE run");
+  transport->add_flag("--json", bench_transport.json, "Print one JSON object on the last line");
+
+  KeygenCommand keygen;
+  CLI::App* keygen_cmd = app.add_subcommand("keygen", "Write a CURVE key pair (DIR/key.public, DIR/key.secret)");
+  keygen_cmd->add_option("--out", keygen.out_dir, "Directory for the key files")->required();
+  keygen_cmd->add_flag("--force", keygen.force, "Replace an existing key pair");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -68,5 +81,7 @@ int main(int argc, char** argv) {
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   if (codec->parsed()) return RunBenchCodecCommand(bench_codec);
+  if (transport->parsed()) return RunBenchTransportCommand(bench_transport);
+  if (keygen_cmd->parsed()) return RunKeygenCommand(keygen);
   return 2;
 }

@@ -56,4 +56,19 @@ struct BenchCodecCommand {
 };
 int RunBenchCodecCommand(const BenchCodecCommand& cmd);
 
+struct BenchTransportCommand {
+  int size_mib = 64;     // payload of the fp32 delta
+  int transfers = 5;     // timed runs per figure; the median is reported
+  int stream_depth = 4;  // deltas back to back in the streaming figure (0: skip it)
+  bool no_curve = false;
+  bool json = false;     // last stdout line: {"tcp": {"stack_GBps": ...}, "ipc": ..., "curve_tcp": ...}
+};
+int RunBenchTransportCommand(const BenchTransportCommand& cmd);
+
+struct KeygenCommand {
+  std::string out_dir;  // writes key.public and key.secret (0600) here
+  bool force = false;   // replace an existing pair
+};
+int RunKeygenCommand(const KeygenCommand& cmd);
+
 }  // namespace diloco

@@ -81,8 +81,8 @@ RecvResult ChannelBase::ReceiveValid(Received* out, int timeout_ms, size_t envel
   for (;;) {
     int wait = timeout_ms;
     if (timeout_ms > 0) {
-      wait = static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+      const int64_t left_us = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+      wait = left_us <= 0 ? 0 : static_cast<int>((left_us + 999) / 1000);
     }
     Message m;
     const RecvResult r = socket_->Receive(&m, wait);

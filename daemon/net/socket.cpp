@@ -31,9 +31,10 @@ bool CanSend(SocketType t) { return t != SocketType::kSub && t != SocketType::kP
 
 using Clock = std::chrono::steady_clock;
 
+// Milliseconds until deadline, rounded up: a 1 ms wait really waits (0 only once it passed).
 int RemainingMs(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left < 0 ? 0 : static_cast<int>(left);
+  const auto left_us = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+  return left_us <= 0 ? 0 : static_cast<int>((left_us + 999) / 1000);
 }
 
 const char* EventName(uint16_t event) {
@@ -375,12 +376,17 @@ RecvResult Socket::Receive(Message* out, int timeout_ms) {
   DrainEvents();
   out->Clear();
   try {
-    if (timeout_ms != 0) {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) == 0) return RecvResult::kTimeout;
-    }
     zmq::message_t frame;
-    if (!socket_.recv(frame, zmq::recv_flags::dontwait)) return RecvResult::kTimeout;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 0);
+    // zmq_poll may report a socket readable when it only processed commands (a peer attaching,
+    // a handshake): poll again until a frame is there or the deadline passes.
+    while (!socket_.recv(frame, zmq::recv_flags::dontwait)) {
+      if (timeout_ms == 0) return RecvResult::kTimeout;
+      const int left = timeout_ms < 0 ? -1 : RemainingMs(deadline);
+      if (left == 0) return RecvResult::kTimeout;
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(left));
+    }
     bool more = frame.more();
     out->AddFrame(std::move(frame));
     while (more) {

@@ -17,6 +17,8 @@ target_sources(diloco_net PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/net_log.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sequence.cpp
   ${CMAKE_CURRENT_LIST_DIR}/socket.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/transport_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/wire_transport.cpp
   ${CMAKE_CURRENT_LIST_DIR}/zap.cpp
 )
 target_include_directories(diloco_net PUBLIC ${CPPZMQ_INCLUDE_DIR})

@@ -313,6 +313,23 @@ TEST_CASE("Zero-copy frames keep their owner alive until sent", "[net]") {
   CHECK(WaitFor([&] { return weak.expired(); }));
 }
 
+TEST_CASE("Receive waits out its timeout (no early return on a spurious wakeup)", "[net]") {
+  auto ctx = MakeContext();
+  std::unique_ptr<Socket> pull, push;
+  REQUIRE(Socket::Create(*ctx, SocketType::kPull, Plain("pull"), &pull).ok());
+  REQUIRE(pull->Bind("tcp://127.0.0.1:*").ok());
+  // A peer connecting wakes the poller without a message: Receive must keep waiting.
+  REQUIRE(Socket::Create(*ctx, SocketType::kPush, Plain("push"), &push).ok());
+  REQUIRE(push->Connect(pull->endpoint()).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Message m;
+  CHECK(pull->Receive(&m, 150) == RecvResult::kTimeout);
+  CHECK(std::chrono::steady_clock::now() - start >= 149ms);
+  const auto start1 = std::chrono::steady_clock::now();
+  CHECK(pull->Receive(&m, 1) == RecvResult::kTimeout);
+  CHECK(std::chrono::steady_clock::now() - start1 >= 900us);  // 1 ms is not rounded down to 0
+}
+
 // ---------------------------------------------------------------- PUB/SUB channels
 
 void PubSubRoundTrip(const std::string& bind_endpoint) {
@@ -503,8 +520,6 @@ TEST_CASE("Clone pattern over ROUTER/DEALER: snapshot, then updates newer than i
   dopt.routing_id = "learner-7";
   REQUIRE(DealerChannel::Create(*ctx, dopt, TestReceiveOptions(), &dealer).ok());
   REQUIRE(dealer->Connect(snapshot_ep).ok());
-  Message req = ProbeMessage();
-  REQUIRE(dealer->Send(req, 1000) == SendResult::kSent);
 
   std::map<uint64_t, uint64_t> state;  // the learner's copy: version per key
   std::vector<VersionedUpdate> apply;
@@ -520,6 +535,10 @@ TEST_CASE("Clone pattern over ROUTER/DEALER: snapshot, then updates newer than i
       timeout_ms = 0;
     }
   };
+  // Buffer a few updates before asking: they are older than the snapshot and must be dropped.
+  while (clone.buffered() < 5) drain_updates(100);
+  Message req = ProbeMessage();
+  REQUIRE(dealer->Send(req, 1000) == SendResult::kSent);
   Received snap;
   bool have_snapshot = false;
   const auto deadline = std::chrono::steady_clock::now() + 5s;
@@ -550,7 +569,7 @@ TEST_CASE("Clone pattern over ROUTER/DEALER: snapshot, then updates newer than i
   CHECK_FALSE(clone.awaiting_snapshot());
   CHECK(state == server.versions);  // the learner converged on the syncer's state
   CHECK(server.snapshots_served == 1);
-  CHECK(clone.stale_dropped() > 0);  // updates older than the snapshot were dropped
+  CHECK(clone.stale_dropped() >= 5);  // updates older than the snapshot were dropped
 }
 
 // ---------------------------------------------------------------- garbage at live receivers

@@ -1,0 +1,36 @@
+#include <cstdio>
+
+#include "daemon/ctl/commands.h"
+#include "daemon/net/transport_bench.h"
+
+namespace diloco {
+
+int RunBenchTransportCommand(const BenchTransportCommand& cmd) {
+  net::TransportBenchOptions o;
+  if (cmd.size_mib < 1 || cmd.transfers < 1 || cmd.stream_depth < 0) {
+    std::fprintf(stderr, "dilococtl bench transport: --mib and --transfers must be at least 1, --stream at least 0\n");
+    return 2;
+  }
+  o.payload_bytes = static_cast<uint64_t>(cmd.size_mib) << 20;
+  o.transfers = cmd.transfers;
+  o.stream_depth = cmd.stream_depth;
+  o.curve = !cmd.no_curve;
+  std::vector<net::TransportBenchPath> paths;
+  const Status st = net::RunTransportBench(o, &paths);
+  if (!st.ok()) {
+    std::fprintf(stderr, "dilococtl bench transport: %s\n", st.message().c_str());
+    return 1;
+  }
+  std::printf("%d MiB fp32 delta, median of %d; one at a time (build..parsed) | %d back to back\n", cmd.size_mib,
+              cmd.transfers, cmd.stream_depth);
+  for (const auto& p : paths) {
+    std::printf("%-10s stack %6.2f GB/s (%6.1f ms)  raw zmq %6.2f GB/s (%6.1f ms)  ratio %.2f | stream: stack %6.2f "
+                "raw %6.2f GB/s ratio %.2f\n",
+                p.name.c_str(), p.stack_GBps, p.stack_ms, p.raw_zmq_GBps, p.raw_ms, p.ratio, p.stack_stream_GBps,
+                p.raw_stream_GBps, p.stream_ratio);
+  }
+  if (cmd.json) std::printf("%s\n", net::TransportBenchJson(paths).c_str());
+  return 0;
+}
+
+}  // namespace diloco

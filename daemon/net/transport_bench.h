@@ -1,0 +1,45 @@
+// `dilococtl bench transport`: one Delta with a 64 MiB fp32 payload through the full stack
+// (BuildMessage: schema + CRC32C + 4 MiB chunking -> PubChannel -> ZeroMQ -> SubChannel ->
+// ParseEnvelope: verification + reassembly + CRC check), next to raw ZeroMQ PUSH/PULL moving the
+// same frames (header + 16 x 4 MiB, zero-copy, nothing checked), interleaved in the same run, over
+// tcp loopback, ipc, and tcp with CURVE on both paths.
+//
+// Two figures per path, each the median of `transfers` timed runs:
+//   *_GBps         one message at a time, from "build" to "parsed" (raw: send to received):
+//                  the latency of moving one delta, as a learner does;
+//   *_stream_GBps  `stream_depth` messages in flight back to back (sender and receiver threads),
+//                  the throughput a syncer sees from several learners; here building and parsing
+//                  overlap with ZeroMQ's I/O threads.
+// GB = 1e9 bytes of payload.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/util/status.h"
+
+namespace diloco::net {
+
+struct TransportBenchOptions {
+  uint64_t payload_bytes = uint64_t{64} << 20;
+  int transfers = 5;      // timed runs per figure (median)
+  int warmup = 2;         // untimed runs first
+  int stream_depth = 4;   // messages per streaming run
+  bool curve = true;      // also run curve_tcp
+  int io_threads = 2;     // ZeroMQ I/O threads (sender and receiver side each get one)
+};
+
+struct TransportBenchPath {
+  std::string name;  // "tcp", "ipc", "curve_tcp"
+  double stack_GBps = 0, raw_zmq_GBps = 0, ratio = 0;
+  double stack_ms = 0, raw_ms = 0;  // medians of one transfer
+  double stack_stream_GBps = 0, raw_stream_GBps = 0, stream_ratio = 0;
+};
+
+Status RunTransportBench(const TransportBenchOptions& options, std::vector<TransportBenchPath>* out);
+
+// {"tcp": {"stack_GBps":…, "raw_zmq_GBps":…, "ratio":…, …}, "ipc": {…}, "curve_tcp": {…}}
+std::string TransportBenchJson(const std::vector<TransportBenchPath>& paths);
+
+}  // namespace diloco::net

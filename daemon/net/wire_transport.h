@@ -1,0 +1,29 @@
+// Glue between the wire (envelope.h) and the transport (channel.h): outgoing messages become
+// zero-copy ZeroMQ frames, and ParseEnvelope becomes a channel's validator.
+//
+//   auto parsed = std::make_shared<ParsedMessage>();
+//   ReceiveOptions ro;
+//   ro.validator = EnvelopeValidator(expect, parsed);
+//   SubChannel::Create(ctx, options, ro, &uplink);
+//   ...
+//   if (uplink->Receive(&r, timeout) == RecvResult::kMessage) Use(*parsed);  // r's parse
+#pragma once
+
+#include <memory>
+
+#include "daemon/net/channel.h"
+#include "daemon/net/envelope.h"
+
+namespace diloco::net {
+
+// The frames of an outgoing wire message: the header moves in (no copy), the payload chunks are
+// sent without copying and keep payload_owner alive until ZeroMQ has sent them (the chunks must
+// point into memory payload_owner keeps alive and unchanged).
+Message ToMessage(OutgoingMessage&& out, std::shared_ptr<const void> payload_owner);
+
+// A validator that runs ParseEnvelope(frames, expect) into *parsed and reports the envelope's
+// (sender, incarnation, seq). After a channel's Receive returns kMessage, *parsed is that
+// message's parse, until the next Receive. The channel's thread owns *parsed.
+Validator EnvelopeValidator(ParseOptions expect, std::shared_ptr<ParsedMessage> parsed);
+
+}  // namespace diloco::net

@@ -1,0 +1,105 @@
+// The training backend: what a learner needs from a compute engine, so the
+// learner and syncer code is the same on CPU and GPU sites (DESIGN.md §6).
+//
+//   "cpu"    CpuBackend (kernels/cpu/cpu_backend.cpp): the fp32 Gpt and
+//            train_step of this folder, bit for bit.
+//   "cuda"   CudaBackend (kernels/cuda/cuda_backend.h): hand-written CUDA
+//            kernels + cuBLASLt, bf16 weights and activations, fp32 master
+//            weights, AdamW moments and gradients. "cuda:N" picks device N.
+//
+// Parameters, gradients and AdamW moments use the tensor table layout of
+// gpt_tensor_table(config) on every backend, so fragments (ranges of the
+// table) move between backends and the wire as plain float ranges.
+//
+// One inner step on a site with a local ring (ring_train_step below):
+//   loss = forward_backward(batch)        gradient of this rank's mean loss
+//   comm.all_reduce(grad_buffer(), mean)  the ring (LocalComm)
+//   apply_update(loss, hp, clip)          global-norm clip + AdamW
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/adamw.h"
+#include "kernels/comm/local_comm.h"
+#include "kernels/gpt.h"
+#include "kernels/optimizer.h"
+#include "kernels/tensor_table.h"
+#include "kernels/train_step.h"
+
+namespace diloco {
+
+struct BackendOptions {
+  GptConfig model;
+  int max_batch = 1;  // sequences per forward_backward (activation memory scales with it)
+};
+
+class TrainingBackend {
+ public:
+  virtual ~TrainingBackend() = default;
+
+  // "cpu" or "cuda:0 NVIDIA H200 (...)": for logs.
+  virtual std::string name() const = 0;
+  virtual const GptConfig& config() const = 0;
+  virtual const TensorTable& table() const = 0;
+  size_t num_params() const { return table().total_numel(); }
+
+  // fp32 parameters (the master copy) in table layout: count values at
+  // offset. Uploading also refreshes any low-precision copy.
+  virtual void upload_params(const float* host, size_t offset, size_t count) = 0;
+  virtual void download_params(float* host, size_t offset, size_t count) const = 0;
+  void upload_params(const float* host) { upload_params(host, 0, num_params()); }
+  void download_params(float* host) const { download_params(host, 0, num_params()); }
+  // GPT-2 init (gpt_init_params) of every parameter.
+  void init_weights(uint64_t seed);
+
+  // AdamW moments and step (checkpoints, a learner that rejoins).
+  virtual void download_optimizer(AdamWState* out) const = 0;
+  virtual void upload_optimizer(const AdamWState& state) = 0;
+
+  // Runs forward and backward on inputs/targets (B,T) (host memory) and
+  // OVERWRITES grad_buffer() with the gradient of the batch's mean loss,
+  // which it returns. B <= max_batch, T <= block_size.
+  virtual double forward_backward(const int* inputs, const int* targets, int B, int T) = 0;
+  // The gradient buffer (num_params floats, table layout) in grad_memory():
+  // what the local ring all-reduces between forward_backward and apply_update.
+  virtual float* grad_buffer() = 0;
+  virtual MemorySpace grad_memory() const = 0;
+  virtual void download_grads(float* host) const = 0;  // for tests and reports
+  // Global-norm clipping (grad_clip <= 0: off) and one AdamW step from the
+  // gradient buffer, exactly as train_step() (kernels/train_step.h): nothing
+  // changes and applied is false when the loss or the norm is not finite.
+  virtual StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) = 0;
+
+  // One whole step on one rank: forward_backward + apply_update.
+  StepStats train_step(const int* inputs, const int* targets, int B, int T, const AdamWHyper& hp,
+                       double grad_clip) {
+    const double loss = forward_backward(inputs, targets, B, T);
+    return apply_update(loss, hp, grad_clip);
+  }
+
+  // Mean loss of a batch without touching gradients or parameters.
+  virtual double eval_loss(const int* inputs, const int* targets, int B, int T) = 0;
+};
+
+// Devices this build can create: "cpu", plus "cuda" when built with CUDA.
+bool BackendCompiled(const std::string& kind);
+
+// Creates the backend named by device ("cpu", "cuda", "cuda:N"). Returns an
+// empty string on success, else what went wrong and what to do (e.g. no
+// CUDA in this build, no device present, device index out of range).
+[[nodiscard]] std::string CreateBackend(const std::string& device, const BackendOptions& options,
+                                        std::unique_ptr<TrainingBackend>* out);
+
+// One inner step of rank comm.rank() of a local ring: forward_backward on
+// this rank's batch, mean all-reduce of the gradients and of the loss, then
+// apply_update on every rank with the same gradient, so every rank keeps the
+// same parameters (the mean gradient of equal-sized batches is the gradient
+// of the mean loss of their union). comm must use the backend's memory.
+[[nodiscard]] CommStatus ring_train_step(TrainingBackend& backend, LocalComm& comm, const int* inputs,
+                                         const int* targets, int B, int T, const AdamWHyper& hp, double grad_clip,
+                                         StepStats* stats);
+
+}  // namespace diloco

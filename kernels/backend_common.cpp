@@ -1,0 +1,32 @@
+// The backend-independent parts of kernels/backend.h.
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/check.h"
+
+namespace diloco {
+
+void TrainingBackend::init_weights(uint64_t seed) {
+  std::vector<float> params(num_params());
+  gpt_init_params(config(), seed, params.data());
+  upload_params(params.data());
+}
+
+CommStatus ring_train_step(TrainingBackend& backend, LocalComm& comm, const int* inputs, const int* targets, int B,
+                           int T, const AdamWHyper& hp, double grad_clip, StepStats* stats) {
+  DL_CHECK(comm.memory() == backend.grad_memory(),
+           "ring %s and backend %s keep buffers in different memories", comm.name().c_str(),
+           backend.name().c_str());
+  double loss = backend.forward_backward(inputs, targets, B, T);
+  if (comm.world_size() > 1) {
+    CommStatus st = comm.all_reduce(backend.grad_buffer(), backend.num_params(), ReduceOp::kMean);
+    if (!st.ok()) return st;
+    // A NaN on any rank makes the mean NaN: every rank then skips together.
+    st = comm.all_reduce_host(&loss, 1, ReduceOp::kMean);
+    if (!st.ok()) return st;
+  }
+  *stats = backend.apply_update(loss, hp, grad_clip);
+  return CommStatus::Ok();
+}
+
+}  // namespace diloco

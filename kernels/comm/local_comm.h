@@ -1,0 +1,78 @@
+// LocalComm: collectives among the ranks of one site's learner (the
+// "local ring" of DESIGN.md §3: gradients are all-reduced every inner step).
+// Two implementations share this interface so CPU sites, CI and GPU sites
+// run the same learner path:
+//   ThreadCommGroup (here): ranks are threads of one process, host buffers,
+//     a deterministic reduction (always summed in rank order 0, 1, ...).
+//   NcclCommGroup (kernels/cuda/nccl_comm.h): ranks are the site's GPUs,
+//     device buffers, fp32 or bf16 all-reduce over NCCL.
+// Every rank of a group calls the same collectives in the same order with
+// the same sizes; each LocalComm is used by one thread.
+//
+// Failure: when the control plane reports a dead rank, someone calls the
+// group's abort(): every pending and later collective on every rank returns
+// an error at once (NCCL: ncclCommAbort) instead of waiting out a timeout.
+// The survivors then build a new group.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace diloco {
+
+// A collective's outcome: ok, or why not and what to do next. (kernels/
+// cannot use daemon/util/status.h; this is its small local equivalent.)
+struct [[nodiscard]] CommStatus {
+  std::string error;  // empty: ok
+  bool ok() const { return error.empty(); }
+  static CommStatus Ok() { return {}; }
+  static CommStatus Error(std::string message) { return {std::move(message)}; }
+};
+
+enum class ReduceOp { kSum, kMean };
+
+// Where a buffer lives: the comm's collectives take buffers of its backend
+// (TrainingBackend::grad_memory()).
+enum class MemorySpace { kHost, kDevice };
+
+class LocalComm {
+ public:
+  virtual ~LocalComm() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual MemorySpace memory() const = 0;
+  virtual std::string name() const = 0;  // "threads", "nccl"
+
+  // buf (count floats, memory()) = the sum or mean over the ranks' buffers;
+  // every rank ends with the same bits.
+  virtual CommStatus all_reduce(float* buf, size_t count, ReduceOp op) = 0;
+  // buf (count floats, memory()) = root's buf on every rank.
+  virtual CommStatus broadcast(float* buf, size_t count, int root) = 0;
+  virtual CommStatus barrier() = 0;
+  // values (count doubles in host memory: losses, token counts) = the sum or
+  // mean over ranks, the same bits on every rank.
+  virtual CommStatus all_reduce_host(double* values, int count, ReduceOp op) = 0;
+};
+
+// Threads as ranks. Create one group, hand comm(r) to the thread of rank r.
+class ThreadCommGroup {
+ public:
+  explicit ThreadCommGroup(int world_size);
+  ~ThreadCommGroup();
+  ThreadCommGroup(const ThreadCommGroup&) = delete;
+  ThreadCommGroup& operator=(const ThreadCommGroup&) = delete;
+
+  int world_size() const;
+  // The comm of rank r (0 <= r < world_size); the group must outlive it.
+  std::unique_ptr<LocalComm> comm(int rank);
+  // Fails every pending and later collective of the group with reason.
+  void abort(const std::string& reason);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace diloco

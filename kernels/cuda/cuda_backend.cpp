@@ -1,0 +1,394 @@
+// The CUDA training backend. Host code only: it enqueues the launchers of
+// ops.h and gemm.h on one stream. Mirrors Gpt::forward / Gpt::backward
+// (kernels/gpt.cpp) op for op, with two differences: the residual adds are
+// fused into the LayerNorms that follow them, and attention keeps the row
+// log-sum-exp instead of the (T,T) probabilities.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/grad_clip.h"
+
+namespace diloco::cuda {
+
+namespace {
+
+// Per-block tensors in layout order (gpt.cpp kBlockTensors).
+enum BlockTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
+constexpr int kNumBlockTensors = 12;
+
+class CudaBackend final : public TrainingBackend {
+ public:
+  CudaBackend(int device, const BackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override { return name_; }
+  const GptConfig& config() const override { return config_; }
+  const TensorTable& table() const override { return table_; }
+
+  void upload_params(const float* host, size_t offset, size_t count) override;
+  void download_params(float* host, size_t offset, size_t count) const override;
+  void download_optimizer(AdamWState* out) const override;
+  void upload_optimizer(const AdamWState& state) override;
+
+  double forward_backward(const int* inputs, const int* targets, int B, int T) override;
+  float* grad_buffer() override { return grads_.get(); }
+  MemorySpace grad_memory() const override { return MemorySpace::kDevice; }
+  void download_grads(float* host) const override;
+  StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
+  double eval_loss(const int* inputs, const int* targets, int B, int T) override;
+
+ private:
+  struct Acts {
+    bf16* encoded;
+    bf16 *ln1, *qkv, *atty, *attproj, *residual2, *ln2, *fch, *fch_gelu, *fcproj, *residual3;  // per layer
+    bf16 *lnf, *logits;
+    bf16 *dresidual, *dln, *dqkv, *datty, *dfch, *dfch_gelu;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;  // per layer
+    float *lnf_mean, *lnf_rstd, *losses, *loss;
+  };
+
+  void upload_batch(const int* inputs, const int* targets, int B, int T);
+  void forward(int B, int T, bool backward_follows);
+  void backward(int B, int T);
+  double read_loss();
+
+  size_t offset(int l, BlockTensor k) const { return block_offsets_[(size_t)l * kNumBlockTensors + k]; }
+  const bf16* w16(size_t off) const { return params16_.get() + off; }
+  float* g32(size_t off) { return grads_.get() + off; }
+
+  int device_;
+  std::string name_;
+  GptConfig config_;
+  int max_batch_;
+  TensorTable table_;
+  size_t off_wte_, off_wpe_, off_lnfw_, off_lnfb_;
+  std::vector<size_t> block_offsets_;
+
+  Stream stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  DeviceArray<float> params_, grads_, m_, v_;
+  DeviceArray<bf16> params16_;
+  long step_ = 0;
+  DeviceArray<AdamWChunk> chunks_;
+  DeviceArray<bf16> act16_;
+  DeviceArray<float> act32_;
+  Acts a_{};
+  size_t nc_ = 0, nr_ = 0, lse_stride_ = 0;  // per-layer strides (max batch)
+  DeviceArray<int> tokens_, targets_, order_, bucket_start_, bucket_token_;
+  int num_buckets_ = 0;
+  DeviceArray<float> scratch_;
+  DeviceArray<double> norm_scratch_, norm_out_;
+};
+
+CudaBackend::CudaBackend(int device, const BackendOptions& options)
+    : device_(device), config_(options.model), max_batch_(options.max_batch), table_(gpt_tensor_table(options.model)) {
+  set_device(device);
+  name_ = "cuda:" + std::to_string(device) + " " + device_description(device);
+  const GptConfig& g = config_;
+  DL_CHECK(g.n_embd % g.n_head == 0, "n_embd %d %% n_head %d", g.n_embd, g.n_head);
+  DL_CHECK(g.n_embd / g.n_head <= kMaxAttentionHeadSize, "head size %d > %d: not supported by the CUDA attention",
+           g.n_embd / g.n_head, kMaxAttentionHeadSize);
+  stream_ = create_stream();
+  gemm_ = std::make_unique<Gemm>();
+
+  const std::vector<TensorInfo>& ts = table_.tensors();
+  off_wte_ = table_.find("wte")->offset;
+  off_wpe_ = table_.find("wpe")->offset;
+  off_lnfw_ = table_.find("ln_f.weight")->offset;
+  off_lnfb_ = table_.find("ln_f.bias")->offset;
+  for (int l = 0; l < g.n_layer; l++)
+    for (int k = 0; k < kNumBlockTensors; k++) block_offsets_.push_back(ts[2 + l * kNumBlockTensors + k].offset);
+
+  const size_t n = table_.total_numel();
+  params_ = DeviceArray<float>(n);
+  grads_ = DeviceArray<float>(n);
+  m_ = DeviceArray<float>(n);
+  v_ = DeviceArray<float>(n);
+  params16_ = DeviceArray<bf16>(n);
+  params_.fill(0);
+  grads_.fill(0);
+  m_.fill(0);
+  v_.fill(0);
+  params16_.fill(0);
+  std::vector<AdamWChunk> chunks;
+  for (const TensorInfo& t : ts) append_adamw_chunks(&chunks, t.offset, t.numel, gpt_tensor_decays(t));
+  chunks_ = DeviceArray<AdamWChunk>(chunks);
+
+  // Activations, carved like Gpt's, each slot 256-byte aligned.
+  const size_t B = max_batch_, T = g.block_size, C = g.n_embd, L = g.n_layer, NH = g.n_head, V = g.vocab_size;
+  const size_t N = B * T;
+  nc_ = N * C;
+  nr_ = N;
+  lse_stride_ = B * NH * T;
+  struct Slot16 {
+    bf16** p;
+    size_t count;
+  };
+  const Slot16 s16[] = {
+      {&a_.encoded, N * C},          {&a_.ln1, L * N * C},      {&a_.qkv, L * N * 3 * C},
+      {&a_.atty, L * N * C},         {&a_.attproj, L * N * C},  {&a_.residual2, L * N * C},
+      {&a_.ln2, L * N * C},          {&a_.fch, L * N * 4 * C},  {&a_.fch_gelu, L * N * 4 * C},
+      {&a_.fcproj, L * N * C},       {&a_.residual3, L * N * C}, {&a_.lnf, N * C},
+      {&a_.logits, N * V},           {&a_.dresidual, N * C},    {&a_.dln, N * C},
+      {&a_.dqkv, N * 3 * C},         {&a_.datty, N * C},        {&a_.dfch, N * 4 * C},
+      {&a_.dfch_gelu, N * 4 * C},
+  };
+  const auto round = [](size_t count, size_t elem) { return (count * elem + 255) / 256 * 256 / elem; };
+  size_t total16 = 0;
+  for (const Slot16& s : s16) total16 += round(s.count, 2);
+  act16_ = DeviceArray<bf16>(total16);
+  bf16* p16 = act16_.get();
+  for (const Slot16& s : s16) {
+    *s.p = p16;
+    p16 += round(s.count, 2);
+  }
+  struct Slot32 {
+    float** p;
+    size_t count;
+  };
+  const Slot32 s32[] = {
+      {&a_.ln1_mean, L * N}, {&a_.ln1_rstd, L * N}, {&a_.ln2_mean, L * N}, {&a_.ln2_rstd, L * N},
+      {&a_.lse, L * B * NH * T}, {&a_.lnf_mean, N}, {&a_.lnf_rstd, N}, {&a_.losses, N}, {&a_.loss, 1},
+  };
+  size_t total32 = 0;
+  for (const Slot32& s : s32) total32 += round(s.count, 4);
+  act32_ = DeviceArray<float>(total32);
+  float* p32 = act32_.get();
+  for (const Slot32& s : s32) {
+    *s.p = p32;
+    p32 += round(s.count, 4);
+  }
+
+  size_t scratch = layernorm_backward_scratch_floats((int)N, (int)C);
+  scratch = std::max(scratch, bias_backward_scratch_floats((int)N, (int)(4 * C)));
+  scratch = std::max(scratch, attention_backward_scratch_floats((int)B, (int)T, (int)NH));
+  scratch_ = DeviceArray<float>(scratch);
+  norm_scratch_ = DeviceArray<double>(global_norm_scratch_doubles(n));
+  norm_out_ = DeviceArray<double>(1);
+  tokens_ = DeviceArray<int>(N);
+  targets_ = DeviceArray<int>(N);
+  order_ = DeviceArray<int>(N);
+  bucket_start_ = DeviceArray<int>(N + 1);
+  bucket_token_ = DeviceArray<int>(N);
+}
+
+CudaBackend::~CudaBackend() {
+  set_device(device_);
+  synchronize(stream_);
+  gemm_.reset();
+  destroy_stream(stream_);
+}
+
+void CudaBackend::upload_params(const float* host, size_t offset, size_t count) {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(offset + count <= num_params(), "params range [%zu, +%zu) outside %zu", offset, count, num_params());
+  copy_to_device(params_.get() + offset, host, count * sizeof(float), stream_);
+  float_to_bf16(params16_.get() + offset, params_.get() + offset, count, stream_);
+  synchronize(stream_);
+}
+
+void CudaBackend::download_params(float* host, size_t offset, size_t count) const {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(offset + count <= num_params(), "params range [%zu, +%zu) outside %zu", offset, count, num_params());
+  copy_to_host(host, params_.get() + offset, count * sizeof(float), stream_);
+}
+
+void CudaBackend::download_grads(float* host) const {
+  set_device(device_);  // the caller's thread may not have selected it
+  copy_to_host(host, grads_.get(), num_params() * sizeof(float), stream_);
+}
+
+void CudaBackend::download_optimizer(AdamWState* out) const {
+  set_device(device_);  // the caller's thread may not have selected it
+  out->m.resize(num_params());
+  out->v.resize(num_params());
+  copy_to_host(out->m.data(), m_.get(), num_params() * sizeof(float), stream_);
+  copy_to_host(out->v.data(), v_.get(), num_params() * sizeof(float), stream_);
+  out->step = step_;
+}
+
+void CudaBackend::upload_optimizer(const AdamWState& state) {
+  const size_t n = num_params();
+  DL_CHECK(state.m.empty() || (state.m.size() == n && state.v.size() == n), "AdamW state of %zu values, model %zu",
+           state.m.size(), n);
+  set_device(device_);
+  if (state.m.empty()) {
+    fill_bytes(m_.get(), 0, n * sizeof(float), stream_);
+    fill_bytes(v_.get(), 0, n * sizeof(float), stream_);
+    synchronize(stream_);
+  } else {
+    copy_to_device(m_.get(), state.m.data(), n * sizeof(float), stream_);
+    copy_to_device(v_.get(), state.v.data(), n * sizeof(float), stream_);
+  }
+  step_ = state.step;
+}
+
+void CudaBackend::upload_batch(const int* inputs, const int* targets, int B, int T) {
+  DL_CHECK(B >= 1 && B <= max_batch_, "batch %d outside [1, %d]", B, max_batch_);
+  DL_CHECK(T >= 1 && T <= config_.block_size, "sequence %d outside [1, %d]", T, config_.block_size);
+  const int N = B * T, V = config_.vocab_size;
+  for (int i = 0; i < N; i++) {
+    DL_CHECK(inputs[i] >= 0 && inputs[i] < V, "token %d out of vocabulary", inputs[i]);
+    if (targets) DL_CHECK(targets[i] >= 0 && targets[i] < V, "target %d out of vocabulary", targets[i]);
+  }
+  copy_to_device(tokens_.get(), inputs, N * sizeof(int), stream_);
+  if (targets) copy_to_device(targets_.get(), targets, N * sizeof(int), stream_);
+}
+
+void CudaBackend::forward(int B, int T, bool backward_follows) {
+  const GptConfig& g = config_;
+  const int C = g.n_embd, NH = g.n_head, V = g.vocab_size, L = g.n_layer, N = B * T;
+  Acts& a = a_;
+  encoder_forward(a.encoded, tokens_.get(), w16(off_wte_), w16(off_wpe_), B, T, C, stream_);
+  if (L > 0) {
+    layernorm_forward(nullptr, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, nullptr, w16(offset(0, kLn1w)),
+                      w16(offset(0, kLn1b)), N, C, stream_);
+  } else {
+    layernorm_forward(nullptr, a.lnf, a.lnf_mean, a.lnf_rstd, a.encoded, nullptr, w16(off_lnfw_), w16(off_lnfb_), N,
+                      C, stream_);
+  }
+  for (int l = 0; l < L; l++) {
+    const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * nc_;
+    bf16* ln1 = a.ln1 + l * nc_;
+    bf16* qkv = a.qkv + l * 3 * nc_;
+    bf16* atty = a.atty + l * nc_;
+    bf16* attproj = a.attproj + l * nc_;
+    bf16* residual2 = a.residual2 + l * nc_;
+    bf16* ln2 = a.ln2 + l * nc_;
+    bf16* fch = a.fch + l * 4 * nc_;
+    bf16* fch_gelu = a.fch_gelu + l * 4 * nc_;
+    bf16* fcproj = a.fcproj + l * nc_;
+    bf16* residual3 = a.residual3 + l * nc_;
+    gemm_->matmul_forward(qkv, nullptr, ln1, w16(offset(l, kQkvw)), w16(offset(l, kQkvb)), N, C, 3 * C, stream_);
+    attention_forward(atty, a.lse + l * lse_stride_, qkv, B, T, C, NH, stream_);
+    gemm_->matmul_forward(attproj, nullptr, atty, w16(offset(l, kAttprojw)), w16(offset(l, kAttprojb)), N, C, C,
+                          stream_);
+    layernorm_forward(residual2, ln2, a.ln2_mean + l * nr_, a.ln2_rstd + l * nr_, residual, attproj,
+                      w16(offset(l, kLn2w)), w16(offset(l, kLn2b)), N, C, stream_);
+    gemm_->matmul_forward(fch_gelu, fch, ln2, w16(offset(l, kFcw)), w16(offset(l, kFcb)), N, C, 4 * C, stream_);
+    gemm_->matmul_forward(fcproj, nullptr, fch_gelu, w16(offset(l, kFcprojw)), w16(offset(l, kFcprojb)), N, 4 * C,
+                          C, stream_);
+    // residual3 = residual2 + fcproj, normalised by the next LayerNorm.
+    if (l + 1 < L) {
+      layernorm_forward(residual3, a.ln1 + (l + 1) * nc_, a.ln1_mean + (l + 1) * nr_, a.ln1_rstd + (l + 1) * nr_,
+                        residual2, fcproj, w16(offset(l + 1, kLn1w)), w16(offset(l + 1, kLn1b)), N, C, stream_);
+    } else {
+      layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, fcproj, w16(off_lnfw_),
+                        w16(off_lnfb_), N, C, stream_);
+    }
+  }
+  gemm_->matmul_forward(a.logits, nullptr, a.lnf, w16(off_wte_), nullptr, N, C, V, stream_);
+  // With a backward to follow, the gradient of the mean loss replaces the
+  // logits in place.
+  classifier_forward_backward(backward_follows ? a.logits : nullptr, a.losses, a.logits, targets_.get(),
+                              1.0f / N, N, V, stream_);
+  mean_reduce(a.loss, a.losses, N, stream_);
+}
+
+void CudaBackend::backward(int B, int T) {
+  const GptConfig& g = config_;
+  const int C = g.n_embd, NH = g.n_head, V = g.vocab_size, L = g.n_layer, N = B * T;
+  Acts& a = a_;
+  float* scratch = scratch_.get();
+  fill_bytes(grads_.get(), 0, num_params() * sizeof(float), stream_);
+  const bf16* dlogits = a.logits;
+  gemm_->matmul_backward(a.dln, g32(off_wte_), nullptr, scratch, dlogits, a.lnf, w16(off_wte_), N, C, V, stream_);
+  const bf16* last = L > 0 ? a.residual3 + (L - 1) * nc_ : a.encoded;
+  layernorm_backward(a.dresidual, g32(off_lnfw_), g32(off_lnfb_), scratch, a.dln, last, w16(off_lnfw_), a.lnf_mean,
+                     a.lnf_rstd, N, C, /*accumulate=*/false, stream_);
+  for (int l = L - 1; l >= 0; l--) {
+    const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * nc_;
+    const auto W = [&](BlockTensor k) { return w16(offset(l, k)); };
+    const auto G = [&](BlockTensor k) { return g32(offset(l, k)); };
+    gemm_->matmul_backward(a.dfch_gelu, G(kFcprojw), G(kFcprojb), scratch, a.dresidual, a.fch_gelu + l * 4 * nc_,
+                           W(kFcprojw), N, 4 * C, C, stream_);
+    gelu_backward(a.dfch, a.fch + l * 4 * nc_, a.dfch_gelu, (size_t)N * 4 * C, stream_);
+    gemm_->matmul_backward(a.dln, G(kFcw), G(kFcb), scratch, a.dfch, a.ln2 + l * nc_, W(kFcw), N, C, 4 * C, stream_);
+    layernorm_backward(a.dresidual, G(kLn2w), G(kLn2b), scratch, a.dln, a.residual2 + l * nc_, W(kLn2w),
+                       a.ln2_mean + l * nr_, a.ln2_rstd + l * nr_, N, C, true, stream_);
+    gemm_->matmul_backward(a.datty, G(kAttprojw), G(kAttprojb), scratch, a.dresidual, a.atty + l * nc_,
+                           W(kAttprojw), N, C, C, stream_);
+    attention_backward(a.dqkv, scratch, a.datty, a.qkv + l * 3 * nc_, a.atty + l * nc_, a.lse + l * lse_stride_, B,
+                       T, C, NH, stream_);
+    gemm_->matmul_backward(a.dln, G(kQkvw), G(kQkvb), scratch, a.dqkv, a.ln1 + l * nc_, W(kQkvw), N, C, 3 * C,
+                           stream_);
+    layernorm_backward(a.dresidual, G(kLn1w), G(kLn1b), scratch, a.dln, residual, W(kLn1w), a.ln1_mean + l * nr_,
+                       a.ln1_rstd + l * nr_, N, C, true, stream_);
+  }
+  encoder_backward(g32(off_wte_), g32(off_wpe_), a.dresidual, order_.get(), bucket_start_.get(), bucket_token_.get(),
+                   num_buckets_, B, T, C, stream_);
+}
+
+double CudaBackend::read_loss() {
+  float loss = 0.0f;
+  copy_to_host(&loss, a_.loss, sizeof loss, stream_);
+  return loss;
+}
+
+double CudaBackend::forward_backward(const int* inputs, const int* targets, int B, int T) {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(targets != nullptr, "forward_backward needs targets");
+  upload_batch(inputs, targets, B, T);
+  const TokenBuckets buckets = build_token_buckets(inputs, B * T);
+  num_buckets_ = buckets.num_buckets();
+  copy_to_device(order_.get(), buckets.order.data(), buckets.order.size() * sizeof(int), stream_);
+  copy_to_device(bucket_start_.get(), buckets.bucket_start.data(), buckets.bucket_start.size() * sizeof(int),
+                 stream_);
+  copy_to_device(bucket_token_.get(), buckets.bucket_token.data(), buckets.bucket_token.size() * sizeof(int),
+                 stream_);
+  forward(B, T, /*backward_follows=*/true);
+  backward(B, T);
+  return read_loss();  // waits for the whole step
+}
+
+double CudaBackend::eval_loss(const int* inputs, const int* targets, int B, int T) {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(targets != nullptr, "eval_loss needs targets");
+  upload_batch(inputs, targets, B, T);
+  forward(B, T, /*backward_follows=*/false);
+  return read_loss();
+}
+
+StepStats CudaBackend::apply_update(double loss, const AdamWHyper& hp, double grad_clip) {
+  set_device(device_);  // the caller's thread may not have selected it
+  StepStats s;
+  s.loss = loss;
+  if (!std::isfinite(loss)) return s;
+  const size_t n = num_params();
+  global_norm_squared(norm_out_.get(), norm_scratch_.get(), grads_.get(), n, stream_);
+  double sq = 0.0;
+  copy_to_host(&sq, norm_out_.get(), sizeof sq, stream_);
+  s.grad_norm = std::sqrt(sq);
+  if (!std::isfinite(s.grad_norm)) return s;
+  step_ += 1;
+  const AdamWArgs args{hp.lr,           hp.beta1,
+                       hp.beta2,        hp.eps,
+                       hp.weight_decay, (float)(hp.grad_scale * clip_scale(s.grad_norm, grad_clip)),
+                       step_};
+  adamw_update_chunks(params_.get(), params16_.get(), m_.get(), v_.get(), grads_.get(), chunks_.get(),
+                      (int)chunks_.size(), args, stream_);
+  synchronize(stream_);
+  s.applied = true;
+  return s;
+}
+
+}  // namespace
+
+std::string CreateCudaBackend(int device, const BackendOptions& options, std::unique_ptr<TrainingBackend>* out) {
+  const int head = options.model.n_embd / options.model.n_head;
+  if (head > kMaxAttentionHeadSize) {
+    return "the CUDA attention supports head sizes up to " + std::to_string(kMaxAttentionHeadSize) + ", not " +
+           std::to_string(head) + " (n_embd / n_head): use more heads or the cpu";
+  }
+  *out = std::make_unique<CudaBackend>(device, options);
+  return "";
+}
+
+}  // namespace diloco::cuda

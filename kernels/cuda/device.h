@@ -1,0 +1,97 @@
+// Device memory and streams for code outside the .cu files (the backend,
+// tests, benchmarks), without CUDA headers. Failures of the CUDA runtime
+// abort with the error (CUDA_CHECK), except device_count(), which answers
+// 0 on a machine without a driver or device.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+
+namespace diloco::cuda {
+
+// Usable CUDA devices; 0 when there is no driver or no device.
+int device_count();
+// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
+std::string device_description(int device);
+void set_device(int device);
+// Peak dense bf16 tensor FLOP/s of the current device for MFU: a table of
+// known parts (H100/H200 SXM: 989.4e12); 0 when unknown.
+double peak_bf16_flops();
+
+void* device_malloc(size_t bytes);
+void device_free(void* p);
+// Host <-> device copies return when the copy is done (they wait for the
+// stream's earlier work too).
+void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+// Asynchronous on the stream.
+void copy_device_to_device(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+void fill_bytes(void* dst, int value, size_t bytes, Stream stream = nullptr);
+void synchronize(Stream stream = nullptr);
+Stream create_stream();
+void destroy_stream(Stream stream);
+size_t device_memory_used_bytes();
+
+// Times work enqueued on a stream with CUDA events.
+class EventTimer {
+ public:
+  explicit EventTimer(Stream stream = nullptr);
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start();
+  // Milliseconds since start(); waits for the stream.
+  double stop_ms();
+
+ private:
+  Stream stream_;
+  void* begin_ = nullptr;
+  void* end_ = nullptr;
+};
+
+// An owned device array of T.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t n) : n_(n) {
+    if (n) ptr_ = static_cast<T*>(device_malloc(n * sizeof(T)));
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  ~DeviceArray() { device_free(ptr_); }
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr, o.n_ = 0; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      device_free(ptr_);
+      ptr_ = o.ptr_, n_ = o.n_;
+      o.ptr_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() { return ptr_; }
+  const T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& host) { copy_to_device(ptr_, host.data(), host.size() * sizeof(T)); }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_) copy_to_host(host.data(), ptr_, n_ * sizeof(T));
+    return host;
+  }
+  // Every byte = value (tests poison outputs with 0xff: NaN for floats).
+  void fill(int value) {
+    if (n_) fill_bytes(ptr_, value, n_ * sizeof(T));
+    synchronize();
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace diloco::cuda

@@ -1,0 +1,23 @@
+# Engine tests beyond the op kernels: the backend interface, the local
+# ring (threads), the sync-path ops against the wire codec, and (when built
+# with CUDA) every CUDA op against its CPU reference. Included from
+# tests/CMakeLists.txt.
+find_package(Threads REQUIRED)
+diloco_test(kernel_engine_tests
+  ${CMAKE_CURRENT_LIST_DIR}/test_backend.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_local_comm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_sync_ops.cpp
+  # The wire codec, compiled in as the reference for kernels/sync_ops.h
+  # (header-only dependencies: codec_kind.h, util/status.h).
+  ${PROJECT_SOURCE_DIR}/daemon/net/codec.cpp
+)
+target_link_libraries(kernel_engine_tests PRIVATE diloco_backend Threads::Threads)
+
+if(DILOCO_HAVE_CUDA)
+  # [cuda] tests: skip (with a warning) on machines without a device.
+  diloco_test(cuda_tests ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ops.cpp)
+  target_link_libraries(cuda_tests PRIVATE diloco_backend diloco_cuda)
+  if(DILOCO_HAVE_NCCL)
+    target_compile_definitions(cuda_tests PRIVATE DILOCO_HAVE_NCCL)
+  endif()
+endif()
