@@ -22,6 +22,27 @@ __global__ void encoder_forward_kernel(nv_bf16* out, const int* tokens, const nv
   }
 }
 
+// C % 8 == 0 and 16-byte aligned tensors: one thread per 8 channels.
+__global__ void encoder_forward_vec_kernel(uint4* out, const int* tokens, const uint4* wte, const uint4* wpe, int T,
+                                           int C8, size_t total8) {
+  union Pack8 {
+    uint4 u;
+    nv_bf16 h[8];
+  };
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total8; i += stride) {
+    const size_t pos = i / C8;
+    const int c8 = (int)(i % C8);
+    const int t = (int)(pos % T);
+    Pack8 we, pe, o;
+    we.u = wte[(size_t)tokens[pos] * C8 + c8];
+    pe.u = wpe[(size_t)t * C8 + c8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) o.h[k] = to_bf(to_f(we.h[k]) + to_f(pe.h[k]));
+    out[i] = o.u;
+  }
+}
+
 // grid (num_buckets, ceil(C / blockDim.x)): thread c of bucket k.
 __global__ void encoder_backward_wte_kernel(float* dwte, const nv_bf16* dout, const int* order,
                                             const int* bucket_start, const int* bucket_token, int C) {
@@ -49,8 +70,15 @@ void encoder_forward(bf16* out, const int* tokens, const bf16* wte, const bf16* 
                      Stream stream) {
   const size_t total = (size_t)B * T * C;
   if (total == 0) return;
-  encoder_forward_kernel<<<grid_for(total, 256), 256, 0, as_cuda(stream)>>>(as_nv(out), tokens, as_nv(wte),
-                                                                           as_nv(wpe), T, C, total);
+  const auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (C % 8 == 0 && al16(out) && al16(wte) && al16(wpe)) {
+    encoder_forward_vec_kernel<<<grid_for(total / 8, 256), 256, 0, as_cuda(stream)>>>(
+        reinterpret_cast<uint4*>(out), tokens, reinterpret_cast<const uint4*>(wte),
+        reinterpret_cast<const uint4*>(wpe), T, C / 8, total / 8);
+  } else {
+    encoder_forward_kernel<<<grid_for(total, 256), 256, 0, as_cuda(stream)>>>(as_nv(out), tokens, as_nv(wte),
+                                                                             as_nv(wpe), T, C, total);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

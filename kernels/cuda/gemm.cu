@@ -186,7 +186,7 @@ void Gemm::matmul_forward(bf16* out, bf16* pre_gelu, const bf16* inp, const bf16
                           int C, int OC, Stream stream) {
   if (N == 0 || OC == 0) return;
   cudaStream_t s = as_cuda(stream);
-  GemmCall c{OC, N, C, true, false, weight, C, inp, C, pre_gelu ? (void*)out : (void*)out, OC, false, 0.0f};
+  GemmCall c{OC, N, C, true, false, weight, C, inp, C, out, OC, false, 0.0f};
   if (pre_gelu) {
     c.epilogue = bias ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux;
     c.bias = bias;

@@ -1,6 +1,7 @@
 // LayerNorm fused with the residual add (CPU: kernels/cpu/layernorm.cpp and
-// kernels/cpu/residual.cpp). One warp per row; the row is cached in shared
-// memory in fp32, so global memory is read once and written once.
+// kernels/cpu/residual.cpp). Forward: one warp per row; the row is cached in
+// shared memory in fp32, so global memory is read once and written once
+// (16-byte accesses when C % 8 == 0 and the pointers allow).
 #include "kernels/check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -17,9 +18,16 @@ int rows_per_block(int C) {
   return rows > 8 ? 8 : rows;
 }
 
+// 8 bf16 in one 16-byte word.
+union Pack8 {
+  uint4 u;
+  nv_bf16 h[8];
+};
+
+// vec: C % 8 == 0 and every pointer 16-byte aligned: 16-byte loads and stores.
 __global__ void layernorm_forward_kernel(nv_bf16* res_out, nv_bf16* out, float* mean, float* rstd,
                                          const nv_bf16* a, const nv_bf16* b, const nv_bf16* weight,
-                                         const nv_bf16* bias, int N, int C) {
+                                         const nv_bf16* bias, int N, int C, bool vec) {
   extern __shared__ float rows[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + warp;
@@ -27,18 +35,38 @@ __global__ void layernorm_forward_kernel(nv_bf16* res_out, nv_bf16* out, float* 
   float* x = rows + (size_t)warp * C;
   const size_t base = (size_t)n * C;
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float v;
-    if (b) {
-      const nv_bf16 r = to_bf(to_f(a[base + c]) + to_f(b[base + c]));
-      res_out[base + c] = r;
-      v = to_f(r);  // normalise what backward will read back
-    } else {
-      v = to_f(a[base + c]);
+  if (vec) {
+    for (int j = lane; j < C / 8; j += 32) {
+      Pack8 pa, pb, r;
+      pa.u = reinterpret_cast<const uint4*>(a + base)[j];
+      if (b) pb.u = reinterpret_cast<const uint4*>(b + base)[j];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        float v = to_f(pa.h[k]);
+        if (b) {
+          r.h[k] = to_bf(v + to_f(pb.h[k]));
+          v = to_f(r.h[k]);  // normalise what backward will read back
+        }
+        x[8 * j + k] = v;
+        sum += v;
+      }
+      if (b) reinterpret_cast<uint4*>(res_out + base)[j] = r.u;
     }
-    x[c] = v;
-    sum += v;
+  } else {
+    for (int c = lane; c < C; c += 32) {
+      float v;
+      if (b) {
+        const nv_bf16 r = to_bf(to_f(a[base + c]) + to_f(b[base + c]));
+        res_out[base + c] = r;
+        v = to_f(r);
+      } else {
+        v = to_f(a[base + c]);
+      }
+      x[c] = v;
+      sum += v;
+    }
   }
+  __syncwarp();
   const float m = warp_sum(sum) / C;
   float var = 0.0f;
   for (int c = lane; c < C; c += 32) {
@@ -47,13 +75,26 @@ __global__ void layernorm_forward_kernel(nv_bf16* res_out, nv_bf16* out, float* 
   }
   var = warp_sum(var) / C;
   const float s = rsqrtf(var + kEps);
-  for (int c = lane; c < C; c += 32)
-    out[base + c] = to_bf((x[c] - m) * s * to_f(weight[c]) + to_f(bias[c]));
+  if (vec) {
+    for (int j = lane; j < C / 8; j += 32) {
+      Pack8 pw, pbias, o;
+      pw.u = reinterpret_cast<const uint4*>(weight)[j];
+      pbias.u = reinterpret_cast<const uint4*>(bias)[j];
+#pragma unroll
+      for (int k = 0; k < 8; k++) o.h[k] = to_bf((x[8 * j + k] - m) * s * to_f(pw.h[k]) + to_f(pbias.h[k]));
+      reinterpret_cast<uint4*>(out + base)[j] = o.u;
+    }
+  } else {
+    for (int c = lane; c < C; c += 32)
+      out[base + c] = to_bf((x[c] - m) * s * to_f(weight[c]) + to_f(bias[c]));
+  }
   if (lane == 0) {
     mean[n] = m;
     rstd[n] = s;
   }
 }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Block: kBackwardRowsPerBlock rows. Warps compute dinp row by row; then
 // each thread owns channels and sums its rows' parameter gradients in row
@@ -118,8 +159,10 @@ void layernorm_forward(bf16* res_out, bf16* out, float* mean, float* rstd, const
   if (N == 0) return;
   const int rows = rows_per_block(C);
   DL_CHECK(rows >= 1, "layernorm: C = %d too large for one row in shared memory", C);
+  const bool vec = C % 8 == 0 && aligned16(out) && aligned16(a) && aligned16(weight) && aligned16(bias) &&
+                   (!b || (aligned16(b) && aligned16(res_out)));
   layernorm_forward_kernel<<<ceil_div(N, rows), rows * 32, (size_t)rows * C * sizeof(float), as_cuda(stream)>>>(
-      as_nv(res_out), as_nv(out), mean, rstd, as_nv(a), as_nv(b), as_nv(weight), as_nv(bias), N, C);
+      as_nv(res_out), as_nv(out), mean, rstd, as_nv(a), as_nv(b), as_nv(weight), as_nv(bias), N, C, vec);
   CUDA_CHECK_LAUNCH();
 }
 
