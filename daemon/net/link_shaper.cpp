@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "daemon/net/context.h"
 #include "daemon/net/net_log.h"
@@ -32,43 +33,116 @@ Status ValidateLinkParams(const LinkParams& p) {
 
 const char* ToString(LinkDirection d) { return d == LinkDirection::kUp ? "up" : "down"; }
 
-LinkVerdict LinkSchedule::Admit(SteadyTime now, size_t bytes, const LinkParams& p, std::mt19937_64& rng) {
-  LinkVerdict v;
-  if (p.partitioned) {
-    v.kind = LinkVerdict::kDropPartition;
-    return v;
-  }
-  if (p.loss > 0 && std::uniform_real_distribution<double>(0.0, 1.0)(rng) < p.loss) {
-    v.kind = LinkVerdict::kDropLoss;
-    return v;
-  }
-  const SteadyTime start = std::max(now, link_free_at_);
-  v.departure = start;
-  if (p.bandwidth_bytes_per_s > 0) v.departure += Seconds(static_cast<double>(bytes) / p.bandwidth_bytes_per_s);
-  link_free_at_ = v.departure;
+LinkDrop DecideDrop(const LinkParams& p, std::mt19937_64& rng) {
+  if (p.partitioned) return LinkDrop::kPartition;
+  if (p.loss > 0 && std::uniform_real_distribution<double>(0.0, 1.0)(rng) < p.loss) return LinkDrop::kLoss;
+  return LinkDrop::kNone;
+}
+
+SteadyTime ArrivalTime(SteadyTime departure, const LinkParams& p, SteadyTime previous_arrival, std::mt19937_64& rng) {
   double delay_ms = p.latency_ms;
   if (p.jitter_ms > 0) delay_ms += std::uniform_real_distribution<double>(-p.jitter_ms, p.jitter_ms)(rng);
-  v.arrival = v.departure + Seconds(std::max(0.0, delay_ms) / 1000.0);
-  v.arrival = std::max(v.arrival, last_arrival_);
-  last_arrival_ = v.arrival;
-  v.kind = LinkVerdict::kDeliver;
-  return v;
+  return std::max(departure + Seconds(std::max(0.0, delay_ms) / 1000.0), previous_arrival);
+}
+
+void FairShareSchedule::Advance(SteadyTime now, std::vector<Departure>* out) {
+  if (!started_) {
+    clock_ = now;
+    started_ = true;
+  }
+  if (now <= clock_) return;
+  while (waiting_ > 0 && bytes_per_s_ > 0) {
+    size_t active = 0;
+    double min_left = std::numeric_limits<double>::infinity();
+    for (const auto& [flow, q] : flows_) {
+      if (q.empty()) continue;
+      ++active;
+      min_left = std::min(min_left, q.front());
+    }
+    const double rate = bytes_per_s_ / static_cast<double>(active);  // per flow
+    // Rounded up to the clock's tick, so the message it waits for is surely done then.
+    const auto dt = std::chrono::ceil<Clock::duration>(std::chrono::duration<double>(min_left / rate));
+    const bool finishes = clock_ + dt <= now;
+    const auto step = finishes ? dt : now - clock_;
+    const double served = rate * std::chrono::duration<double>(step).count();
+    clock_ += step;
+    for (auto& [flow, q] : flows_) {
+      if (q.empty()) continue;
+      q.front() -= served;
+      if (q.front() <= 1e-6) {
+        q.pop_front();
+        --waiting_;
+        out->push_back({flow, clock_});
+      }
+    }
+    if (!finishes) break;
+  }
+  clock_ = std::max(clock_, now);
+}
+
+void FairShareSchedule::SetBandwidth(SteadyTime now, double bytes_per_s, std::vector<Departure>* out) {
+  Advance(now, out);
+  bytes_per_s_ = bytes_per_s;
+  if (bytes_per_s_ > 0) return;
+  for (auto& [flow, q] : flows_) {  // unlimited: everything waiting leaves now, in flow order
+    for (; !q.empty(); q.pop_front()) out->push_back({flow, clock_});
+  }
+  waiting_ = 0;
+}
+
+void FairShareSchedule::Enqueue(int flow, size_t bytes, SteadyTime now, std::vector<Departure>* out) {
+  Advance(now, out);
+  if (bytes_per_s_ <= 0) {
+    out->push_back({flow, clock_});
+    return;
+  }
+  // A zero-byte message still waits behind the flow's earlier ones.
+  flows_[flow].push_back(std::max<double>(static_cast<double>(bytes), 1e-3));
+  ++waiting_;
+}
+
+std::optional<SteadyTime> FairShareSchedule::NextDeparture() const {
+  if (waiting_ == 0 || bytes_per_s_ <= 0) return std::nullopt;
+  size_t active = 0;
+  double min_left = std::numeric_limits<double>::infinity();
+  for (const auto& [flow, q] : flows_) {
+    if (q.empty()) continue;
+    ++active;
+    min_left = std::min(min_left, q.front());
+  }
+  const double rate = bytes_per_s_ / static_cast<double>(active);
+  return clock_ + std::chrono::ceil<Clock::duration>(std::chrono::duration<double>(min_left / rate));
 }
 
 struct Link::Pair {
+  struct Waiting {
+    Message message;
+    size_t bytes = 0;
+  };
+  struct InFlight {
+    SteadyTime arrival;
+    Message message;
+    size_t bytes = 0;
+  };
+  struct Direction {
+    std::deque<Waiting> waiting;     // in the schedule, not yet departed (FIFO)
+    std::deque<InFlight> in_flight;  // departed, arriving in order
+    SteadyTime last_arrival{};
+  };
   SocketType app_type;
   std::unique_ptr<Socket> inner;  // inproc, facing the app's socket
   std::unique_ptr<Socket> outer;  // the real endpoint
   bool up = false;                // inner -> outer is shaped data
   bool down = false;              // outer -> inner is shaped data
-  std::deque<Queued> up_queue;
-  std::deque<Queued> down_queue;
+  Direction dir[2];
 };
 
 Link::Link(NetContext& context, const LinkOptions& options, int wake_fd)
     : context_(context), options_(options), wake_fd_(wake_fd) {
-  params_[0] = options.up;
-  params_[1] = options.down;
+  params_[0] = current_[0] = options.up;
+  params_[1] = current_[1] = options.down;
+  schedule_[0] = FairShareSchedule(options.up.bandwidth_bytes_per_s);
+  schedule_[1] = FairShareSchedule(options.down.bandwidth_bytes_per_s);
   rng_[0].seed(options.seed * 2 + 0);
   rng_[1].seed(options.seed * 2 + 1);
 }
@@ -197,40 +271,46 @@ std::pair<Status, std::string> Link::DoAttach(const AttachRequest& req) {
   return {Status::Ok(), inproc};
 }
 
-void Link::Admit(LinkDirection dir, Message&& m, std::deque<Queued>* queue, SteadyTime now) {
-  const int d = static_cast<int>(dir);
+void Link::Admit(int d, size_t pair, Message&& m, SteadyTime now) {
   const size_t bytes = m.bytes();
-  LinkParams p;
+  const LinkDrop drop = DecideDrop(current_[d], rng_[d]);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    p = params_[d];
+    if (drop == LinkDrop::kPartition) {
+      ++stats_[d].dropped_partition;
+      return;
+    }
+    if (drop == LinkDrop::kLoss) {
+      ++stats_[d].dropped_loss;
+      return;
+    }
+    ++stats_[d].queued;
+    stats_[d].queued_bytes += bytes;
   }
-  const LinkVerdict v = schedule_[d].Admit(now, bytes, p, rng_[d]);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (v.kind == LinkVerdict::kDropPartition) {
-    ++stats_[d].dropped_partition;
-    return;
-  }
-  if (v.kind == LinkVerdict::kDropLoss) {
-    ++stats_[d].dropped_loss;
-    return;
-  }
-  ++stats_[d].queued;
-  stats_[d].queued_bytes += bytes;
-  queue->push_back({v.arrival, std::move(m), bytes});
+  pairs_[pair]->dir[d].waiting.push_back({std::move(m), bytes});
+  std::vector<FairShareSchedule::Departure> departed;
+  schedule_[d].Enqueue(static_cast<int>(pair), bytes, now, &departed);
+  Depart(d, departed);
 }
 
-SteadyTime Link::Release(LinkDirection dir, std::deque<Queued>* queue, Socket* target, SteadyTime now) {
-  const int d = static_cast<int>(dir);
-  while (!queue->empty() && queue->front().arrival <= now) {
-    Queued& q = queue->front();
-    bool partitioned;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      partitioned = params_[d].partitioned;
-    }
+void Link::Depart(int d, const std::vector<FairShareSchedule::Departure>& departures) {
+  for (const auto& dep : departures) {
+    Pair::Direction& dir = pairs_[dep.flow]->dir[d];
+    Pair::Waiting w = std::move(dir.waiting.front());
+    dir.waiting.pop_front();
+    const SteadyTime arrival = ArrivalTime(dep.time, current_[d], dir.last_arrival, rng_[d]);
+    dir.last_arrival = arrival;
+    dir.in_flight.push_back({arrival, std::move(w.message), w.bytes});
+  }
+}
+
+SteadyTime Link::Release(int d, Pair* p, SteadyTime now) {
+  Socket* target = d == 0 ? p->outer.get() : p->inner.get();
+  auto& queue = p->dir[d].in_flight;
+  while (!queue.empty() && queue.front().arrival <= now) {
+    Pair::InFlight& q = queue.front();
     bool delivered = false;
-    if (!partitioned) {
+    if (!current_[d].partitioned) {
       const SendResult r = target->Send(q.message, 0);
       if (r == SendResult::kWouldBlock) {
         retry_soon_ = true;  // the receiver is slow: keep the message, try again shortly
@@ -249,9 +329,23 @@ SteadyTime Link::Release(LinkDirection dir, std::deque<Queued>* queue, Socket* t
         ++stats_[d].dropped_partition;
       }
     }
-    queue->pop_front();
+    queue.pop_front();
   }
-  return queue->empty() ? SteadyTime::max() : queue->front().arrival;
+  return queue.empty() ? SteadyTime::max() : queue.front().arrival;
+}
+
+void Link::SyncParams(SteadyTime now) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_[0] = params_[0];
+    current_[1] = params_[1];
+  }
+  for (int d = 0; d < 2; ++d) {
+    if (schedule_[d].bandwidth() == current_[d].bandwidth_bytes_per_s) continue;
+    std::vector<FairShareSchedule::Departure> departed;
+    schedule_[d].SetBandwidth(now, current_[d].bandwidth_bytes_per_s, &departed);
+    Depart(d, departed);
+  }
 }
 
 void Link::Run() {
@@ -266,13 +360,20 @@ void Link::Run() {
     for (auto& r : reqs) r->done.set_value(DoAttach(*r));
     if (stop_) break;
 
-    // Release what is due; find the next deadline.
+    // Take in parameter changes, let the links carry what they can, hand on what has arrived.
     const SteadyTime now = Clock::now();
+    SyncParams(now);
     SteadyTime next = SteadyTime::max();
     retry_soon_ = false;
+    for (int d = 0; d < 2; ++d) {
+      std::vector<FairShareSchedule::Departure> departed;
+      schedule_[d].Advance(now, &departed);
+      Depart(d, departed);
+      if (const auto t = schedule_[d].NextDeparture()) next = std::min(next, *t);
+    }
     for (auto& p : pairs_) {
-      if (p->up) next = std::min(next, Release(LinkDirection::kUp, &p->up_queue, p->outer.get(), now));
-      if (p->down) next = std::min(next, Release(LinkDirection::kDown, &p->down_queue, p->inner.get(), now));
+      if (p->up) next = std::min(next, Release(0, p.get(), now));
+      if (p->down) next = std::min(next, Release(1, p.get(), now));
     }
     bool read_up, read_down;
     {
@@ -306,6 +407,8 @@ void Link::Run() {
       uint64_t v;
       (void)!::read(wake_fd_, &v, sizeof v);
     }
+    // Messages read below were sent after any parameter change that woke us: they get it.
+    SyncParams(Clock::now());
     bool closed = false;
     for (size_t i = 0; i < pairs_.size() && !closed; ++i) {
       Pair& p = *pairs_[i];
@@ -317,7 +420,7 @@ void Link::Run() {
         if (r == RecvResult::kClosed) closed = true;
         if (r != RecvResult::kMessage) break;
         if (p.up) {
-          Admit(LinkDirection::kUp, std::move(m), &p.up_queue, Clock::now());
+          Admit(0, i, std::move(m), Clock::now());
         } else if (p.app_type == SocketType::kSub) {
           (void)p.outer->Send(m, 0);  // a (un)subscription from the app: pass it upstream
         }
@@ -327,7 +430,7 @@ void Link::Run() {
         const RecvResult r = p.outer->Receive(&m, 0);
         if (r == RecvResult::kClosed) closed = true;
         if (r != RecvResult::kMessage) break;
-        if (p.down) Admit(LinkDirection::kDown, std::move(m), &p.down_queue, Clock::now());
+        if (p.down) Admit(1, i, std::move(m), Clock::now());
         // PUB: subscriptions from remote subscribers; the relay's XSUB already takes everything.
       }
     }

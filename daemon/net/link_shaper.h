@@ -11,15 +11,20 @@
 // One relay thread per Link owns all the inner/outer sockets of that link (one socket per thread);
 // the app's sockets stay ordinary sockets in the app's thread. The outer socket carries the app's
 // options (CURVE keys, HWMs, routing id), so the peer sees the app. Messages (multipart) stay whole.
-// For each message taken from the app (or the network), in arrival order per direction:
-//   dropped           when the direction is partitioned, or with probability `loss` (seeded RNG);
-//   departure       = max(now, link_free_at) + bytes / bandwidth;   link_free_at = departure
-//   arrival         = max(departure + latency + U(-jitter, +jitter), previous arrival)  (FIFO, like TCP)
+//
+// The model, per direction. Each socket attached to the link is a flow (as each ZeroMQ socket is
+// its own TCP connection); a flow is FIFO, and the flows with messages waiting share the bandwidth
+// equally (processor sharing), so a heartbeat socket is not stuck behind a 64 MiB delta on another
+// socket, while two deltas on one socket go one after the other. For each message, in order:
+//   dropped      when the direction is partitioned, or with probability `loss` (seeded RNG);
+//   departure    when the flow's share of the bandwidth has carried all its bytes (one flow
+//                alone: departure = max(now, flow busy until) + bytes / bandwidth);
+//   arrival      = max(departure + latency + U(-jitter, +jitter), the flow's previous arrival);
 // and it is handed on at its arrival time (dropped then if the link got partitioned meanwhile).
 // When more than max_queued_bytes wait in a direction, the relay stops reading that direction, so
 // the app's socket meets its HWM as it would on a slow link (PUB drops, DEALER blocks).
-// Parameters can change at run time from any thread; a change applies to messages taken after it.
-// Subscriptions pass unshaped.
+// Parameters can change at run time from any thread: bandwidth from the moment of the change, the
+// other parameters for messages departing after it. Subscriptions pass unshaped.
 #pragma once
 
 #include <atomic>
@@ -27,7 +32,9 @@
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -77,21 +84,45 @@ struct LinkStats {
   uint64_t queued_bytes = 0;
 };
 
-// Pure: the schedule of one direction of a link.
-struct LinkVerdict {
-  enum Kind { kDeliver, kDropLoss, kDropPartition } kind = kDeliver;
-  SteadyTime departure{};
-  SteadyTime arrival{};
-};
-class LinkSchedule {
+// Pure: whether a message offered to a link direction is dropped. Draws from rng only when
+// loss > 0 (so a seed gives the same drops for the same message order).
+enum class LinkDrop { kNone, kLoss, kPartition };
+LinkDrop DecideDrop(const LinkParams& params, std::mt19937_64& rng);
+
+// Pure: when a message that departed at `departure` arrives: latency plus jitter, never before the
+// flow's previous arrival (a flow is a TCP stream: no reordering). Draws from rng only when
+// jitter > 0.
+SteadyTime ArrivalTime(SteadyTime departure, const LinkParams& params, SteadyTime previous_arrival,
+                       std::mt19937_64& rng);
+
+// Pure: one direction's bandwidth shared fairly by its flows (processor sharing); FIFO per flow.
+// Time only moves forward through the calls; every call first serves the flows up to `now`.
+class FairShareSchedule {
  public:
-  // A message of `bytes` offered at now. Draws from rng only for loss (when loss > 0) and jitter
-  // (when jitter > 0).
-  LinkVerdict Admit(SteadyTime now, size_t bytes, const LinkParams& params, std::mt19937_64& rng);
+  struct Departure {
+    int flow = 0;
+    SteadyTime time{};  // when the message's last byte left
+  };
+  explicit FairShareSchedule(double bytes_per_s = 0) : bytes_per_s_(bytes_per_s) {}
+
+  // Messages that finished by now are appended to out (in departure order).
+  void Advance(SteadyTime now, std::vector<Departure>* out);
+  // A new rate from now on (0: unlimited, everything waiting departs now).
+  void SetBandwidth(SteadyTime now, double bytes_per_s, std::vector<Departure>* out);
+  // A message of `bytes` joins the end of flow's queue at now (with unlimited bandwidth it departs
+  // at once, appended to out).
+  void Enqueue(int flow, size_t bytes, SteadyTime now, std::vector<Departure>* out);
+  // When the next message will have departed, if nothing else joins; nullopt when idle.
+  std::optional<SteadyTime> NextDeparture() const;
+  size_t waiting() const { return waiting_; }
+  double bandwidth() const { return bytes_per_s_; }
 
  private:
-  SteadyTime link_free_at_{};
-  SteadyTime last_arrival_{};
+  double bytes_per_s_;
+  SteadyTime clock_{};
+  bool started_ = false;
+  size_t waiting_ = 0;
+  std::map<int, std::deque<double>> flows_;  // remaining bytes of each waiting message
 };
 
 class Link {
@@ -114,11 +145,6 @@ class Link {
                 std::string* relay_endpoint);
 
  private:
-  struct Queued {
-    SteadyTime arrival;
-    Message message;
-    size_t bytes = 0;
-  };
   struct Pair;
   struct AttachRequest {
     SocketType app_type;
@@ -131,9 +157,14 @@ class Link {
   void Run();
   void Wake();
   std::pair<Status, std::string> DoAttach(const AttachRequest& req);
-  void Admit(LinkDirection dir, Message&& m, std::deque<Queued>* queue, SteadyTime now);
-  // Hands on due messages; returns the time of the next due message (or max).
-  SteadyTime Release(LinkDirection dir, std::deque<Queued>* queue, Socket* target, SteadyTime now);
+  // A message enters direction dir of pair p (dropped, or queued for the link).
+  void Admit(int dir, size_t pair, Message&& m, SteadyTime now);
+  // Copies params_ for the relay; a bandwidth change applies from now.
+  void SyncParams(SteadyTime now);
+  // Moves departed messages to in-flight with their arrival time.
+  void Depart(int dir, const std::vector<FairShareSchedule::Departure>& departures);
+  // Hands on in-flight messages that have arrived; returns the next arrival (or max).
+  SteadyTime Release(int dir, Pair* p, SteadyTime now);
 
   NetContext& context_;
   LinkOptions options_;
@@ -149,7 +180,8 @@ class Link {
 
   // Relay thread only.
   std::vector<std::unique_ptr<Pair>> pairs_;
-  LinkSchedule schedule_[2];
+  FairShareSchedule schedule_[2];
+  LinkParams current_[2];  // the parameters the relay works with (copied from params_ each loop)
   std::mt19937_64 rng_[2];
   bool retry_soon_ = false;
 };

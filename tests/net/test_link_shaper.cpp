@@ -23,46 +23,93 @@ using Clock = std::chrono::steady_clock;
 
 double Ms(SteadyTime a, SteadyTime b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
-TEST_CASE("LinkSchedule: departure from bandwidth, arrival from latency, FIFO under jitter", "[unit][net]") {
-  LinkSchedule s;
+using Departures = std::vector<FairShareSchedule::Departure>;
+
+TEST_CASE("FairShareSchedule: one flow is FIFO at the full bandwidth", "[unit][net]") {
+  FairShareSchedule s(1e6);  // 1 MB/s: 1000 bytes = 1 ms
+  const SteadyTime t0 = SteadyTime{} + 1h;
+  Departures d;
+  s.Enqueue(0, 10000, t0, &d);
+  s.Enqueue(0, 5000, t0 + 1ms, &d);
+  CHECK(d.empty());
+  REQUIRE(s.NextDeparture());
+  CHECK(Ms(t0, *s.NextDeparture()) == Approx(10).margin(1e-3));
+  s.Advance(t0 + 9ms, &d);
+  CHECK(d.empty());
+  s.Advance(t0 + 20ms, &d);
+  REQUIRE(d.size() == 2);
+  CHECK(Ms(t0, d[0].time) == Approx(10).margin(1e-3));
+  CHECK(Ms(t0, d[1].time) == Approx(15).margin(1e-3));  // queued behind the first
+  d.clear();
+  s.Enqueue(0, 1000, t0 + 100ms, &d);  // idle link: starts now
+  s.Advance(t0 + 200ms, &d);
+  REQUIRE(d.size() == 1);
+  CHECK(Ms(t0, d[0].time) == Approx(101).margin(1e-3));
+  CHECK(s.waiting() == 0);
+  CHECK_FALSE(s.NextDeparture());
+}
+
+TEST_CASE("FairShareSchedule: flows share the bandwidth; a small message is not stuck behind a big one",
+          "[unit][net]") {
+  FairShareSchedule s(1e6);
+  const SteadyTime t0 = SteadyTime{} + 1h;
+  Departures d;
+  s.Enqueue(0, 1000000, t0, &d);        // a bulk delta: 1 s alone
+  s.Enqueue(1, 1000, t0 + 500ms, &d);   // a heartbeat on another socket
+  s.Advance(t0 + 2s, &d);
+  REQUIRE(d.size() == 2);
+  CHECK(d[0].flow == 1);
+  CHECK(Ms(t0, d[0].time) == Approx(502).margin(1e-3));  // half the bandwidth: 2 ms
+  CHECK(d[1].flow == 0);
+  CHECK(Ms(t0, d[1].time) == Approx(1001).margin(1e-3));  // the delta lost 1 ms to it
+}
+
+TEST_CASE("FairShareSchedule: bandwidth changes apply from the moment of the change", "[unit][net]") {
+  FairShareSchedule s(1e6);
+  const SteadyTime t0 = SteadyTime{} + 1h;
+  Departures d;
+  s.Enqueue(3, 10000, t0, &d);
+  s.SetBandwidth(t0 + 5ms, 0.5e6, &d);  // 5000 bytes done, 5000 left at half speed: 10 ms
+  s.Advance(t0 + 1s, &d);
+  REQUIRE(d.size() == 1);
+  CHECK(Ms(t0, d[0].time) == Approx(15).margin(1e-3));
+  d.clear();
+  s.Enqueue(3, 10000, t0 + 2s, &d);
+  s.SetBandwidth(t0 + 2s + 1ms, 0, &d);  // unlimited: leaves at once
+  REQUIRE(d.size() == 1);
+  CHECK(Ms(t0, d[0].time) == Approx(2001).margin(1e-3));
+  d.clear();
+  s.Enqueue(3, 10000, t0 + 3s, &d);
+  REQUIRE(d.size() == 1);
+}
+
+TEST_CASE("ArrivalTime: latency plus jitter, never reordered", "[unit][net]") {
   std::mt19937_64 rng(1);
   LinkParams p;
-  p.bandwidth_bytes_per_s = 1e6;  // 1 MB/s: 1000 bytes = 1 ms
   p.latency_ms = 40;
   const SteadyTime t0 = SteadyTime{} + 1h;
-  auto v1 = s.Admit(t0, 10000, p, rng);  // 10 ms on the wire
-  CHECK(v1.kind == LinkVerdict::kDeliver);
-  CHECK(Ms(t0, v1.departure) == Approx(10).margin(1e-6));
-  CHECK(Ms(t0, v1.arrival) == Approx(50).margin(1e-6));
-  auto v2 = s.Admit(t0 + 1ms, 5000, p, rng);  // queued behind the first
-  CHECK(Ms(t0, v2.departure) == Approx(15).margin(1e-6));
-  CHECK(Ms(t0, v2.arrival) == Approx(55).margin(1e-6));
-  auto v3 = s.Admit(t0 + 100ms, 1000, p, rng);  // idle link: starts now
-  CHECK(Ms(t0, v3.departure) == Approx(101).margin(1e-6));
-
+  CHECK(Ms(t0, ArrivalTime(t0, p, SteadyTime{}, rng)) == Approx(40).margin(1e-6));
   p.jitter_ms = 30;
-  p.bandwidth_bytes_per_s = 0;  // unlimited
   SteadyTime last{};
   for (int i = 0; i < 1000; ++i) {
-    auto v = s.Admit(t0 + 200ms + i * 100us, 100, p, rng);
-    CHECK(v.arrival >= last);  // never reordered
-    CHECK(Ms(v.departure, v.arrival) >= 10 - 1e-6);
-    CHECK(Ms(v.departure, v.arrival) <= 70 + 1e-6 + 100 * 0.1);
-    last = v.arrival;
+    const SteadyTime dep = t0 + i * 100us;
+    const SteadyTime a = ArrivalTime(dep, p, last, rng);
+    CHECK(a >= last);
+    CHECK(Ms(dep, a) >= 10 - 1e-6);
+    last = a;
   }
 }
 
-TEST_CASE("LinkSchedule: loss fraction and partition", "[unit][net]") {
-  LinkSchedule s;
+TEST_CASE("DecideDrop: loss fraction and partition", "[unit][net]") {
   std::mt19937_64 rng(3);
   LinkParams p;
   p.loss = 0.25;
   int lost = 0;
   const int n = 20000;
-  for (int i = 0; i < n; ++i) lost += s.Admit(SteadyTime{}, 10, p, rng).kind == LinkVerdict::kDropLoss;
+  for (int i = 0; i < n; ++i) lost += DecideDrop(p, rng) == LinkDrop::kLoss;
   CHECK(lost / double(n) == Approx(0.25).margin(0.02));
   p.partitioned = true;
-  CHECK(s.Admit(SteadyTime{}, 10, p, rng).kind == LinkVerdict::kDropPartition);
+  CHECK(DecideDrop(p, rng) == LinkDrop::kPartition);
   CHECK_FALSE(ValidateLinkParams(LinkParams{0, -1, 0, 0, false}).ok());
   CHECK_FALSE(ValidateLinkParams(LinkParams{0, 0, 0, 1.5, false}).ok());
   CHECK(LinkParams::Wan(2, 40).bandwidth_bytes_per_s == Approx(250e6));
@@ -303,6 +350,64 @@ TEST_CASE("Shaped SUB: the downlink is shaped and subscriptions pass through", "
   CHECK(std::chrono::duration<double, std::milli>(Clock::now() - start).count() >= 90);
   Received r;
   CHECK(sub->Receive(&r, 50) == RecvResult::kTimeout);
+}
+
+TEST_CASE("A 2 Gbit/s, 40 ms WAN link on one machine", "[net][shaper]") {
+  LinkParams up = LinkParams::Wan(2, 40);
+  ShapedPubSub t(up, 1, "inproc://wan");  // local mode: inproc under the link
+  t.Sync();
+  const auto start = Clock::now();
+  for (int i = 1; i <= 4; ++i) {  // 4 x 4 MiB = 16.8 MB: 67 ms at 250 MB/s, plus 40 ms
+    Message m = TestMessage("L", 1, i);
+    m.AddOwned(std::vector<uint8_t>(4 << 20, 3));
+    REQUIRE(t.pub->Publish("", m) == SendResult::kSent);
+  }
+  for (int i = 1; i <= 4; ++i) {
+    Received r;
+    REQUIRE(t.sub->Receive(&r, 5000) == RecvResult::kMessage);
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  CHECK(ms >= 100);
+  CHECK(ms < 1500);
+}
+
+TEST_CASE("Shaped link: a heartbeat socket is not stuck behind a bulk transfer on the same link",
+          "[net][shaper]") {
+  auto ctx = MakeContext();
+  std::shared_ptr<Link> link;
+  LinkOptions lo;
+  lo.up.bandwidth_bytes_per_s = 4 << 20;  // 4 MiB/s: the 2 MiB delta takes ~0.5 s
+  REQUIRE(Link::Create(*ctx, lo, &link).ok());
+  std::unique_ptr<SubChannel> data_in, beat_in;
+  REQUIRE(SubChannel::Create(*ctx, Plain("syncer.uplink"), TestReceiveOptions(), &data_in).ok());
+  REQUIRE(SubChannel::Create(*ctx, Plain("syncer.heartbeat"), TestReceiveOptions(), &beat_in).ok());
+  REQUIRE(data_in->Bind("inproc://bulk").ok());
+  REQUIRE(beat_in->Bind("inproc://beat").ok());
+  REQUIRE(data_in->Subscribe("").ok());
+  REQUIRE(beat_in->Subscribe("").ok());
+  SocketOptions o = Plain("learner");
+  o.link = link;
+  std::unique_ptr<PubChannel> data_out, beat_out;
+  REQUIRE(PubChannel::Create(*ctx, o, &data_out).ok());
+  REQUIRE(PubChannel::Create(*ctx, o, &beat_out).ok());
+  REQUIRE(data_out->Connect("inproc://bulk").ok());
+  REQUIRE(beat_out->Connect("inproc://beat").ok());
+  SyncPubSub(*data_out, *data_in, "");
+  SyncPubSub(*beat_out, *beat_in, "");
+  const auto start = Clock::now();
+  Message delta = TestMessage("L", 1, 1);
+  delta.AddOwned(std::vector<uint8_t>(2 << 20, 1));
+  REQUIRE(data_out->Publish("", delta) == SendResult::kSent);
+  Message beat = TestMessage("L", 1, 1);
+  REQUIRE(beat_out->Publish("", beat) == SendResult::kSent);
+  Received r;
+  REQUIRE(beat_in->Receive(&r, 5000) == RecvResult::kMessage);
+  const double beat_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  REQUIRE(data_in->Receive(&r, 5000) == RecvResult::kMessage);
+  const double delta_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  CHECK(beat_ms < 200);     // its fair share: done long before the delta
+  CHECK(delta_ms >= 450);   // 2 MiB at 4 MiB/s
+  CHECK(beat_ms < delta_ms);
 }
 
 TEST_CASE("A shaped link refuses sockets it cannot shape and bad parameters", "[net][shaper]") {
