@@ -30,8 +30,10 @@ class Gemm {
   void matmul_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
                        const bf16* weight, int N, int C, int OC, Stream stream);
 
-  // How many forward GEMMs fell back from a fused epilogue (for the GPU check's log).
+  // How many forward GEMMs fell back from a fused epilogue, and how many
+  // GEMMs ran on the slow kernel because cuBLASLt had no algorithm (logs).
   long epilogue_fallbacks() const;
+  long naive_fallbacks() const;
 
  private:
   struct Impl;

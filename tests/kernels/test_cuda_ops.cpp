@@ -389,7 +389,8 @@ TEST_CASE("cuda: cuBLASLt matmul forward (bias, GELU epilogues) and backward", "
     require_close_to_scale(dgw.download(), gw, kFp32Tol, "matmul dweight");
     require_close_to_scale(dgb.download(), gb, kFp32Tol, "matmul dbias");
   }
-  WARN("cuBLASLt epilogue fallbacks in this test: " << gemm.epilogue_fallbacks());
+  WARN("cuBLASLt epilogue fallbacks in this test: " << gemm.epilogue_fallbacks()
+                                                   << ", GEMMs on the naive kernel: " << gemm.naive_fallbacks());
 }
 
 TEST_CASE("cuda: AdamW on fp32 master weights, per-tensor decay", "[cuda]") {
