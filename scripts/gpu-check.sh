@@ -7,7 +7,8 @@
 #      gradient norms), and a 1-rank NCCL all-reduce
 #   4. benchmarks: GPT-2 124M training tokens/s and MFU; memory-bound
 #      kernels' GB/s against a measured device copy; codec GB/s
-# Logs go to a folder (one file per step); a short table is printed last.
+# Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
+# step, summary.txt); a short table is printed last.
 # Budget: about 8 minutes on a 16-core machine with one H100/H200.
 #
 #   scripts/gpu-check.sh                   # everything
@@ -20,8 +21,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-LOG_DIR=${LOG_DIR:-gpu-check-logs/$(date +%Y%m%d-%H%M%S)}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
+LOG_DIR=${LOG_DIR:-$BUILD_DIR/gpu-check-logs/$(date +%Y%m%d-%H%M%S)}
 CUDA_ARCH=${CUDA_ARCH:-90}
 GPT2_BATCH=${GPT2_BATCH:-32}
 GPT2_STEPS=${GPT2_STEPS:-10}
