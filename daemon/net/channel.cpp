@@ -117,7 +117,9 @@ RecvResult ChannelBase::ReceiveValid(Received* out, int timeout_ms, size_t envel
         continue;
       }
       if (options_.track_sequence && rec.meta.sequenced) {
-        rec.seq = sequence_.Observe(rec.meta.sender, rec.meta.epoch, rec.meta.seq);
+        const std::string key =
+            options_.sequence_per_topic ? rec.topic + std::string(1, '\0') + rec.meta.sender : rec.meta.sender;
+        rec.seq = sequence_.Observe(key, rec.meta.epoch, rec.meta.seq);
         switch (rec.seq.verdict) {
           case SeqVerdict::kDuplicate: ++stats_.duplicates; break;
           case SeqVerdict::kGap:

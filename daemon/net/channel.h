@@ -13,6 +13,11 @@
 // with their SeqObservation so the caller can resynchronise; every valid message counts as
 // "heard from" for liveness.
 //
+// Heartbeats: any accepted message counts as "heard from", but a 64 MiB delta on a slow link can
+// take seconds, and a heartbeat queued behind it on the same socket waits that long. Give
+// heartbeats their own PubChannel (its own connection, also in the link shaper) to the same SUB
+// endpoint, with their own topic, and set ReceiveOptions::sequence_per_topic on the SUB.
+//
 // Threading: a channel is one socket; use it from one thread. stats() may be read from any thread.
 #pragma once
 
@@ -45,6 +50,9 @@ using Validator = std::function<Status(const Message& message, MessageMeta* meta
 struct ReceiveOptions {
   Validator validator;          // required
   bool track_sequence = true;   // detect gaps, duplicates and restarts per sender
+  // SUB: number each topic separately, i.e. sequences per (topic, sender), for senders that use
+  // one socket or counter per topic (e.g. heartbeats on their own socket and topic).
+  bool sequence_per_topic = false;
   // When set: a liveness tracker fed by every accepted message (TakeLivenessChanges).
   std::optional<LivenessOptions> liveness;
   size_t max_frames = 1024;                       // more frames: rejected before validation

@@ -18,6 +18,11 @@ std::function<void(const std::string&)>& Sink() {
   return sink;
 }
 
+std::string& Site() {
+  static std::string site;
+  return site;
+}
+
 std::string Timestamp() {
   timeval tv;
   gettimeofday(&tv, nullptr);
@@ -32,8 +37,11 @@ std::string Timestamp() {
 }  // namespace
 
 void NetLog(const char* module, const std::string& text) {
-  const std::string line = Timestamp() + " [" + module + "] " + text;
   std::lock_guard<std::mutex> lock(LogMutex());
+  std::string line = Timestamp();
+  line.append(" [").append(module);
+  if (!Site().empty()) line.append(" ").append(Site());
+  line.append("] ").append(text);
   if (Sink()) {
     Sink()(line);
   } else {
@@ -48,6 +56,11 @@ void NetLogf(const char* module, const char* format, ...) {
   std::vsnprintf(buf, sizeof buf, format, args);
   va_end(args);
   NetLog(module, buf);
+}
+
+void SetNetLogSite(const std::string& site) {
+  std::lock_guard<std::mutex> lock(LogMutex());
+  Site() = site;
 }
 
 void SetNetLogSink(std::function<void(const std::string& line)> sink) {

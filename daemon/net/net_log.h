@@ -9,10 +9,14 @@
 
 namespace diloco::net {
 
-// Writes "<UTC time with ms> [<module>] <text>\n" to stderr, or to the sink when one is set.
+// Writes "<UTC time with ms> [<module>] <text>\n" (with a site: "[<module> <site>]") to stderr,
+// or to the sink when one is set.
 void NetLog(const char* module, const std::string& text);
 // printf-style convenience.
 void NetLogf(const char* module, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+// Names this process's site (or learner) in every line; empty: none. Thread-safe.
+void SetNetLogSite(const std::string& site);
 
 // Replaces stderr with sink (nullptr restores stderr). Thread-safe; the sink is called under a
 // lock, one whole line (without the trailing newline) at a time.

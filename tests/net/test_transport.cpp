@@ -330,6 +330,27 @@ TEST_CASE("Receive waits out its timeout (no early return on a spurious wakeup)"
   CHECK(std::chrono::steady_clock::now() - start1 >= 900us);  // 1 ms is not rounded down to 0
 }
 
+TEST_CASE("Net log lines carry a ms timestamp, the module and the site", "[unit][net]") {
+  LogCapture logs;
+  SetNetLogSite("site-a");
+  NetLog("net.test", "hello");
+  SetNetLogSite("");
+  NetLog("net.test", "bye");
+  const auto lines = logs.lines();
+  REQUIRE(lines.size() == 2);
+  // 2026-12-02T18:04:41.123Z [net.test site-a] hello
+  CHECK(lines[0].size() == 24 + std::string(" [net.test site-a] hello").size());
+  CHECK(lines[0][10] == 'T');
+  CHECK(lines[0][19] == '.');
+  CHECK(lines[0][23] == 'Z');
+  CHECK(lines[0].substr(24) == " [net.test site-a] hello");
+  CHECK(lines[1].substr(24) == " [net.test] bye");
+  CHECK(LogThisOccurrence(1));
+  CHECK(LogThisOccurrence(64));
+  CHECK_FALSE(LogThisOccurrence(3));
+  CHECK_FALSE(LogThisOccurrence(0));
+}
+
 // ---------------------------------------------------------------- PUB/SUB channels
 
 void PubSubRoundTrip(const std::string& bind_endpoint) {
@@ -405,6 +426,35 @@ TEST_CASE("Sequence gaps, duplicates and restarts are detected on a live SUB", "
   CHECK(st.missed == 3);
   CHECK(st.duplicates == 2);
   CHECK(st.restarts == 1);
+}
+
+TEST_CASE("Sequences per topic: heartbeats and deltas numbered separately", "[net]") {
+  auto ctx = MakeContext();
+  ReceiveOptions ro = TestReceiveOptions();
+  ro.sequence_per_topic = true;
+  std::unique_ptr<SubChannel> sub;
+  std::unique_ptr<PubChannel> data, beat;
+  REQUIRE(SubChannel::Create(*ctx, Plain("sub"), ro, &sub).ok());
+  REQUIRE(sub->Bind("inproc://topics").ok());
+  REQUIRE(sub->Subscribe("").ok());
+  REQUIRE(PubChannel::Create(*ctx, Plain("data"), &data).ok());
+  REQUIRE(PubChannel::Create(*ctx, Plain("beat"), &beat).ok());
+  REQUIRE(data->Connect("inproc://topics").ok());
+  REQUIRE(beat->Connect("inproc://topics").ok());
+  SyncPubSub(*data, *sub, "j/delta");
+  SyncPubSub(*beat, *sub, "j/hb");
+  for (uint64_t s = 1; s <= 3; ++s) {
+    Message d = TestMessage("L", 1, s);
+    data->Publish("j/delta", d);
+    Message h = TestMessage("L", 1, s);
+    beat->Publish("j/hb", h);
+  }
+  int n = 0;
+  Received r;
+  while (n < 6 && sub->Receive(&r, 2000) == RecvResult::kMessage) ++n;
+  CHECK(n == 6);
+  CHECK(sub->stats().gaps == 0);
+  CHECK(sub->stats().duplicates == 0);
 }
 
 TEST_CASE("Liveness on a live channel: a silent publisher is declared dead (fake clock)", "[net]") {
