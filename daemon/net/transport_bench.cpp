@@ -70,7 +70,13 @@ class PathBench {
     expect.max_payload_bytes = payload_->size();
     parsed_ = std::make_shared<ParsedMessage>();
     ReceiveOptions ro;
-    ro.validator = EnvelopeValidator(expect, parsed_);
+    // ParseEnvelope, timed.
+    ro.validator = [this, v = EnvelopeValidator(expect, parsed_)](const Message& m, MessageMeta* meta) {
+      const auto t0 = Clock::now();
+      Status st = v(m, meta);
+      last_parse_s_ = Seconds(t0, Clock::now());
+      return st;
+    };
     DL_RETURN_IF_ERROR(SubChannel::Create(*recv_ctx_, recv_opts, ro, &sub_));
     DL_RETURN_IF_ERROR(sub_->Bind(stack_bind));
     DL_RETURN_IF_ERROR(sub_->Subscribe("bench"));
@@ -112,14 +118,16 @@ class PathBench {
   }
 
   // One delta, build to parsed. Returns seconds.
-  Status StackOnce(double* seconds) {
+  Status StackOnce(double* seconds, double* build_s, double* parse_s) {
     const auto t0 = Clock::now();
     OutgoingMessage out;
     DL_RETURN_IF_ERROR(Build(&out));
+    *build_s = Seconds(t0, Clock::now());
     Message m = ToMessage(std::move(out), payload_);
     if (pub_->Publish("bench", m) != SendResult::kSent) return Status::Error(name_ + ": publish failed");
     DL_RETURN_IF_ERROR(ReceiveDelta());
     *seconds = Seconds(t0, Clock::now());
+    *parse_s = last_parse_s_;
     return Status::Ok();
   }
 
@@ -233,44 +241,50 @@ class PathBench {
   DeltaMsg delta_;
   OutgoingMessage raw_template_;
   uint64_t seq_ = 0;
+  double last_parse_s_ = 0;
 };
 
 Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8_t>> payload, const std::string& name,
                const std::string& stack_bind, const std::string& raw_bind, const Keys* keys, TransportBenchPath* row) {
   PathBench b(o, payload);
   DL_RETURN_IF_ERROR(b.Setup(name, stack_bind, raw_bind, keys));
-  std::vector<double> stack, raw, stack_stream, raw_stream;
+  std::vector<double> stack, raw, stack_stream, raw_stream, build, parse;
+  // One at a time first, then streams, each interleaved (alternating which goes first) so drift
+  // hits stack and raw alike; the warm-up lets the allocator settle on reusing freed buffers.
   for (int i = 0; i < o.warmup + o.transfers; ++i) {
-    double s, r, ss, rs;
-    // Interleaved, alternating which goes first, so drift hits both alike.
+    double s, r, bs, ps;
     if (i % 2) {
       DL_RETURN_IF_ERROR(b.RawOnce(&r));
-      DL_RETURN_IF_ERROR(b.StackOnce(&s));
+      DL_RETURN_IF_ERROR(b.StackOnce(&s, &bs, &ps));
     } else {
-      DL_RETURN_IF_ERROR(b.StackOnce(&s));
+      DL_RETURN_IF_ERROR(b.StackOnce(&s, &bs, &ps));
       DL_RETURN_IF_ERROR(b.RawOnce(&r));
-    }
-    if (o.stream_depth > 0) {
-      if (i % 2) {
-        DL_RETURN_IF_ERROR(b.RawStream(&rs));
-        DL_RETURN_IF_ERROR(b.StackStream(&ss));
-      } else {
-        DL_RETURN_IF_ERROR(b.StackStream(&ss));
-        DL_RETURN_IF_ERROR(b.RawStream(&rs));
-      }
     }
     if (i < o.warmup) continue;
     stack.push_back(s);
     raw.push_back(r);
-    if (o.stream_depth > 0) {
-      stack_stream.push_back(ss);
-      raw_stream.push_back(rs);
+    build.push_back(bs);
+    parse.push_back(ps);
+  }
+  for (int i = 0; o.stream_depth > 0 && i < std::min(o.warmup, 1) + o.transfers; ++i) {
+    double ss, rs;
+    if (i % 2) {
+      DL_RETURN_IF_ERROR(b.RawStream(&rs));
+      DL_RETURN_IF_ERROR(b.StackStream(&ss));
+    } else {
+      DL_RETURN_IF_ERROR(b.StackStream(&ss));
+      DL_RETURN_IF_ERROR(b.RawStream(&rs));
     }
+    if (i < std::min(o.warmup, 1)) continue;
+    stack_stream.push_back(ss);
+    raw_stream.push_back(rs);
   }
   const double bytes = static_cast<double>(payload->size());
   row->name = name;
   row->stack_ms = Median(stack) * 1e3;
   row->raw_ms = Median(raw) * 1e3;
+  row->build_ms = Median(build) * 1e3;
+  row->parse_ms = Median(parse) * 1e3;
   row->stack_GBps = bytes / Median(stack) / 1e9;
   row->raw_zmq_GBps = bytes / Median(raw) / 1e9;
   row->ratio = row->stack_GBps / row->raw_zmq_GBps;
@@ -333,9 +347,10 @@ std::string TransportBenchJson(const std::vector<TransportBenchPath>& paths) {
     const TransportBenchPath& p = paths[i];
     std::snprintf(buf, sizeof buf,
                   "%s\"%s\": {\"stack_GBps\": %.3f, \"raw_zmq_GBps\": %.3f, \"ratio\": %.3f, \"stack_ms\": %.2f, "
-                  "\"raw_ms\": %.2f, \"stack_stream_GBps\": %.3f, \"raw_stream_GBps\": %.3f, \"stream_ratio\": %.3f}",
-                  i ? ", " : "", p.name.c_str(), p.stack_GBps, p.raw_zmq_GBps, p.ratio, p.stack_ms, p.raw_ms,
-                  p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio);
+                  "\"raw_ms\": %.2f, \"build_ms\": %.2f, \"parse_ms\": %.2f, \"stack_stream_GBps\": %.3f, "
+                  "\"raw_stream_GBps\": %.3f, \"stream_ratio\": %.3f}",
+                  i ? ", " : "", p.name.c_str(), p.stack_GBps, p.raw_zmq_GBps, p.ratio, p.stack_ms, p.raw_ms, p.build_ms,
+                  p.parse_ms, p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio);
     s += buf;
   }
   return s + "}";

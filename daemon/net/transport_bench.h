@@ -24,7 +24,7 @@ namespace diloco::net {
 struct TransportBenchOptions {
   uint64_t payload_bytes = uint64_t{64} << 20;
   int transfers = 5;      // timed runs per figure (median)
-  int warmup = 2;         // untimed runs first
+  int warmup = 4;         // untimed runs first (the allocator settles; streams use 1)
   int stream_depth = 4;   // messages per streaming run
   bool curve = true;      // also run curve_tcp
   int io_threads = 2;     // ZeroMQ I/O threads (sender and receiver side each get one)
@@ -34,6 +34,7 @@ struct TransportBenchPath {
   std::string name;  // "tcp", "ipc", "curve_tcp"
   double stack_GBps = 0, raw_zmq_GBps = 0, ratio = 0;
   double stack_ms = 0, raw_ms = 0;  // medians of one transfer
+  double build_ms = 0, parse_ms = 0;  // of stack_ms: BuildMessage, and ParseEnvelope (medians)
   double stack_stream_GBps = 0, raw_stream_GBps = 0, stream_ratio = 0;
 };
 
