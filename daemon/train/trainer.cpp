@@ -13,6 +13,7 @@
 
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
+#include "daemon/train/local_run.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/util/progress.h"
@@ -82,6 +83,7 @@ GptConfig ModelOf(const RunConfig& c) {
 }  // namespace
 
 Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
+  if (options.config.sync.learners > 1) return RunLocal(options, summary);
   const auto run_start = Clock::now();
   const RunConfig& cfg = options.config;
   const TrainConfig& tc = cfg.train;
@@ -223,7 +225,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
 }
 
 nlohmann::json TrainSummaryObject(const TrainSummary& s) {
-  return {{"final_val_loss", s.final_val_loss},
+  nlohmann::json j = {{"final_val_loss", s.final_val_loss},
                             {"final_train_loss", s.final_train_loss},
                             {"steps", s.steps},
                             {"tokens", s.tokens},
@@ -233,9 +235,18 @@ nlohmann::json TrainSummaryObject(const TrainSummary& s) {
                             {"bytes_up", s.bytes_up},
                             {"bytes_down", s.bytes_down},
                             {"peak_rss_mb", s.peak_rss_mb},
-                            {"learners", 1},
+                            {"learners", s.learners},
                             {"run_dir", s.run_dir},
                             {"checkpoint", s.checkpoint}};
+  if (s.learners > 1) {
+    j["outer_steps"] = s.outer_steps;
+    j["dropped_deltas"] = s.dropped_deltas;
+    j["rejected_deltas"] = s.rejected_deltas;
+    j["initial_val_loss"] = s.initial_val_loss;
+    j["learner_tokens"] = s.learner_tokens;
+    j["versions"] = s.versions;
+  }
+  return j;
 }
 
 std::string TrainSummaryJson(const TrainSummary& s) { return TrainSummaryObject(s).dump(); }

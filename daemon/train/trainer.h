@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "daemon/config/run_config.h"
 #include "daemon/util/status.h"
@@ -31,6 +32,14 @@ struct TrainSummary {
   uint64_t bytes_up = 0;    // learner -> syncer; 0 with one learner
   uint64_t bytes_down = 0;  // syncer -> learner; 0 with one learner
   double peak_rss_mb = 0;
+  // Several learners (local_run.h); in the JSON only when learners > 1.
+  int learners = 1;
+  uint64_t outer_steps = 0;         // merges by the syncer
+  uint64_t dropped_deltas = 0;      // too stale / replaced
+  uint64_t rejected_deltas = 0;     // failed the norm filter
+  double initial_val_loss = 0;      // of the initial model
+  std::vector<long> learner_tokens;  // per learner
+  std::vector<uint64_t> versions;    // final version per fragment
   std::string run_dir;
   std::string checkpoint;
 };

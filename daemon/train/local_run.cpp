@@ -1,0 +1,200 @@
+#include "daemon/train/local_run.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "daemon/net/context.h"
+#include "daemon/net/link_shaper.h"
+#include "daemon/sync/syncer.h"
+#include "daemon/train/data.h"
+#include "daemon/train/learner.h"
+#include "daemon/util/jsonl_writer.h"
+#include "daemon/util/proc_stats.h"
+#include "kernels/gpt.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
+  Gpt model(gc, val.batch_size());
+  std::copy(params, params + model.num_params(), model.params());
+  const int B = val.batch_size(), T = val.block_size();
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  double sum = 0;
+  for (int i = 0; i < batches; i++) {
+    val.Sample(i, inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), B, T);
+  }
+  return sum / batches;
+}
+
+bool HasLink(const LinkConfig& l) {
+  return l.bandwidth_mbps > 0 || l.latency_ms > 0 || l.jitter_ms > 0 || l.loss > 0;
+}
+
+}  // namespace
+
+Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks) {
+  const auto run_start = Clock::now();
+  const RunConfig& cfg = options.config;
+  const SyncConfig& sc = cfg.sync;
+  const int M = sc.learners;
+  if (sc.mode == SyncMode::kDdp)
+    return Status::Error("sync.mode ddp is not implemented yet in local mode (sync.learners > 1): use "
+                         "decoupled, diloco or streaming, or sync.learners: 1");
+  if (options.resume)
+    return Status::Error("--resume is not implemented yet for runs with sync.learners > 1: start a new run");
+
+  std::error_code ec;
+  fs::create_directories(options.run_dir, ec);
+  if (ec) return Status::Error("cannot create run directory '" + options.run_dir + "': " + ec.message());
+  if (fs::exists(fs::path(options.run_dir) / "global_state.bin"))
+    return Status::Error("run directory '" + options.run_dir + "' already holds a run (global_state.bin): choose another --out");
+  {
+    std::ofstream f(fs::path(options.run_dir) / "config.yaml", std::ios::binary | std::ios::trunc);
+    f << RunConfigToYaml(cfg);
+    if (!f) return Status::Error("cannot write config.yaml in '" + options.run_dir + "'");
+  }
+  JsonlWriter metrics;
+  std::mutex metrics_mu;
+  DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
+
+  // Validation data (the same tail for every learner) and the initial model.
+  std::unique_ptr<Corpus> corpus;
+  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, M}, &corpus));
+  GptConfig gc;
+  gc.block_size = cfg.model.block_size;
+  gc.n_layer = cfg.model.n_layer;
+  gc.n_embd = cfg.model.n_embd;
+  gc.n_head = cfg.model.n_head;
+  const TensorTable table = gpt_tensor_table(gc);
+  std::vector<float> init(table.total_numel());
+  gpt_init_params(gc, cfg.train.seed, init.data());
+  const BatchSampler val(corpus->val(), cfg.train.batch_size, cfg.model.block_size, mix_seed(cfg.train.seed, ~0ULL));
+  const int total_threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
+  omp_set_num_threads(total_threads);
+  TrainSummary s;
+  s.learners = M;
+  s.run_dir = options.run_dir;
+  s.initial_val_loss = EvaluateParams(gc, init.data(), val, cfg.eval.batches);
+  DL_RETURN_IF_ERROR(metrics.Write({{"event", "start"},
+                                    {"step", 0},
+                                    {"params", table.total_numel()},
+                                    {"learners", M},
+                                    {"mode", std::string(ToString(sc.mode))},
+                                    {"val_loss", s.initial_val_loss},
+                                    {"threads", total_threads}}));
+
+  std::unique_ptr<net::NetContext> ctx;
+  DL_RETURN_IF_ERROR(net::NetContext::Create({}, &ctx));
+  const std::string tag = std::to_string(ctx->NextId());
+  SyncerOptions so;
+  so.sync = sc;
+  so.uplink_endpoint = "inproc://dilocod-uplink-" + tag;
+  so.downlink_endpoint = "inproc://dilocod-downlink-" + tag;
+  so.run_dir = options.run_dir;
+  so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
+  std::unique_ptr<Syncer> syncer;
+  DL_RETURN_IF_ERROR(Syncer::Create(*ctx, so, table, init.data(), &syncer));
+
+  std::vector<std::shared_ptr<net::Link>> links(M);
+  if (HasLink(sc.link)) {
+    for (int i = 0; i < M; i++) {
+      net::LinkOptions lo;
+      lo.name = LearnerName(i) + "<->syncer";
+      lo.up.bandwidth_bytes_per_s = sc.link.bandwidth_mbps * 1e6 / 8;
+      lo.up.latency_ms = sc.link.latency_ms;
+      lo.up.jitter_ms = sc.link.jitter_ms;
+      lo.up.loss = sc.link.loss;
+      lo.down = lo.up;
+      lo.seed = mix_seed(cfg.train.seed, 1000 + i);
+      DL_RETURN_IF_ERROR(net::Link::Create(*ctx, lo, &links[i]));
+    }
+  }
+
+  Status syncer_status;
+  std::thread syncer_thread([&] { syncer_status = syncer->Run(); });
+
+  std::vector<LearnerResult> results(M);
+  std::vector<Status> statuses(M);
+  std::vector<std::unique_ptr<std::atomic<bool>>> crash(M);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < M; i++) {
+    crash[i] = std::make_unique<std::atomic<bool>>(false);
+    LearnerOptions lo;
+    lo.index = i;
+    lo.config = &cfg;
+    lo.uplink_endpoint = so.uplink_endpoint;
+    lo.downlink_endpoint = so.downlink_endpoint;
+    lo.link = links[i];
+    lo.init_params = init.data();
+    lo.threads = std::max(1, total_threads / M);
+    lo.metrics = &metrics;
+    lo.metrics_mu = &metrics_mu;
+    lo.crash = crash[i].get();
+    if (i == hooks.crash_learner) lo.crash_after_steps = hooks.crash_after_steps;
+    threads.emplace_back([&, lo, i] { statuses[i] = RunLearner(*ctx, lo, &results[i]); });
+  }
+  for (auto& t : threads) t.join();
+  syncer->RequestStop();
+  syncer_thread.join();
+  for (int i = 0; i < M; i++)
+    if (!statuses[i].ok()) return statuses[i].WithContext(LearnerName(i));
+  DL_RETURN_IF_ERROR(syncer_status.WithContext("syncer"));
+
+  for (int i = 0; i < M; i++) {
+    const LearnerResult& r = results[i];
+    s.steps += r.steps;
+    s.tokens += r.tokens;
+    s.train_s = std::max(s.train_s, r.train_s);
+    s.bytes_up += r.bytes_up;
+    s.bytes_down += r.bytes_down;
+    s.final_train_loss += r.final_train_loss / M;
+    s.learner_tokens.push_back(r.tokens);
+    DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
+                                      {"learner", i},
+                                      {"steps", r.steps},
+                                      {"tokens", r.tokens},
+                                      {"deltas_sent", r.deltas_sent},
+                                      {"globals_applied", r.globals_applied},
+                                      {"lost_fragments", r.lost_fragments},
+                                      {"wait_s", r.wait_s},
+                                      {"crashed", r.crashed},
+                                      {"bytes_up", r.bytes_up},
+                                      {"bytes_down", r.bytes_down}}));
+  }
+  const SyncerResult& sr = syncer->result();
+  s.outer_steps = sr.merges;
+  s.dropped_deltas = sr.dropped_deltas;
+  s.rejected_deltas = sr.rejected_deltas;
+  s.versions = sr.versions;
+  std::vector<float> global(table.total_numel());
+  syncer->GlobalParams(global.data());
+  omp_set_num_threads(total_threads);
+  s.final_val_loss = EvaluateParams(gc, global.data(), val, cfg.eval.batches);
+  s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
+  DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
+  s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
+  s.peak_rss_mb = peak_rss_mb();
+  s.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+  syncer.reset();
+  links.clear();
+  nlohmann::json ev = TrainSummaryObject(s);
+  ev["event"] = "summary";
+  DL_RETURN_IF_ERROR(metrics.Write(ev));
+  *summary = s;
+  return Status::Ok();
+}
+
+}  // namespace diloco

@@ -1,0 +1,147 @@
+// Local mode with several learners: M learner threads and the syncer over inproc ZeroMQ.
+#include "daemon/train/local_run.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "tests/temp_dir.h"
+
+namespace diloco {
+namespace {
+namespace fs = std::filesystem;
+using diloco::testing::TempDir;
+
+// A small learnable corpus: a few sentences in a shuffled order.
+std::string WriteCorpus(const fs::path& dir) {
+  const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "to be or not to be, that is the question.\n",
+                         "all the world's a stage, and all the men and women merely players.\n",
+                         "now is the winter of our discontent.\n"};
+  std::string text;
+  uint64_t x = 12345;
+  while (text.size() < 60000) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    text += lines[(x >> 33) % 4];
+  }
+  const std::string path = (dir / "corpus.txt").string();
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+TrainOptions TinyRun(const TempDir& tmp, int learners) {
+  TrainOptions o;
+  RunConfig& c = o.config;
+  c.model = {.n_layer = 1, .n_embd = 32, .n_head = 2, .block_size = 16};
+  c.data.corpus = WriteCorpus(tmp.path());
+  c.train.batch_size = 4;
+  c.train.steps = 60;
+  c.train.lr = 3e-3;
+  c.train.warmup_steps = 5;
+  c.train.threads = 1;
+  c.eval.batches = 5;
+  c.sync.learners = learners;
+  c.sync.mode = SyncMode::kDecoupled;
+  c.sync.fragments = 2;
+  c.sync.inner_steps = 10;
+  c.sync.quorum = 2;
+  c.sync.grace.cap_ms = 200;
+  o.run_dir = (tmp.path() / "run").string();
+  o.quiet = true;
+  return o;
+}
+
+std::vector<nlohmann::json> ReadJsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST_CASE("local run: 3 decoupled learners train one model over the transport", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 3);
+  TrainSummary s;
+  const Status st = RunLocal(o, &s);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.learners == 3);
+  CHECK(s.learner_tokens == std::vector<long>{60 * 4 * 16, 60 * 4 * 16, 60 * 4 * 16});
+  CHECK(s.bytes_up > 0);
+  CHECK(s.bytes_down > 0);
+  CHECK(s.outer_steps >= 6);
+  REQUIRE(s.versions.size() == 2);
+  for (uint64_t v : s.versions) CHECK(v >= 3);
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+
+  // Every learner's deltas were merged (the merge tape), and every version appears once.
+  std::set<int> merged_from;
+  std::set<std::pair<int, int>> versions;
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) {
+    CHECK(ev["event"] == "merge");
+    CHECK(versions.insert({ev["fragment"].get<int>(), ev["version"].get<int>()}).second);
+    for (const auto& c : ev["contributors"]) merged_from.insert(c["learner"].get<int>());
+  }
+  CHECK(merged_from == std::set<int>{0, 1, 2});
+  CHECK(versions.size() == s.outer_steps);
+  // metrics.jsonl has per-learner lines.
+  std::set<int> metric_learners;
+  for (const auto& m : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
+    if (m.contains("learner") && m.contains("loss")) metric_learners.insert(m["learner"].get<int>());
+  CHECK(metric_learners == std::set<int>{0, 1, 2});
+  CHECK(fs::exists(fs::path(o.run_dir) / "global_state.bin"));
+}
+
+TEST_CASE("local run: versions keep advancing after a learner stops mid-run", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 3);
+  o.config.sync.heartbeat_timeout_ms = 300;
+  LocalRunHooks hooks;
+  hooks.crash_learner = 2;
+  hooks.crash_after_steps = 20;
+  TrainSummary s;
+  const Status st = RunLocal(o, &s, hooks);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.learner_tokens[2] == 20 * 4 * 16);
+  int last_version_with_2 = 0, max_version = 0;
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) {
+    max_version = std::max(max_version, ev["version"].get<int>());
+    for (const auto& c : ev["contributors"])
+      if (c["learner"] == 2) last_version_with_2 = std::max(last_version_with_2, ev["version"].get<int>());
+  }
+  CHECK(last_version_with_2 >= 1);
+  CHECK(max_version > last_version_with_2 + 1);
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+}
+
+TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.mode = SyncMode::kDiloco;
+  TrainSummary s;
+  const Status st = RunLocal(o, &s);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  REQUIRE(s.versions.size() == 1);
+  CHECK(s.versions[0] == 6);  // 60 steps / H = 10: one merge of both learners per outer step
+  CHECK(s.outer_steps == 6);
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) CHECK(ev["contributors"].size() == 2);
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+}
+
+TEST_CASE("local run: ddp is rejected with a clear error", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.mode = SyncMode::kDdp;
+  TrainSummary s;
+  const Status st = RunLocal(o, &s);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("sync.mode ddp is not implemented yet in local mode"));
+}
+
+}  // namespace
+}  // namespace diloco
