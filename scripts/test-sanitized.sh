@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs the test suite once more under AddressSanitizer + UndefinedBehaviorSanitizer
+# (build-asan/, CPU only). CI runs it after scripts/test.sh.
+#   scripts/test-sanitized.sh             # everything
+#   scripts/test-sanitized.sh -R net      # extra arguments go to ctest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCO_SANITIZE=ON -DDILOCO_CUDA=OFF > /dev/null
+cmake --build build-asan -j "$(nproc)"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+ctest --test-dir build-asan --output-on-failure -j "$(nproc)" "$@"
