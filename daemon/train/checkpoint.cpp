@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "daemon/util/atomic_file.h"
 #include "daemon/util/crc32c.h"
 
 namespace diloco {
@@ -20,7 +21,6 @@ static_assert(std::endian::native == std::endian::little, "checkpoints assume li
 
 constexpr uint32_t kDtypeFloat32 = 1;
 constexpr size_t kHeaderCrcOffset = 80;
-constexpr size_t kZeroChunkFloats = 1 << 14;
 
 struct Header {
   uint32_t version = kCheckpointVersion;
@@ -92,18 +92,6 @@ std::string Quoted(const std::string& path) { return "'" + path + "'"; }
 
 std::string Errno(int err) { return std::strerror(err); }
 
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min(n, (size_t)1 << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return Status::Error("cannot write " + Quoted(path) + ": " + Errno(errno));
-    p += w;
-    n -= (size_t)w;
-  }
-  return Status::Ok();
-}
-
 // Reads exactly n bytes; *got says how many arrived before EOF.
 Status ReadAll(int fd, void* data, size_t n, size_t* got, const std::string& path) {
   char* p = static_cast<char*>(data);
@@ -119,55 +107,8 @@ Status ReadAll(int fd, void* data, size_t n, size_t* got, const std::string& pat
 }
 
 // A moment buffer, or num_params zeros when it is empty.
-struct Moment {
-  const std::vector<float>& values;
-  size_t num_params;
 
-  uint32_t Crc(uint32_t crc) const {
-    if (!values.empty()) return Crc32c(values.data(), values.size() * sizeof(float), crc);
-    static const std::vector<float> zeros(kZeroChunkFloats, 0.0f);
-    for (size_t left = num_params; left > 0;) {
-      const size_t n = std::min(left, kZeroChunkFloats);
-      crc = Crc32c(zeros.data(), n * sizeof(float), crc);
-      left -= n;
-    }
-    return crc;
-  }
-  Status Write(int fd, const std::string& path) const {
-    if (!values.empty()) return WriteAll(fd, values.data(), values.size() * sizeof(float), path);
-    static const std::vector<float> zeros(kZeroChunkFloats, 0.0f);
-    for (size_t left = num_params; left > 0;) {
-      const size_t n = std::min(left, kZeroChunkFloats);
-      DL_RETURN_IF_ERROR(WriteAll(fd, zeros.data(), n * sizeof(float), path));
-      left -= n;
-    }
-    return Status::Ok();
-  }
-};
 
-Status WriteBody(int fd, const HeaderBytes& header, const std::string& yaml, const Gpt& model,
-                 const Moment& m, const Moment& v, const std::string& path) {
-  DL_RETURN_IF_ERROR(WriteAll(fd, header.data(), kCheckpointHeaderBytes, path));
-  DL_RETURN_IF_ERROR(WriteAll(fd, yaml.data(), yaml.size(), path));
-  DL_RETURN_IF_ERROR(WriteAll(fd, model.params(), model.num_params() * sizeof(float), path));
-  DL_RETURN_IF_ERROR(m.Write(fd, path));
-  DL_RETURN_IF_ERROR(v.Write(fd, path));
-  if (::fsync(fd) != 0) return Status::Error("cannot fsync " + Quoted(path) + ": " + Errno(errno));
-  return Status::Ok();
-}
-
-// Makes the rename durable.
-Status SyncDirectory(const std::string& path) {
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::Error("cannot open directory " + Quoted(dir) + ": " + Errno(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::Error("cannot fsync directory " + Quoted(dir) + ": " + Errno(err));
-  return Status::Ok();
-}
 
 // Rejects configs no Gpt could have been built from, before building its
 // tensor table (bounds keep 4 * n_embd and the table size sane).
@@ -274,7 +215,12 @@ Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWStat
       return Status::Error("cannot save checkpoint " + Quoted(path) + ": AdamW state has " +
                            std::to_string(moment->size()) + " floats, the model has " +
                            std::to_string(n) + " parameters");
-  const Moment m{optimizer.m, n}, v{optimizer.v, n};
+
+  // A missing moment (no AdamW step yet) is saved as zeros.
+  std::vector<float> zeros;
+  if (optimizer.m.empty() || optimizer.v.empty()) zeros.assign(n, 0.0f);
+  const float* m_data = optimizer.m.empty() ? zeros.data() : optimizer.m.data();
+  const float* v_data = optimizer.v.empty() ? zeros.data() : optimizer.v.data();
 
   Header h;
   h.model = model.config();
@@ -285,28 +231,18 @@ Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWStat
   h.yaml_bytes = config_yaml.size();
   uint32_t crc = Crc32c(config_yaml.data(), config_yaml.size());
   crc = Crc32c(model.params(), n * sizeof(float), crc);
-  h.body_crc = v.Crc(m.Crc(crc));
+  crc = Crc32c(m_data, n * sizeof(float), crc);
+  h.body_crc = Crc32c(v_data, n * sizeof(float), crc);
   HeaderBytes header;
   EncodeHeader(h, &header);
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return Status::Error("cannot save checkpoint: cannot create " + Quoted(tmp) + ": " +
-                         Errno(errno) + ": check that the directory exists and is writable");
-  Status st = WriteBody(fd, header, config_yaml, model, m, v, tmp);
-  if (::close(fd) != 0 && st.ok())
-    st = Status::Error("cannot close " + Quoted(tmp) + ": " + Errno(errno));
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    st =
-        Status::Error("cannot rename " + Quoted(tmp) + " to " + Quoted(path) + ": " + Errno(errno));
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st.WithContext("cannot save checkpoint " + Quoted(path) +
-                          " (any previous file there is unchanged)");
-  }
-  return SyncDirectory(path).WithContext("saved checkpoint " + Quoted(path) +
-                                         " but could not make the rename durable");
+  return WriteFileAtomically(path,
+                             {{header.data(), kCheckpointHeaderBytes},
+                              {config_yaml.data(), config_yaml.size()},
+                              {model.params(), n * sizeof(float)},
+                              {m_data, n * sizeof(float)},
+                              {v_data, n * sizeof(float)}},
+                             "checkpoint");
 }
 
 Status LoadCheckpoint(const std::string& path, Checkpoint* out) {

@@ -1,7 +1,7 @@
 // Whole-file writes that a crash cannot tear: write path.tmp, fsync it,
 // rename it over path, fsync the directory. Afterwards path holds either the
-// old contents or the new ones, never a mix. (The same steps as
-// daemon/train/checkpoint.cpp, as a helper for other state files.)
+// old contents or the new ones, never a mix.
+// Checkpoints and the syncer's global state both use it.
 #pragma once
 
 #include <cstddef>
