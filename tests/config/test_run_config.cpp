@@ -9,6 +9,7 @@
 #include "daemon/config/run_config.h"
 
 #include "tests/temp_dir.h"
+#include "tests/config/config_testing.h"
 namespace diloco {
 namespace {
 
@@ -18,21 +19,9 @@ using Catch::Matchers::StartsWith;
 
 using diloco::testing::TempDir;
 
-Status Parse(const std::string& text, const std::vector<std::string>& overrides,
-             RunConfig* config) {
-  return ParseRunConfig(text, "run.yaml", "/base/dir", overrides, config);
-}
-
-// The error message of parsing text; fails the test when parsing succeeds.
-std::string ErrorOf(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  RunConfig config;
-  Status status = Parse(text, overrides, &config);
-  INFO(text);
-  REQUIRE_FALSE(status.ok());
-  return status.message();
-}
-
-const char* kMinimal = "data:\n  corpus: corpus.txt\n";
+using diloco::testing::ErrorOf;
+using diloco::testing::kMinimal;
+using diloco::testing::Parse;
 
 // A config with every key set to a value other than its default.
 const char* kFull = R"(model:

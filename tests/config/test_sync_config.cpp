@@ -7,6 +7,7 @@
 
 #include "daemon/config/run_config.h"
 
+#include "tests/config/config_testing.h"
 namespace diloco {
 namespace {
 
@@ -15,20 +16,9 @@ using Catch::Matchers::Contains;
 using Catch::Matchers::EndsWith;
 using Catch::Matchers::StartsWith;
 
-Status Parse(const std::string& text, const std::vector<std::string>& overrides,
-             RunConfig* config) {
-  return ParseRunConfig(text, "run.yaml", "/base/dir", overrides, config);
-}
-
-std::string ErrorOf(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  RunConfig config;
-  Status status = Parse(text, overrides, &config);
-  INFO(text);
-  REQUIRE_FALSE(status.ok());
-  return status.message();
-}
-
-const char* kMinimal = "data:\n  corpus: corpus.txt\n";
+using diloco::testing::ErrorOf;
+using diloco::testing::kMinimal;
+using diloco::testing::Parse;
 
 // Every sync key set to a value other than its default.
 const char* kFullSync = R"(data:
