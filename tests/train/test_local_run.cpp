@@ -95,7 +95,7 @@ TEST_CASE("local run: 3 decoupled learners train one model over the transport", 
   CHECK(fs::exists(fs::path(o.run_dir) / "global_state.bin"));
 }
 
-// Hidden: fails about one run in three under load (the stopped learner race); see the issue 4 note.
+// Hidden: failed 1 of 5 full ctest runs here under load (cause not yet found); see the issue 4 note.
 TEST_CASE("local run: versions keep advancing after a learner stops mid-run", "[e2e][.flaky]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 3);
