@@ -1,0 +1,1 @@
+# Tests of daemon/export (none yet).
