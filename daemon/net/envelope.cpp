@@ -973,9 +973,8 @@ Status ReassembleChunks(std::span<const std::span<const uint8_t>> chunks, uint64
   uint32_t crc = 0;
   uint64_t pos = 0;
   for (const auto& c : chunks) {
-    // Copy then CRC the copy while it is still in cache.
-    std::memcpy(out->data() + pos, c.data(), c.size());
-    crc = Crc32c(out->data() + pos, c.size(), crc);
+    // One pass over each chunk: copy and CRC together.
+    crc = Crc32cCopy(out->data() + pos, c.data(), c.size(), crc);
     pos += c.size();
   }
   if (crc != payload_crc32c) {

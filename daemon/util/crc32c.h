@@ -9,9 +9,15 @@
 namespace diloco {
 
 // CRC of data[0..n), continuing from crc (the CRC of the bytes before):
-// Crc32c(b, nb, Crc32c(a, na)) is the CRC of a followed by b. Uses the SSE4.2
-// crc32 instruction when the CPU has it (~20 GB/s), else tables (~1-2 GB/s).
+// Crc32c(b, nb, Crc32c(a, na)) is the CRC of a followed by b. From kMinClmulBytes on it folds
+// with AVX-512 carry-less multiplies when the CPU has VPCLMULQDQ (memory speed: ~60 GB/s in
+// cache, ~20+ GB/s from DRAM), else uses the SSE4.2 crc32 instruction (~24 GB/s in cache, ~15
+// from DRAM), else tables (~1-2 GB/s).
 uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+// Copies src[0..n) to dst (not overlapping) and returns Crc32c(src, n, crc), in one pass over
+// the bytes where the CPU allows: what a receiver does to reassemble and verify a payload.
+uint32_t Crc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 
 // The two paths, for tests and benchmarks; Crc32c picks one at run time.
 namespace crc32c_detail {
@@ -19,6 +25,10 @@ uint32_t software(const void* data, size_t n, uint32_t crc);
 bool hardware_available();
 // Only call when hardware_available().
 uint32_t hardware(const void* data, size_t n, uint32_t crc);
+// AVX-512 VPCLMULQDQ folding (shorter inputs go to hardware()); only call when clmul_available().
+inline constexpr size_t kMinClmulBytes = 256;
+bool clmul_available();
+uint32_t clmul(const void* data, size_t n, uint32_t crc);
 }  // namespace crc32c_detail
 
 }  // namespace diloco

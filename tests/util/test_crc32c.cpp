@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -90,6 +91,28 @@ TEST_CASE("crc32c is incremental", "[unit][util]") {
   const uint32_t a = software(buf.data(), 1000, 0);
   const uint32_t b = Crc32c(buf.data() + 1000, 30000, a);
   CHECK(software(buf.data() + 31000, buf.size() - 31000, b) == whole);
+}
+
+TEST_CASE("crc32c carry-less folding and copy-with-crc agree with the software path", "[unit][util]") {
+  const std::vector<uint8_t> buf = random_bytes(200000, 6);
+  Rng rng(7);
+  std::vector<uint8_t> dst(buf.size());
+  for (int trial = 0; trial < 300; trial++) {
+    const size_t offset = rng.below(64);
+    // Around the fold's block sizes (16, 64, 256 bytes) and well past them.
+    const size_t n = trial < 100 ? rng.below(1200) : rng.below(buf.size() - 64 + 1);
+    const uint8_t* p = buf.data() + offset;
+    const uint32_t seed = trial % 2 ? 0 : (uint32_t)rng.next_u64();
+    const uint32_t sw = software(p, n, seed);
+    INFO("offset " << offset << " length " << n << " seed " << seed);
+    if (crc32c_detail::clmul_available()) REQUIRE(crc32c_detail::clmul(p, n, seed) == sw);
+    std::fill(dst.begin(), dst.end(), 0);
+    REQUIRE(Crc32cCopy(dst.data() + 3, p, n, seed) == sw);
+    REQUIRE(std::memcmp(dst.data() + 3, p, n) == 0);
+    REQUIRE(dst[2] == 0);
+    REQUIRE(dst[3 + n] == 0);
+  }
+  if (!crc32c_detail::clmul_available()) WARN("no AVX-512 VPCLMULQDQ: the folding path is not tested");
 }
 
 volatile uint32_t g_sink;
