@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <cstdio>
 #include <random>
 
 #include "daemon/net/channel.h"
@@ -85,7 +86,12 @@ struct Syncer::Impl {
   SyncerOptions options;
   std::unique_ptr<net::SubChannel> uplink;
   std::unique_ptr<net::PubChannel> downlink;
+  std::unique_ptr<net::RouterChannel> router;
   std::shared_ptr<ParsedMessage> parsed = std::make_shared<ParsedMessage>();
+  std::shared_ptr<ParsedMessage> router_parsed = std::make_shared<ParsedMessage>();
+  uint64_t table_digest = 0;
+  uint64_t num_params = 0;
+  uint64_t snapshot_ids = 0;
   EventLog events;
   bool have_events = false;
   std::string state_path;
@@ -103,9 +109,27 @@ struct Syncer::Impl {
   std::vector<std::vector<SkippedDelta>> skipped;  // per fragment, since its last merge
   std::vector<NormFilter> filters;
   std::vector<SyncTime> last_heard;
-  std::vector<bool> finished;
+  std::vector<bool> finished;  // said kStopping / kFinished: not waited for
+  std::vector<bool> done;      // said kFinished
+  std::vector<LearnerStatusEntry> learners;  // what each learner last reported
   RoundTimings timings;
+  uint64_t welcomes = 0, refusals = 0;
 };
+
+namespace {
+
+net::SocketOptions SyncerSocket(const SyncerOptions& o, const std::string& name) {
+  net::SocketOptions so;
+  so.name = name;
+  so.allow_plaintext = o.allow_plaintext;
+  if (o.curve) {
+    so.curve = o.curve;
+    so.curve->server = true;
+  }
+  return so;
+}
+
+}  // namespace
 
 Syncer::~Syncer() = default;
 
@@ -117,8 +141,17 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   im.options = options;
   const SyncConfig& sc = options.sync;
   DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(sc), &s->fragments_));
-  s->state_ = InitialGlobalState(table, s->fragments_, init_params);
   const size_t P = s->fragments_.size();
+  if (options.resume) {
+    if (options.run_dir.empty()) return Status::Error("syncer: resume needs a run directory");
+    const std::string path = (std::filesystem::path(options.run_dir) / "global_state.bin").string();
+    DL_RETURN_IF_ERROR(LoadGlobalState(path, &s->state_).WithContext("syncer: resuming"));
+    DL_RETURN_IF_ERROR(CheckGlobalStateFits(s->state_, table, s->fragments_)
+                           .WithContext("syncer: resuming from '" + path + "'"));
+  } else {
+    if (init_params == nullptr) return Status::Error("syncer: no initial parameters and not resuming");
+    s->state_ = InitialGlobalState(table, s->fragments_, init_params);
+  }
   im.pending.resize(P);
   im.skipped.resize(P);
   NormFilterOptions nf;
@@ -126,6 +159,9 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   im.filters.assign(P, NormFilter(nf));
   im.last_heard.assign(sc.learners, Clock::now());
   im.finished.assign(sc.learners, false);
+  im.done.assign(sc.learners, false);
+  im.learners.resize(sc.learners);
+  for (int i = 0; i < sc.learners; i++) im.learners[i].learner = i;
   im.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
   ParseOptions expect;
@@ -135,19 +171,27 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   for (int i = 0; i < sc.learners; i++) expect.allowed_senders.push_back(LearnerName(i));
   net::ReceiveOptions ro;
   ro.validator = net::EnvelopeValidator(expect, im.parsed);
-  net::SocketOptions up;
-  up.name = "syncer.uplink";
-  up.allow_plaintext = options.allow_plaintext;
+  net::SocketOptions up = SyncerSocket(options, "syncer.uplink");
   up.recv_hwm_msgs = 100000;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context, up, ro, &im.uplink));
   DL_RETURN_IF_ERROR(im.uplink->Subscribe(""));
-  DL_RETURN_IF_ERROR(im.uplink->Bind(options.uplink_endpoint));
-  net::SocketOptions down;
-  down.name = "syncer.downlink";
-  down.allow_plaintext = options.allow_plaintext;
+  DL_RETURN_IF_ERROR(im.uplink->Bind(options.uplink_endpoint).WithContext("syncer uplink"));
+  net::SocketOptions down = SyncerSocket(options, "syncer.downlink");
   down.send_hwm_msgs = 100000;
   DL_RETURN_IF_ERROR(net::PubChannel::Create(context, down, &im.downlink));
-  DL_RETURN_IF_ERROR(im.downlink->Bind(options.downlink_endpoint));
+  DL_RETURN_IF_ERROR(im.downlink->Bind(options.downlink_endpoint).WithContext("syncer downlink"));
+  if (!options.snapshot_endpoint.empty()) {
+    ParseOptions rexpect = expect;
+    rexpect.accept = MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest);
+    net::ReceiveOptions rro;
+    rro.validator = net::EnvelopeValidator(rexpect, im.router_parsed);
+    net::SocketOptions ros = SyncerSocket(options, "syncer.snapshot");
+    ros.send_hwm_msgs = 100000;
+    DL_RETURN_IF_ERROR(net::RouterChannel::Create(context, ros, rro, &im.router));
+    DL_RETURN_IF_ERROR(im.router->Bind(options.snapshot_endpoint).WithContext("syncer snapshot endpoint"));
+  }
+  im.table_digest = table.digest();
+  im.num_params = table.total_numel();
 
   if (!options.run_dir.empty()) {
     namespace fs = std::filesystem;
@@ -156,12 +200,44 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
     im.state_path = (fs::path(options.run_dir) / "global_state.bin").string();
   }
   s->result_.versions.assign(P, 0);
+  for (size_t p = 0; p < P; p++) s->result_.versions[p] = s->state_.fragments[p].version;
+  s->RefreshStatus(false);
   *out = std::move(s);
   return Status::Ok();
 }
 
 void Syncer::GlobalParams(float* flat) const {
   for (size_t p = 0; p < fragments_.size(); p++) ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
+}
+
+SyncerStatusSnapshot Syncer::CurrentStatus() const {
+  std::lock_guard<std::mutex> lock(status_mu_);
+  return status_;
+}
+
+void Syncer::RefreshStatus(bool running) {
+  Impl& im = *impl_;
+  SyncerStatusSnapshot st;
+  st.running = running;
+  for (const auto& f : state_.fragments) st.versions.push_back(f.version);
+  st.merges = state_.merges;
+  st.dropped_deltas = state_.dropped_deltas;
+  st.rejected_deltas = state_.rejected_deltas;
+  st.snapshots_served = result_.snapshots_served;
+  st.welcomes = im.welcomes;
+  st.refusals = im.refusals;
+  st.bytes_received = result_.bytes_received;
+  st.bytes_published = result_.bytes_published;
+  st.learners = im.learners;
+  const auto now = Clock::now();
+  for (auto& l : st.learners) {
+    for (const auto& e : state_.ledger)
+      if (e.learner == l.learner) l.ledger = e;
+    l.live = l.heard && !im.finished[l.learner] &&
+             now - im.last_heard[l.learner] <= std::chrono::milliseconds(im.options.sync.heartbeat_timeout_ms);
+  }
+  std::lock_guard<std::mutex> lock(status_mu_);
+  status_ = std::move(st);
 }
 
 Status Syncer::Run() {
@@ -177,6 +253,125 @@ Status Syncer::Run() {
   dopt.grace_cap_ms = sc.grace.cap_ms;
   dopt.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
   const CodecOptions down_codec{sc.codec.down, sc.codec.block, 0};
+  uint64_t router_seq = 0;
+  auto header = [&](uint64_t* seq) {
+    EnvelopeHeader h;
+    h.job_id = im.options.job_id;
+    h.sender = kSyncerName;
+    h.seq = ++*seq;
+    h.incarnation = im.incarnation;
+    h.sent_unix_ms = (uint64_t)UnixMs();
+    return h;
+  };
+  auto publish_status = [&]() -> Status {
+    SyncerStatusMsg st;
+    for (const auto& f : state_.fragments) st.versions.push_back(f.version);
+    const auto now = Clock::now();
+    for (int l = 0; l < M; l++)
+      if (im.learners[l].heard && !im.finished[l] &&
+          now - im.last_heard[l] <= std::chrono::milliseconds(sc.heartbeat_timeout_ms))
+        st.live_learners.push_back(LearnerName(l));
+    st.merges = state_.merges;
+    st.dropped_deltas = state_.dropped_deltas;
+    OutgoingMessage om;
+    DL_RETURN_IF_ERROR(BuildMessage(header(&im.seq), st, {}, &om));
+    result_.bytes_published += om.wire_bytes();
+    net::Message msg = net::ToMessage(std::move(om), nullptr);
+    (void)im.downlink->Publish(im.options.job_id, msg);
+    return Status::Ok();
+  };
+  auto reply = [&](const std::string& peer, const MessageBody& body,
+                   std::shared_ptr<std::vector<uint8_t>> payload) -> Status {
+    OutgoingMessage om;
+    std::span<const uint8_t> bytes;
+    if (payload) bytes = {payload->data(), payload->size()};
+    DL_RETURN_IF_ERROR(BuildMessage(header(&router_seq), body, bytes, &om));
+    result_.bytes_published += om.wire_bytes();
+    net::Message msg = net::ToMessage(std::move(om), payload);
+    (void)im.router->SendTo(peer, msg, 0);  // a peer gone meanwhile: it will ask again
+    return Status::Ok();
+  };
+  std::vector<uint64_t> uplink_incarnation(M, 0);
+  const uint64_t fragments_digest = FragmentsDigest(fragments_);
+
+  // Hello -> Welcome (see the header): layout checks, then wait for the learner's uplink.
+  auto handle_hello = [&](int learner, const std::string& peer, const ParsedMessage& m) -> Status {
+    const HelloMsg& h = *m.get<HelloMsg>();
+    WelcomeMsg w;
+    w.learner = m.header.sender;
+    w.tensor_table_digest = im.table_digest;
+    w.num_params = im.num_params;
+    w.num_fragments = (uint32_t)P;
+    w.fragment_layout_digest = fragments_digest;
+    for (const auto& f : state_.fragments) w.versions.push_back(f.version);
+    w.heartbeat_interval_ms = (uint32_t)im.options.heartbeat_interval_ms;
+    w.heartbeat_timeout_ms = (uint32_t)sc.heartbeat_timeout_ms;
+    auto hex = [](uint64_t v) {
+      char b[24];
+      std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+      return std::string(b);
+    };
+    if (h.tensor_table_digest != im.table_digest || h.num_params != im.num_params) {
+      w.result = JoinResult::kTableMismatch;
+      w.reason = "model differs: learner has " + std::to_string(h.num_params) + " parameters (table digest " +
+                 hex(h.tensor_table_digest) + "), the syncer " + std::to_string(im.num_params) + " (" +
+                 hex(im.table_digest) + "); use the job's model config";
+    } else if (h.param_dtype != ParamDType::kFp32) {
+      w.result = JoinResult::kDTypeMismatch;
+      w.reason = "the syncer holds fp32 parameters only";
+    } else if (h.num_fragments != P || h.fragment_layout_digest != fragments_digest) {
+      w.result = JoinResult::kLayoutMismatch;
+      w.reason = "fragment layout differs: learner has " + std::to_string(h.num_fragments) + " fragments (" +
+                 hex(h.fragment_layout_digest) + "), the syncer " + std::to_string(P) + " (" + hex(fragments_digest) +
+                 "); use the job's sync.fragments and sync.mode";
+    } else if (uplink_incarnation[learner] != m.header.incarnation) {
+      w.result = JoinResult::kBusy;
+      w.reason = "no heartbeat from this incarnation of " + m.header.sender + " on the uplink yet; try again";
+    }
+    if (w.result == JoinResult::kAccepted) {
+      im.welcomes++;
+    } else if (w.result != JoinResult::kBusy) {
+      im.refusals++;
+      std::fprintf(stderr, "syncer: refused %s: %s\n", m.header.sender.c_str(), w.reason.c_str());
+    }
+    DL_RETURN_IF_ERROR(reply(peer, w, nullptr));
+    if (w.result == JoinResult::kAccepted) DL_RETURN_IF_ERROR(publish_status());
+    return Status::Ok();
+  };
+
+  // SnapshotRequest -> one Snapshot part per fragment, all cut at the same versions.
+  auto handle_snapshot_request = [&](const std::string& peer, const ParsedMessage& m) -> Status {
+    const SnapshotRequestMsg& rq = *m.get<SnapshotRequestMsg>();
+    std::vector<uint32_t> wanted = rq.fragments;
+    if (wanted.empty())
+      for (uint32_t p = 0; p < P; p++) wanted.push_back(p);
+    wanted.erase(std::remove_if(wanted.begin(), wanted.end(), [&](uint32_t p) { return p >= P; }), wanted.end());
+    if (wanted.empty()) return Status::Ok();
+    std::vector<uint64_t> versions;
+    for (const auto& f : state_.fragments) versions.push_back(f.version);
+    const uint64_t snapshot_id = ++im.snapshot_ids;
+    const CodecOptions fp32{CodecKind::kFp32, sc.codec.block, 0};
+    for (size_t i = 0; i < wanted.size(); i++) {
+      const uint32_t p = wanted[i];
+      const FragmentGlobal& fg = state_.fragments[p];
+      auto payload = std::make_shared<std::vector<uint8_t>>();
+      std::vector<uint64_t> tensor_bytes;
+      DL_RETURN_IF_ERROR(EncodeTensors(fp32, fg.theta, FragmentNumels(fragments_[p]), payload.get(), &tensor_bytes));
+      SnapshotMsg sm;
+      sm.request_id = rq.request_id;
+      sm.snapshot_id = snapshot_id;
+      sm.part = (uint32_t)i;
+      sm.num_parts = (uint32_t)wanted.size();
+      sm.fragment = p;
+      sm.version = fg.version;
+      sm.fragment_crc32c = Crc32c(fg.theta.data(), fg.theta.size() * sizeof(float));
+      sm.versions = versions;
+      sm.payload = FragmentPayloadInfo(fragments_[p], CodecKind::kFp32, sc.codec.block, tensor_bytes);
+      DL_RETURN_IF_ERROR(reply(peer, sm, payload));
+    }
+    result_.snapshots_served++;
+    return Status::Ok();
+  };
 
   auto handle_delta = [&](int learner, const ParsedMessage& m, SyncTime now) {
     const DeltaMsg& d = *m.get<DeltaMsg>();
@@ -279,6 +474,7 @@ Status Syncer::Run() {
     g.base_version = fg.version - 1;
     g.is_full = false;
     g.fragment_crc32c = Crc32c(fg.theta.data(), n * sizeof(float));
+    if (im.options.corrupt_global_crc && im.options.corrupt_global_crc((uint32_t)p, fg.version)) g.fragment_crc32c ^= 1;
     g.payload = FragmentPayloadInfo(frag, down_codec.kind, down_codec.block_size, tensor_bytes);
     MergeEvent ev;
     ev.time_ms = UnixMs();
@@ -302,14 +498,8 @@ Status Syncer::Run() {
     ev.skipped = std::move(im.skipped[p]);
     im.skipped[p].clear();
 
-    EnvelopeHeader h;
-    h.job_id = im.options.job_id;
-    h.sender = kSyncerName;
-    h.seq = ++im.seq;
-    h.incarnation = im.incarnation;
-    h.sent_unix_ms = (uint64_t)UnixMs();
     OutgoingMessage om;
-    DL_RETURN_IF_ERROR(BuildMessage(h, g, *payload, &om));
+    DL_RETURN_IF_ERROR(BuildMessage(header(&im.seq), g, *payload, &om));
     result_.bytes_published += om.wire_bytes();
     net::Message msg = net::ToMessage(std::move(om), payload);
     (void)im.downlink->Publish(im.options.job_id, msg);
@@ -351,35 +541,96 @@ Status Syncer::Run() {
     return Status::Ok();
   };
 
+  // One uplink message: liveness, heartbeats, deltas.
+  auto handle_uplink = [&](SyncTime now) {
+    const ParsedMessage& m = *im.parsed;
+    result_.bytes_received += m.wire_bytes;
+    const int learner = LearnerIndexOf(m.header.sender);
+    if (learner < 0 || learner >= M) return;
+    im.last_heard[learner] = now;
+    LearnerStatusEntry& ls = im.learners[learner];
+    ls.heard = true;
+    ls.last_heard_unix_ms = UnixMs();
+    if (uplink_incarnation[learner] != m.header.incarnation) {
+      // A new incarnation (a restart): waited for again until it says otherwise.
+      uplink_incarnation[learner] = m.header.incarnation;
+      ls.incarnation = m.header.incarnation;
+      im.finished[learner] = false;
+      im.done[learner] = false;
+    }
+    if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
+      if (hb->step_time_ms > 0) im.timings.step_ms.Add(hb->step_time_ms);
+      ls.state = hb->state;
+      ls.step = hb->step;
+      ls.tokens = hb->tokens;
+      ls.loss = hb->loss;
+      ls.tokens_per_s = hb->tokens_per_s;
+      ls.step_time_ms = hb->step_time_ms;
+      im.finished[learner] = hb->state == LearnerState::kFinished || hb->state == LearnerState::kStopping ||
+                             hb->state == LearnerState::kFailed;
+      im.done[learner] = hb->state == LearnerState::kFinished;
+    } else if (m.get<DeltaMsg>()) {
+      im.finished[learner] = false;
+      im.done[learner] = false;
+      handle_delta(learner, m, now);
+    }
+  };
+  auto handle_router = [&](const net::Received& r) -> Status {
+    const ParsedMessage& m = *im.router_parsed;
+    result_.bytes_received += m.wire_bytes;
+    const int learner = LearnerIndexOf(m.header.sender);
+    if (learner < 0 || learner >= M) return Status::Ok();
+    if (m.get<HelloMsg>()) return handle_hello(learner, r.peer, m);
+    if (m.get<SnapshotRequestMsg>()) return handle_snapshot_request(r.peer, m);
+    return Status::Ok();
+  };
+
   auto last_message = Clock::now();
+  auto last_status = Clock::now();
+  auto last_refresh = Clock::now() - std::chrono::hours(1);
   net::Received r;
+  std::vector<net::Socket*> sockets{&im.uplink->socket()};
+  if (im.router) sockets.push_back(&im.router->socket());
+  std::vector<bool> ready;
   for (;;) {
     SyncTime now = Clock::now();
     SyncTime wake = now + std::chrono::milliseconds(20);
     DL_RETURN_IF_ERROR(decide_all(now, &wake));
-    const bool all_finished = std::all_of(im.finished.begin(), im.finished.end(), [](bool f) { return f; });
-    if (all_finished) break;
+    if (now - last_refresh >= std::chrono::milliseconds(50)) {
+      RefreshStatus(true);
+      last_refresh = now;
+    }
+    if (im.options.status_interval_ms > 0 &&
+        now - last_status >= std::chrono::milliseconds(im.options.status_interval_ms)) {
+      DL_RETURN_IF_ERROR(publish_status());
+      last_status = now;
+    }
+    const bool all_finished = std::all_of(im.done.begin(), im.done.end(), [](bool f) { return f; });
+    if (all_finished && im.options.exit_when_all_finished) break;
     if (stop_ && Clock::now() - last_message > std::chrono::milliseconds(im.options.idle_exit_ms)) break;
     now = Clock::now();
     const int timeout_ms =
         wake <= now ? 0 : (int)std::min<int64_t>(20, std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1);
-    const net::RecvResult rr = im.uplink->Receive(&r, timeout_ms);
-    if (rr == net::RecvResult::kClosed) break;
-    if (rr != net::RecvResult::kMessage) continue;
-    now = Clock::now();
-    last_message = now;
-    const ParsedMessage& m = *im.parsed;
-    result_.bytes_received += m.wire_bytes;
-    const int learner = LearnerIndexOf(m.header.sender);
-    if (learner < 0 || learner >= M) continue;
-    im.last_heard[learner] = now;
-    if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
-      if (hb->step_time_ms > 0) im.timings.step_ms.Add(hb->step_time_ms);
-      if (hb->state == LearnerState::kFinished || hb->state == LearnerState::kStopping) im.finished[learner] = true;
-    } else if (m.get<DeltaMsg>()) {
-      im.finished[learner] = false;
-      handle_delta(learner, m, now);
+    if (!net::PollReadable(sockets, timeout_ms, &ready)) continue;
+    // Drain a bounded batch from each socket, then decide again.
+    bool closed = false;
+    for (int i = 0; i < 256; i++) {
+      const net::RecvResult rr = im.uplink->Receive(&r, 0);
+      closed = rr == net::RecvResult::kClosed;
+      if (rr != net::RecvResult::kMessage) break;
+      now = Clock::now();
+      last_message = now;
+      handle_uplink(now);
     }
+    if (im.router) {
+      for (int i = 0; i < 64; i++) {
+        const net::RecvResult rr = im.router->Receive(&r, 0);
+        if (rr != net::RecvResult::kMessage) break;
+        last_message = Clock::now();
+        DL_RETURN_IF_ERROR(handle_router(r));
+      }
+    }
+    if (closed) break;
   }
   // Flush: whatever is still pending is merged now (the run is over).
   for (size_t p = 0; p < P; p++)
@@ -388,6 +639,7 @@ Status Syncer::Run() {
   result_.merges = state_.merges;
   result_.dropped_deltas = state_.dropped_deltas;
   result_.rejected_deltas = state_.rejected_deltas;
+  RefreshStatus(false);
   return Status::Ok();
 }
 

@@ -12,22 +12,36 @@
 //     publishes Global{fragment, version, update payload, CRC32C of Θ_p, contributors};
 //   - appends the merge to events.log and checkpoints the GlobalState every N merges.
 // A learner that stops heart-beating drops out of the quorum (Decide's liveness). A learner
-// that says it has finished (Heartbeat state kFinished) is no longer waited for.
-// Not here yet: snapshots for joining learners (a learner starts from the shared initial
-// model), restoring the global state at start, SyncerStatus messages.
+// that says it is stopping or has finished (Heartbeat state kStopping / kFinished) is no longer
+// waited for; a restarted learner (new incarnation) is waited for again once it speaks.
+//
+// Joining (the ZeroMQ guide's Clone pattern): the syncer also binds a ROUTER (snapshot_endpoint).
+//   - Hello -> Welcome: the learner's tensor table digest, parameter count and fragment layout
+//     must match the syncer's (else a Welcome refusing it with the reason: kTableMismatch /
+//     kLayoutMismatch); an accepted Welcome is only sent once the syncer has heard that learner
+//     incarnation on the uplink (until then kBusy: "try again"), and each accepted Welcome is
+//     followed by a SyncerStatus on the downlink, so a learner that holds a Welcome and has seen a
+//     downlink message knows both PUB/SUB directions are up (no delta published into the void).
+//   - SnapshotRequest -> one Snapshot part per requested fragment (all when none named): full fp32
+//     Θ_p, its version and CRC32C, and every fragment's version (the cut after which Globals apply).
+// SyncerStatus also goes out every status_interval_ms.
 //
 // Threading: Create on any thread, then Run on one thread; RequestStop from any thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "daemon/config/sync_config.h"
 #include "daemon/net/context.h"
 #include "daemon/net/envelope.h"
+#include "daemon/net/socket.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/util/status.h"
@@ -52,11 +66,51 @@ Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
 struct SyncerOptions {
   SyncConfig sync;
   std::string job_id = "local";
-  std::string uplink_endpoint;    // bound: learners' PUB connect here
-  std::string downlink_endpoint;  // bound: learners' SUB connect here
+  // Endpoints, all bound by the syncer: inproc:// in local mode, tcp:// between daemons.
+  std::string uplink_endpoint;    // SUB: learners' PUB connect here (Delta, Heartbeat)
+  std::string downlink_endpoint;  // PUB: learners' SUB connect here (Global, SyncerStatus)
+  std::string snapshot_endpoint;  // ROUTER: learners' DEALER connect here (Hello, SnapshotRequest)
   std::string run_dir;            // events.log and global_state.bin go here ("" = none)
-  bool allow_plaintext = true;    // local mode (inproc / loopback)
-  int idle_exit_ms = 1000;        // after RequestStop: leave once the uplink is quiet this long
+  // Socket security, applied to every socket the syncer creates (socket.h): plaintext is only
+  // ever allowed on inproc, ipc and loopback tcp; CURVE (curve.server = true: the syncer's key
+  // pair, clients checked against the context's ZAP allowlist) for anything else.
+  bool allow_plaintext = true;
+  std::optional<net::CurveOptions> curve;
+  // Restore Θ, u, versions, counters and the ledger from run_dir/global_state.bin (must exist
+  // and fit this model and fragment layout); versions continue from there, never go back.
+  bool resume = false;
+  int idle_exit_ms = 1000;  // after RequestStop: leave once the uplink is quiet this long
+  // Leave Run() by itself once every learner said kFinished (local mode). A daemon sets false
+  // and calls RequestStop.
+  bool exit_when_all_finished = true;
+  int status_interval_ms = 1000;      // SyncerStatus on the downlink (0: only after Welcomes)
+  int heartbeat_interval_ms = 200;    // told to learners in Welcome
+  // Test hook: when it returns true for (fragment, version), that Global goes out with a wrong
+  // CRC32C (learners must resync from a snapshot). May be empty.
+  std::function<bool(uint32_t fragment, uint64_t version)> corrupt_global_crc;
+};
+
+// One learner as the syncer sees it (CurrentStatus).
+struct LearnerStatusEntry {
+  int learner = 0;
+  bool heard = false;  // any message since the syncer started
+  LearnerState state = LearnerState::kJoining;  // from its last heartbeat
+  uint64_t incarnation = 0;
+  uint64_t step = 0, tokens = 0;
+  float loss = 0, tokens_per_s = 0, step_time_ms = 0;
+  int64_t last_heard_unix_ms = 0;
+  bool live = false;  // heard within sync.heartbeat_timeout_ms and not stopping/finished
+  LedgerEntry ledger;  // merged / dropped / rejected deltas and their tokens
+};
+
+// A copy of the syncer's state, safe to take from any thread while Run() runs.
+struct SyncerStatusSnapshot {
+  bool running = false;
+  std::vector<uint64_t> versions;
+  uint64_t merges = 0, dropped_deltas = 0, rejected_deltas = 0;
+  uint64_t snapshots_served = 0, welcomes = 0, refusals = 0;
+  uint64_t bytes_received = 0, bytes_published = 0;
+  std::vector<LearnerStatusEntry> learners;  // index = learner
 };
 
 struct SyncerResult {
@@ -65,13 +119,15 @@ struct SyncerResult {
   uint64_t rejected_deltas = 0;  // failed the norm filter or the payload check
   uint64_t bytes_received = 0;   // uplink wire bytes (deltas and heartbeats)
   uint64_t bytes_published = 0;  // downlink wire bytes, once per message
+  uint64_t snapshots_served = 0;  // snapshot requests answered
   std::vector<uint64_t> versions;
 };
 
 class Syncer {
  public:
   // Partitions table into EffectiveFragments(sync) fragments, starts every fragment at
-  // version 0 from init_params, binds both sockets, opens events.log.
+  // version 0 from init_params (or restores run_dir/global_state.bin when options.resume; then
+  // init_params may be null), binds the three sockets, opens events.log (appending).
   static Status Create(net::NetContext& context, const SyncerOptions& options,
                        const TensorTable& table, const float* init_params,
                        std::unique_ptr<Syncer>* out);
@@ -81,6 +137,8 @@ class Syncer {
   // merges whatever is pending and saves the global state.
   Status Run();
   void RequestStop() { stop_ = true; }
+  // Thread-safe: versions, counters and what each learner last reported.
+  SyncerStatusSnapshot CurrentStatus() const;
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
   // After Run: Θ of every fragment scattered into a flat parameter buffer.
@@ -91,11 +149,14 @@ class Syncer {
  private:
   struct Impl;
   Syncer() = default;
+  void RefreshStatus(bool running);  // status_ from the loop's state (Run's thread)
   std::unique_ptr<Impl> impl_;
   std::vector<Fragment> fragments_;
   GlobalState state_;
   SyncerResult result_;
   std::atomic<bool> stop_{false};
+  mutable std::mutex status_mu_;
+  SyncerStatusSnapshot status_;  // guarded by status_mu_, refreshed by Run()
 };
 
 }  // namespace diloco

@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <limits>
 #include <random>
 #include <thread>
 
 #include "daemon/net/channel.h"
+#include "daemon/net/clone.h"
 #include "daemon/net/codec.h"
 #include "daemon/net/wire_transport.h"
 #include "daemon/sync/fold.h"
@@ -42,8 +44,20 @@ struct FragState {
   uint64_t sent_base = 0;
   long send_step = 0;
   std::vector<float> theta_at_send;
-  bool lost = false;  // gap / CRC mismatch: no more syncing of this fragment
+  bool bad = false;  // CRC mismatch: its base is wrong until a snapshot replaces it
 };
+
+net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& name) {
+  net::SocketOptions so;
+  so.name = name;
+  so.allow_plaintext = o.allow_plaintext;
+  if (o.curve) {
+    so.curve = o.curve;
+    so.curve->server = false;
+  }
+  so.link = o.link;
+  return so;
+}
 
 }  // namespace
 
@@ -64,7 +78,11 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   gc.n_embd = cfg.model.n_embd;
   gc.n_head = cfg.model.n_head;
   Gpt model(gc, tc.batch_size);
-  std::memcpy(model.params(), o.init_params, model.num_params() * sizeof(float));
+  if (o.init_params != nullptr) {
+    std::memcpy(model.params(), o.init_params, model.num_params() * sizeof(float));
+  } else if (!o.join_from_snapshot) {
+    return Status::Error(me + ": no initial parameters: give init_params or join_from_snapshot");
+  }
   AdamWState optimizer;
 
   std::vector<Fragment> frags;
@@ -78,7 +96,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
                            : sc.mode == SyncMode::kStreaming ? sc.overlap
                                                              : std::numeric_limits<long>::max();
 
-  // Sockets (this thread's).
+  // Sockets (this thread's): the downlink first, so nothing published after the handshake is missed.
   auto parsed = std::make_shared<ParsedMessage>();
   ParseOptions expect;
   expect.job_id = o.job_id;
@@ -87,31 +105,40 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   expect.allowed_senders = {kSyncerName};
   net::ReceiveOptions ro;
   ro.validator = net::EnvelopeValidator(expect, parsed);
-  net::SocketOptions so;
-  so.name = me + ".downlink";
-  so.allow_plaintext = true;
+  net::SocketOptions so = LearnerSocket(o, me + ".downlink");
   so.recv_hwm_msgs = 100000;
-  so.link = o.link;
   std::unique_ptr<net::SubChannel> down;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context, so, ro, &down));
   DL_RETURN_IF_ERROR(down->Subscribe(o.job_id));
-  DL_RETURN_IF_ERROR(down->Connect(o.downlink_endpoint));
-  net::SocketOptions po;
-  po.name = me + ".uplink";
-  po.allow_plaintext = true;
+  DL_RETURN_IF_ERROR(down->Connect(o.downlink_endpoint).WithContext(me + " downlink"));
+  net::SocketOptions po = LearnerSocket(o, me + ".uplink");
   po.send_hwm_msgs = 100000;
-  po.link = o.link;
   std::unique_ptr<net::PubChannel> up;
   DL_RETURN_IF_ERROR(net::PubChannel::Create(context, po, &up));
-  DL_RETURN_IF_ERROR(up->Connect(o.uplink_endpoint));
+  DL_RETURN_IF_ERROR(up->Connect(o.uplink_endpoint).WithContext(me + " uplink"));
+  auto dparsed = std::make_shared<ParsedMessage>();
+  ParseOptions dexpect = expect;
+  dexpect.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
+  net::ReceiveOptions dro;
+  dro.validator = net::EnvelopeValidator(dexpect, dparsed);
+  dro.track_sequence = false;  // replies to requests: the syncer numbers them across all learners
+  net::SocketOptions dso = LearnerSocket(o, me + ".snapshot");
+  dso.recv_hwm_msgs = 100000;
+  dso.linger_ms = 0;
+  std::unique_ptr<net::DealerChannel> dealer;
+  DL_RETURN_IF_ERROR(net::DealerChannel::Create(context, dso, dro, &dealer));
+  if (o.snapshot_endpoint.empty())
+    return Status::Error(me + ": no snapshot endpoint (the syncer's ROUTER) given");
+  DL_RETURN_IF_ERROR(dealer->Connect(o.snapshot_endpoint).WithContext(me + " snapshot endpoint"));
 
   const uint64_t incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-  uint64_t seq = 0;
-  auto send = [&](const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) -> Status {
+  uint64_t seq = 0, dealer_seq = 0;
+  auto build = [&](uint64_t* sq, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload,
+                   net::Message* out) -> Status {
     EnvelopeHeader h;
     h.job_id = o.job_id;
     h.sender = me;
-    h.seq = ++seq;
+    h.seq = ++*sq;
     h.incarnation = incarnation;
     h.sent_unix_ms = UnixMs();
     OutgoingMessage om;
@@ -119,14 +146,42 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     if (payload) bytes = {payload->data(), payload->size()};
     DL_RETURN_IF_ERROR(BuildMessage(h, body, bytes, &om));
     res.bytes_up += om.wire_bytes();
-    net::Message m = net::ToMessage(std::move(om), payload);
+    *out = net::ToMessage(std::move(om), payload);
+    return Status::Ok();
+  };
+  auto send = [&](const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) -> Status {
+    net::Message m;
+    DL_RETURN_IF_ERROR(build(&seq, body, std::move(payload), &m));
     (void)up->Publish(o.job_id, m);
+    return Status::Ok();
+  };
+  auto send_dealer = [&](const MessageBody& body) -> Status {
+    net::Message m;
+    DL_RETURN_IF_ERROR(build(&dealer_seq, body, nullptr, &m));
+    (void)dealer->Send(m, 0);  // queued until connected; a full queue: retried later
     return Status::Ok();
   };
 
   double step_ms_ema = 0;
   float last_loss = std::numeric_limits<float>::quiet_NaN();
-  long step = 0;
+  long step = o.start_step;
+  net::CloneClient clone;  // awaiting a snapshot until the start decides otherwise
+  LearnerProgress progress;
+  progress.index = o.index;
+  auto report = [&](LearnerState state) {
+    if (!o.on_progress) return;
+    progress.state = state;
+    progress.step = step;
+    progress.tokens = res.tokens;
+    progress.loss = last_loss;
+    progress.tokens_per_s = res.train_s > 0 ? res.tokens / res.train_s : 0;
+    progress.base_versions.clear();
+    for (const auto& f : fs) progress.base_versions.push_back(f.base_version);
+    progress.deltas_sent = res.deltas_sent;
+    progress.globals_applied = res.globals_applied;
+    progress.snapshots_installed = res.snapshots_installed;
+    o.on_progress(progress);
+  };
   auto heartbeat = [&](LearnerState state) -> Status {
     HeartbeatMsg hb;
     hb.state = state;
@@ -141,29 +196,45 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     return send(hb, nullptr);
   };
 
+  // Snapshot requests (Clone pattern): at most one outstanding; re-sent after snapshot_retry_ms.
+  uint64_t request_id = 0;
+  auto requested_at = Clock::now();
+  bool request_outstanding = false;
+  std::unique_ptr<SnapshotAssembler> assembler;
+  std::string resync_reason = "join";
+  auto request_snapshot = [&]() -> Status {
+    SnapshotRequestMsg rq;
+    rq.request_id = ++request_id;
+    rq.reason = resync_reason;
+    assembler = std::make_unique<SnapshotAssembler>(request_id, model.num_params() * sizeof(float) + (1 << 20));
+    request_outstanding = true;
+    requested_at = Clock::now();
+    return send_dealer(rq);
+  };
+  auto need_snapshot = [&](const std::string& why) {
+    clone.BeginSnapshot();
+    resync_reason = why;
+  };
+
   std::vector<float> local, scratch;
-  auto handle_global = [&](const ParsedMessage& m) -> Status {
+  // Applies one Global that is the next version of its fragment (the CloneClient said so).
+  auto apply_global = [&](const ParsedMessage& m) -> Status {
     const GlobalMsg* g = m.get<GlobalMsg>();
-    if (!g) return Status::Ok();
-    res.bytes_down += m.wire_bytes;
-    if ((int)g->fragment >= P) return Status::Ok();
     FragState& f = fs[g->fragment];
     const Fragment& frag = frags[g->fragment];
-    if (f.lost || g->version <= f.base_version) return Status::Ok();
-    if (g->is_full || g->base_version != f.base_version) {
-      f.lost = true;  // a gap: needs a snapshot (not implemented)
-      res.lost_fragments++;
-      return Status::Ok();
-    }
     DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, g->payload, m, &scratch));
     std::vector<float> old_base;
     const bool included_self = std::any_of(g->contributors.begin(), g->contributors.end(),
                                            [&](const Contributor& c) { return c.learner == me; });
     if (sc.fold == FoldRule::kReplay && !(included_self && f.in_flight)) old_base = f.base;
     ApplyUpdate(scratch.data(), frag.numel, f.base.data());
+    f.base_version = g->version;
     if (Crc32c(f.base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
-      f.lost = true;  // needs a snapshot (not implemented)
-      res.lost_fragments++;
+      // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p stays until then).
+      f.bad = true;
+      res.crc_mismatches++;
+      need_snapshot("crc mismatch on fragment " + std::to_string(g->fragment) + " version " +
+                    std::to_string(g->version));
       return Status::Ok();
     }
     local.resize(frag.numel);
@@ -173,21 +244,114 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
                                                              : old_base.data();
     FoldGlobal(sc.fold, sc.alpha, f.base.data(), included, local.data(), frag.numel);
     ScatterFragment(frag, local.data(), model.params());
-    f.base_version = g->version;
     f.c_steps = 0;
     f.c_tokens = 0;
     if (f.in_flight && (included_self || g->version > f.sent_base + (uint64_t)sc.max_staleness + 1))
       f.in_flight = false;
     res.globals_applied++;
+    progress.last_fragment_folded = (int)g->fragment;
     return Status::Ok();
   };
 
-  auto poll = [&](int timeout_ms) -> Status {
-    net::Received r;
-    while (down->Receive(&r, timeout_ms) == net::RecvResult::kMessage) {
-      DL_RETURN_IF_ERROR(handle_global(*parsed));
-      timeout_ms = 0;
+  // A Global from the downlink (its parse in *parsed, its frames in r).
+  auto handle_global = [&](net::Received& r) -> Status {
+    const GlobalMsg* g = parsed->get<GlobalMsg>();
+    if ((int)g->fragment >= P) return Status::Ok();
+    net::VersionedUpdate u;
+    u.key = g->fragment;
+    u.version = g->version;
+    u.full = false;  // the syncer sends updates only; a full Global would be applied as a gap
+    u.message = std::move(r.message);
+    std::vector<net::VersionedUpdate> apply;
+    const net::CloneVerdict v = clone.OnUpdate(std::move(u), &apply);
+    if (v == net::CloneVerdict::kApply) return apply_global(*parsed);
+    if (v == net::CloneVerdict::kGap) {
+      res.gaps++;
+      need_snapshot("gap in the global stream of fragment " + std::to_string(g->fragment));
     }
+    return Status::Ok();
+  };
+
+  // A complete snapshot: install the fragments that differ, then the buffered newer Globals.
+  auto install_snapshot = [&](std::vector<ParsedMessage>&& parts) -> Status {
+    std::map<uint64_t, uint64_t> versions;
+    for (ParsedMessage& part : parts) {
+      const SnapshotMsg& sm = *part.get<SnapshotMsg>();
+      if ((int)sm.fragment >= P || sm.versions.size() != (size_t)P)
+        return Status::Error(me + ": snapshot has " + std::to_string(sm.versions.size()) + " fragments, this learner " +
+                             std::to_string(P) + "; are the syncer and the learner running the same config?");
+      const Fragment& frag = frags[sm.fragment];
+      DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, sm.payload, part, &scratch)
+                             .WithContext(me + ": snapshot part for fragment " + std::to_string(sm.fragment)));
+      if (Crc32c(scratch.data(), frag.numel * sizeof(float)) != sm.fragment_crc32c)
+        return Status::Error(me + ": snapshot fragment " + std::to_string(sm.fragment) + " fails its CRC32C");
+      FragState& f = fs[sm.fragment];
+      const bool same = !f.bad && f.base_version == sm.version &&
+                        Crc32c(f.base.data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
+      if (!same) {
+        f.base = scratch;
+        ScatterFragment(frag, f.base.data(), model.params());
+        f.base_version = sm.version;
+        f.c_steps = 0;
+        f.c_tokens = 0;
+        f.in_flight = false;
+        f.bad = false;
+        ef.Reset((uint32_t)sm.fragment);
+      }
+    }
+    const std::vector<uint64_t>& cut = parts.front().get<SnapshotMsg>()->versions;
+    for (int p = 0; p < P; p++) versions[(uint64_t)p] = cut[p];
+    res.snapshots_installed++;
+    request_outstanding = false;
+    std::vector<net::VersionedUpdate> apply;
+    clone.OnSnapshot(versions, &apply);
+    ParsedMessage m;
+    for (auto& u : apply) {
+      const auto spans = u.message.spans();
+      DL_RETURN_IF_ERROR(ParseEnvelope(spans, expect, &m).WithContext(me + ": a buffered global"));
+      DL_RETURN_IF_ERROR(apply_global(m));
+    }
+    return Status::Ok();
+  };
+
+  // Startup exchange state (see the header).
+  bool welcomed = false, downlink_seen = false;
+  auto handle_dealer = [&]() -> Status {
+    res.bytes_down += dparsed->wire_bytes;
+    if (const WelcomeMsg* w = dparsed->get<WelcomeMsg>()) {
+      if (w->result == JoinResult::kAccepted) {
+        welcomed = true;
+      } else if (w->result != JoinResult::kBusy) {
+        return Status::Error(me + ": the syncer at " + o.snapshot_endpoint + " refused this learner: " + w->reason);
+      }
+      return Status::Ok();
+    }
+    if (dparsed->get<SnapshotMsg>() && assembler && request_outstanding) {
+      if (dparsed->get<SnapshotMsg>()->request_id != request_id) return Status::Ok();  // an older answer
+      if (Status st = assembler->Add(std::move(*dparsed)); !st.ok()) {
+        std::fprintf(stderr, "%s: dropping a snapshot part (%s); will ask again\n", me.c_str(), st.message().c_str());
+        return Status::Ok();
+      }
+      if (assembler->complete()) return install_snapshot(assembler->Take());
+    }
+    return Status::Ok();
+  };
+
+  std::vector<net::Socket*> sockets{&down->socket(), &dealer->socket()};
+  std::vector<bool> ready;
+  bool started = false;  // the start decided how to leave the initial "awaiting snapshot"
+  auto poll = [&](int timeout_ms) -> Status {
+    if (timeout_ms > 0 && !net::PollReadable(sockets, timeout_ms, &ready)) return Status::Ok();
+    net::Received r;
+    while (down->Receive(&r, 0) == net::RecvResult::kMessage) {
+      downlink_seen = true;
+      res.bytes_down += parsed->wire_bytes;
+      if (parsed->get<GlobalMsg>()) DL_RETURN_IF_ERROR(handle_global(r));
+    }
+    while (dealer->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(handle_dealer());
+    if (started && clone.awaiting_snapshot() &&
+        (!request_outstanding || Clock::now() - requested_at > std::chrono::milliseconds(o.snapshot_retry_ms)))
+      DL_RETURN_IF_ERROR(request_snapshot());
     return Status::Ok();
   };
 
@@ -216,6 +380,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     f.send_step = at_step;
     f.theta_at_send = local;
     res.deltas_sent++;
+    progress.last_fragment_sent = p;
     return Status::Ok();
   };
 
@@ -233,23 +398,110 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   double recent_sum = 0;
   int recent_n = 0;
   auto last_beat = Clock::now() - std::chrono::hours(1);
+  auto state_now = [&] { return clone.awaiting_snapshot() ? LearnerState::kResyncing : LearnerState::kTraining; };
   auto beat_if_due = [&]() -> Status {
     if (Clock::now() - last_beat < std::chrono::milliseconds(o.heartbeat_interval_ms)) return Status::Ok();
     last_beat = Clock::now();
-    return heartbeat(LearnerState::kTraining);
+    return heartbeat(state_now());
   };
+  auto crashed = [&] {
+    return (o.crash && o.crash->load()) || (o.crash_after_steps >= 0 && step >= o.crash_after_steps);
+  };
+  auto stopping = [&] { return o.stop && o.stop->load(); };
 
-  for (step = 0; step < tc.steps; step++) {
-    if ((o.crash && o.crash->load()) || (o.crash_after_steps >= 0 && step >= o.crash_after_steps)) {
+  // Startup exchange: Heartbeat(kJoining) on the uplink, Hello on the DEALER, until Welcome
+  // and a downlink message (both directions up).
+  report(LearnerState::kJoining);
+  {
+    HelloMsg hello;
+    hello.role = PeerRole::kLearner;
+    hello.tensor_table_digest = model.table().digest();
+    hello.num_params = model.num_params();
+    hello.num_fragments = (uint32_t)P;
+    hello.fragment_layout_digest = FragmentsDigest(frags);
+    hello.build = "dilocod learner";
+    const auto t0 = Clock::now();
+    auto last_hello = t0 - std::chrono::hours(1);
+    auto last_join_beat = t0 - std::chrono::hours(1);
+    while (!(welcomed && downlink_seen)) {
+      if (crashed()) {
+        res.crashed = true;
+        *result = res;
+        return Status::Ok();
+      }
+      if (stopping()) {
+        res.stopped = true;
+        *result = res;
+        return Status::Ok();
+      }
+      const auto now = Clock::now();
+      if (now - t0 > std::chrono::milliseconds(o.handshake_timeout_ms))
+        return Status::Error(me + ": no answer from the syncer (uplink " + o.uplink_endpoint + ", downlink " +
+                             o.downlink_endpoint + ", snapshot " + o.snapshot_endpoint + ") within " +
+                             std::to_string(o.handshake_timeout_ms) + " ms; is it running, and are the keys right?");
+      if (now - last_join_beat >= std::chrono::milliseconds(20)) {
+        DL_RETURN_IF_ERROR(heartbeat(LearnerState::kJoining));
+        last_join_beat = now;
+      }
+      if (now - last_hello >= std::chrono::milliseconds(50)) {
+        DL_RETURN_IF_ERROR(send_dealer(hello));
+        last_hello = now;
+      }
+      DL_RETURN_IF_ERROR(poll(10));
+    }
+  }
+  started = true;
+  if (o.join_from_snapshot) {
+    // Train only once the snapshot is in (poll sends the request; Globals are buffered meanwhile).
+    resync_reason = "join";
+    report(LearnerState::kResyncing);
+    const auto t0 = Clock::now();
+    while (clone.awaiting_snapshot()) {
+      if (crashed() || stopping()) {
+        res.crashed = crashed();
+        res.stopped = !res.crashed;
+        *result = res;
+        return Status::Ok();
+      }
+      DL_RETURN_IF_ERROR(beat_if_due());
+      DL_RETURN_IF_ERROR(poll(10));
+      if (Clock::now() - t0 > std::chrono::milliseconds(o.handshake_timeout_ms))
+        return Status::Error(me + ": no snapshot from the syncer at " + o.snapshot_endpoint + " within " +
+                             std::to_string(o.handshake_timeout_ms) + " ms");
+    }
+  } else {
+    // Version 0 of every fragment is init_params; Globals buffered so far apply now.
+    std::map<uint64_t, uint64_t> zero;
+    for (int p = 0; p < P; p++) zero[(uint64_t)p] = 0;
+    std::vector<net::VersionedUpdate> apply;
+    clone.OnSnapshot(zero, &apply);
+    ParsedMessage m;
+    for (auto& u : apply) {
+      const auto spans = u.message.spans();
+      DL_RETURN_IF_ERROR(ParseEnvelope(spans, expect, &m).WithContext(me + ": a buffered global"));
+      DL_RETURN_IF_ERROR(apply_global(m));
+    }
+  }
+  DL_RETURN_IF_ERROR(heartbeat(state_now()));
+  last_beat = Clock::now();
+  report(state_now());
+
+  for (; step < tc.steps; step++) {
+    if (crashed()) {
       res.crashed = true;
       break;
     }
+    if (stopping()) {
+      res.stopped = true;
+      break;
+    }
+    if (o.before_step) o.before_step(step);
     DL_RETURN_IF_ERROR(poll(0));
     // Lock-step modes: wait for fragments in flight too long.
     for (int p = 0; p < P; p++) {
       const auto w0 = Clock::now();
-      while (fs[p].in_flight && !fs[p].lost && step - fs[p].send_step >= block_after) {
-        if (o.crash && o.crash->load()) break;
+      while (fs[p].in_flight && step - fs[p].send_step >= block_after) {
+        if ((o.crash && o.crash->load()) || stopping()) break;
         DL_RETURN_IF_ERROR(beat_if_due());
         DL_RETURN_IF_ERROR(poll(10));
         if (Clock::now() - w0 > std::chrono::seconds(120))
@@ -280,8 +532,13 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
       f.c_tokens += (uint64_t)B * T;
     }
     const long done = step + 1;
+    // No deltas while a snapshot is awaited: the bases are about to change.
     for (int p = 0; p < P; p++)
-      if (Fires(p, done, H, P) && !fs[p].in_flight && !fs[p].lost) DL_RETURN_IF_ERROR(send_delta(p, done));
+      if (Fires(p, done, H, P) && !fs[p].in_flight && !clone.awaiting_snapshot())
+        DL_RETURN_IF_ERROR(send_delta(p, done));
+    step = done;  // for report(); the loop increments from step
+    report(state_now());
+    step = done - 1;
     if (done % tc.log_every == 0 || done == tc.steps) {
       res.final_train_loss = recent_sum / recent_n;
       recent_sum = 0;
@@ -310,10 +567,15 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   if (!res.crashed) {
     // The work since each fragment's last send goes to the syncer too.
     DL_RETURN_IF_ERROR(poll(0));
-    for (int p = 0; p < P; p++)
-      if (!fs[p].in_flight && !fs[p].lost && fs[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
-    DL_RETURN_IF_ERROR(heartbeat(LearnerState::kFinished));
+    if (!clone.awaiting_snapshot())
+      for (int p = 0; p < P; p++)
+        if (!fs[p].in_flight && fs[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
+    const LearnerState final_state = res.stopped ? LearnerState::kStopping : LearnerState::kFinished;
+    DL_RETURN_IF_ERROR(heartbeat(final_state));
     DL_RETURN_IF_ERROR(poll(0));
+    report(final_state);
+  } else {
+    report(LearnerState::kFailed);
   }
   *result = res;
   return Status::Ok();

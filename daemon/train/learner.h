@@ -7,19 +7,35 @@
 // (slowdown − 1) × the measured step time.
 // Blocking: decoupled never waits; diloco waits for the Global of its delta right after sending;
 // streaming waits once a fragment has been in flight for sync.overlap steps.
-// Not yet: snapshot resync — a fragment whose Global stream has a gap or a CRC mismatch stops
-// syncing (counted in LearnerResult::lost_fragments) instead of requesting a snapshot.
+//
+// Start (every learner): subscribe to the downlink, connect the uplink and the snapshot DEALER,
+// then the startup exchange: Heartbeat(kJoining) on the uplink and Hello on the DEALER until the
+// syncer answers Welcome (accepted only once it has heard this learner on the uplink; a layout
+// mismatch is a clear error) and a downlink message has arrived. Only then does training start,
+// so no delta is published before the PUB/SUB connections are up (a lost first delta used to
+// leave lock-step learners waiting forever).
+// Snapshots (the Clone pattern, net/clone.h): on start with join_from_snapshot, on a gap in any
+// fragment's Global stream and on a CRC mismatch, the learner buffers Globals, sends a
+// SnapshotRequest, and installs the reply: for each fragment whose version or bits differ from
+// what it holds, θ_p ← Θ_p, base_p ← Θ_p, counters reset, no delta in flight, error-feedback
+// residual dropped; then the buffered Globals newer than the snapshot's cut apply. Meanwhile it
+// keeps training (decoupled) but sends no deltas; it re-requests if no reply comes in
+// snapshot_retry_ms.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "daemon/config/run_config.h"
 #include "daemon/net/context.h"
+#include "daemon/net/envelope.h"
+#include "daemon/net/socket.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/status.h"
 
@@ -29,37 +45,80 @@ class Link;
 
 namespace diloco {
 
+struct LearnerProgress;
+
 struct LearnerOptions {
-  int index = 0;
+  int index = 0;  // this learner's name is LearnerName(index) = "learner-<index>"
   const RunConfig* config = nullptr;
   std::string job_id = "local";
-  std::string uplink_endpoint;    // the syncer's SUB
-  std::string downlink_endpoint;  // the syncer's PUB
+  // The syncer's endpoints (inproc:// in local mode, tcp:// between daemons); all connected.
+  std::string uplink_endpoint;    // the syncer's SUB (Delta, Heartbeat)
+  std::string downlink_endpoint;  // the syncer's PUB (Global, SyncerStatus)
+  std::string snapshot_endpoint;  // the syncer's ROUTER (Hello/Welcome, SnapshotRequest/Snapshot)
+  // Socket security for every socket of the learner (net/socket.h): plaintext only on inproc,
+  // ipc and loopback tcp; else CURVE with this learner's key pair and the syncer's public key
+  // (curve->server_public_key_z85; server is forced false).
+  bool allow_plaintext = true;
+  std::optional<net::CurveOptions> curve;
   std::shared_ptr<net::Link> link;  // emulated WAN between this learner and the syncer; may be null
-  const float* init_params = nullptr;  // the shared initial model (version 0 of every fragment)
-  int threads = 1;                     // OpenMP threads of this learner
+  // The shared initial model (version 0 of every fragment). May be null when join_from_snapshot.
+  const float* init_params = nullptr;
+  // Start from the syncer's current global state (a restarted or late learner) instead of
+  // init_params: train only after the snapshot is installed.
+  bool join_from_snapshot = false;
+  // First inner step (a restarted learner continues: data order, LR schedule and train.steps
+  // count from here). AdamW moments start at zero.
+  long start_step = 0;
+  int threads = 1;  // OpenMP threads of this learner
   int heartbeat_interval_ms = 200;
+  int handshake_timeout_ms = 60000;  // no Welcome + downlink message by then: error
+  int snapshot_retry_ms = 3000;      // a snapshot request unanswered this long is sent again
   // metrics.jsonl lines ("learner": index), shared by all learners; may be null.
   JsonlWriter* metrics = nullptr;
   std::mutex* metrics_mu = nullptr;
+  // Clean stop (a daemon stopping the job): once set, the learner sends its pending work as
+  // deltas, a last Heartbeat(kStopping), and returns OK with result.stopped.
+  const std::atomic<bool>* stop = nullptr;
   // Set from outside to stop this learner before train.steps (as if its site failed: it sends
   // no more messages, not even a last heartbeat).
   const std::atomic<bool>* crash = nullptr;
   long crash_after_steps = -1;  // the same after this many steps (-1: never); for tests
+  // Called on the learner's thread after every step and on state changes (cheap: copy what
+  // you need). May be empty.
+  std::function<void(const LearnerProgress&)> on_progress;
+  // Test hook: called on the learner's thread before every step (may block). May be empty.
+  std::function<void(long step)> before_step;
+};
+
+// What a learner is doing (LearnerOptions::on_progress).
+struct LearnerProgress {
+  int index = 0;
+  LearnerState state = LearnerState::kJoining;
+  long step = 0;  // inner steps done (counting from 0, start_step included)
+  long tokens = 0;  // tokens trained on by this incarnation
+  double loss = 0;  // last train loss
+  double tokens_per_s = 0;
+  int last_fragment_sent = -1;
+  int last_fragment_folded = -1;
+  std::vector<uint64_t> base_versions;  // per fragment: version of the global it last folded
+  uint64_t deltas_sent = 0, globals_applied = 0, snapshots_installed = 0;
 };
 
 struct LearnerResult {
-  long steps = 0;
-  long tokens = 0;
+  long steps = 0;  // the step reached (start_step included)
+  long tokens = 0;  // tokens trained on by this incarnation
   double train_s = 0;
   double final_train_loss = 0;  // mean of the last log_every steps
-  uint64_t bytes_up = 0;        // wire bytes sent (deltas + heartbeats)
-  uint64_t bytes_down = 0;      // wire bytes of Globals received
+  uint64_t bytes_up = 0;        // wire bytes sent (deltas, heartbeats, hellos, requests)
+  uint64_t bytes_down = 0;      // wire bytes received (globals, status, welcomes, snapshots)
   uint64_t deltas_sent = 0;
   uint64_t globals_applied = 0;
-  uint64_t lost_fragments = 0;  // gap or CRC mismatch (needs a snapshot: not implemented)
+  uint64_t snapshots_installed = 0;
+  uint64_t gaps = 0;            // gaps found in the Global stream (each led to a snapshot)
+  uint64_t crc_mismatches = 0;  // Globals whose CRC did not match (each led to a snapshot)
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
+  bool stopped = false;         // stopped cleanly through LearnerOptions::stop
 };
 
 Status RunLearner(net::NetContext& context, const LearnerOptions& options, LearnerResult* result);

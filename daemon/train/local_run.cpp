@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -45,7 +46,8 @@ bool HasLink(const LinkConfig& l) {
 
 }  // namespace
 
-Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks) {
+Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks,
+                LocalRunDetails* details) {
   const auto run_start = Clock::now();
   const RunConfig& cfg = options.config;
   const SyncConfig& sc = cfg.sync;
@@ -103,6 +105,12 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   so.sync = sc;
   so.uplink_endpoint = "inproc://dilocod-uplink-" + tag;
   so.downlink_endpoint = "inproc://dilocod-downlink-" + tag;
+  so.snapshot_endpoint = "inproc://dilocod-snapshot-" + tag;
+  if (hooks.corrupt_crc_version > 0)
+    so.corrupt_global_crc = [f = hooks.corrupt_crc_fragment, v = hooks.corrupt_crc_version](uint32_t fragment,
+                                                                                          uint64_t version) {
+      return fragment == f && version == v;
+    };
   so.run_dir = options.run_dir;
   so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
   std::unique_ptr<Syncer> syncer;
@@ -126,49 +134,136 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   Status syncer_status;
   std::thread syncer_thread([&] { syncer_status = syncer->Run(); });
 
+  // Learner threads. A restarted learner (hooks) gets a second slot for its new incarnation.
   std::vector<LearnerResult> results(M);
   std::vector<Status> statuses(M);
-  std::vector<std::unique_ptr<std::atomic<bool>>> crash(M);
+  std::vector<std::unique_ptr<std::atomic<bool>>> crash(M), ended(M);
   std::vector<std::thread> threads;
-  for (int i = 0; i < M; i++) {
-    crash[i] = std::make_unique<std::atomic<bool>>(false);
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  auto learner_options = [&](int i) {
     LearnerOptions lo;
     lo.index = i;
     lo.config = &cfg;
     lo.uplink_endpoint = so.uplink_endpoint;
     lo.downlink_endpoint = so.downlink_endpoint;
+    lo.snapshot_endpoint = so.snapshot_endpoint;
     lo.link = links[i];
     lo.init_params = init.data();
     lo.threads = std::max(1, total_threads / M);
     lo.metrics = &metrics;
     lo.metrics_mu = &metrics_mu;
     lo.crash = crash[i].get();
-    if (i == hooks.crash_learner) lo.crash_after_steps = hooks.crash_after_steps;
-    threads.emplace_back([&, lo, i] { statuses[i] = RunLearner(*ctx, lo, &results[i]); });
+    return lo;
+  };
+  for (int i = 0; i < M; i++) {
+    crash[i] = std::make_unique<std::atomic<bool>>(false);
+    ended[i] = std::make_unique<std::atomic<bool>>(false);
   }
-  for (auto& t : threads) t.join();
+  const int crashing = hooks.crash_learner >= 0 && hooks.crash_learner < M ? hooks.crash_learner : -1;
+  for (int i = 0; i < M; i++) {
+    LearnerOptions lo = learner_options(i);
+    if (i == crashing) lo.crash_after_steps = hooks.crash_after_steps;
+    if (crashing >= 0 && i != crashing && hooks.hold_others_at_step >= 0) {
+      lo.before_step = [&, crashing, at = hooks.hold_others_at_step](long step) {
+        if (step != at) return;
+        // Until it has stopped and the syncer no longer counts it as live (heartbeat timeout).
+        const auto t0 = Clock::now();
+        std::unique_lock<std::mutex> lock(hold_mu);
+        while (Clock::now() - t0 < std::chrono::seconds(60) &&
+               !(ended[crashing]->load() && !syncer->CurrentStatus().learners[crashing].live))
+          hold_cv.wait_for(lock, std::chrono::milliseconds(10));
+      };
+    }
+    threads.emplace_back([&, lo, i] {
+      statuses[i] = RunLearner(*ctx, lo, &results[i]);
+      std::lock_guard<std::mutex> lock(hold_mu);
+      ended[i]->store(true);
+      hold_cv.notify_all();
+    });
+  }
+  // Restart the crashed learner from a snapshot once the others have moved the model on.
+  LearnerResult restarted;
+  Status restarted_status;
+  std::thread restart_thread;
+  bool did_restart = false;
+  if (crashing >= 0 && hooks.restart_after_merges > 0) {
+    threads[crashing].join();
+    const uint64_t merges0 = syncer->CurrentStatus().merges;
+    auto others_done = [&] {
+      for (int i = 0; i < M; i++)
+        if (i != crashing && !ended[i]->load()) return false;
+      return true;
+    };
+    {
+      std::unique_lock<std::mutex> lock(hold_mu);
+      while (!others_done() && syncer->CurrentStatus().merges < merges0 + hooks.restart_after_merges)
+        hold_cv.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    if (statuses[crashing].ok() && results[crashing].crashed) {
+      LearnerOptions lo = learner_options(crashing);
+      lo.crash = nullptr;
+      lo.init_params = nullptr;
+      lo.join_from_snapshot = true;
+      lo.start_step = results[crashing].steps;
+      restart_thread = std::thread([&, lo] { restarted_status = RunLearner(*ctx, lo, &restarted); });
+      did_restart = true;
+    }
+  }
+  for (auto& t : threads)
+    if (t.joinable()) t.join();
+  if (restart_thread.joinable()) restart_thread.join();
   syncer->RequestStop();
   syncer_thread.join();
   for (int i = 0; i < M; i++)
     if (!statuses[i].ok()) return statuses[i].WithContext(LearnerName(i));
+  if (did_restart) DL_RETURN_IF_ERROR(restarted_status.WithContext(LearnerName(crashing) + " (restarted)"));
   DL_RETURN_IF_ERROR(syncer_status.WithContext("syncer"));
 
+  std::vector<std::vector<const LearnerResult*>> incarnations(M);
+  for (int i = 0; i < M; i++) incarnations[i].push_back(&results[i]);
+  if (did_restart) incarnations[crashing].push_back(&restarted);
+  if (details) *details = {};
   for (int i = 0; i < M; i++) {
-    const LearnerResult& r = results[i];
-    s.steps += r.steps;
+    LearnerResult r;  // the learner over all its incarnations
+    for (const LearnerResult* x : incarnations[i]) {
+      r.steps = x->steps;
+      r.tokens += x->tokens;
+      r.train_s += x->train_s;
+      r.final_train_loss = x->final_train_loss;
+      r.bytes_up += x->bytes_up;
+      r.bytes_down += x->bytes_down;
+      r.deltas_sent += x->deltas_sent;
+      r.globals_applied += x->globals_applied;
+      r.snapshots_installed += x->snapshots_installed;
+      r.gaps += x->gaps;
+      r.crc_mismatches += x->crc_mismatches;
+      r.wait_s += x->wait_s;
+      r.crashed = x->crashed;
+    }
+    s.steps += r.tokens / ((long)cfg.train.batch_size * cfg.model.block_size);
     s.tokens += r.tokens;
     s.train_s = std::max(s.train_s, r.train_s);
     s.bytes_up += r.bytes_up;
     s.bytes_down += r.bytes_down;
     s.final_train_loss += r.final_train_loss / M;
     s.learner_tokens.push_back(r.tokens);
+    if (details) {
+      details->snapshots_installed.push_back(r.snapshots_installed);
+      details->crc_mismatches.push_back(r.crc_mismatches);
+      details->gaps.push_back(r.gaps);
+      details->incarnations.push_back((int)incarnations[i].size());
+    }
     DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
                                       {"learner", i},
                                       {"steps", r.steps},
                                       {"tokens", r.tokens},
+                                      {"incarnations", incarnations[i].size()},
                                       {"deltas_sent", r.deltas_sent},
                                       {"globals_applied", r.globals_applied},
-                                      {"lost_fragments", r.lost_fragments},
+                                      {"snapshots_installed", r.snapshots_installed},
+                                      {"gaps", r.gaps},
+                                      {"crc_mismatches", r.crc_mismatches},
                                       {"wait_s", r.wait_s},
                                       {"crashed", r.crashed},
                                       {"bytes_up", r.bytes_up},

@@ -7,6 +7,9 @@
 // Modes: decoupled, diloco and streaming; ddp is rejected (not implemented in local mode yet).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "daemon/train/trainer.h"
 #include "daemon/util/status.h"
 
@@ -17,8 +20,28 @@ struct LocalRunHooks {
   // steps; -1: nobody. For tests.
   int crash_learner = -1;
   long crash_after_steps = 0;
+  // Hold every other learner before this step until the crashed learner has stopped, so the
+  // others are still training after the crash (-1: no hold).
+  long hold_others_at_step = -1;
+  // Start the crashed learner again (same index, a new incarnation, join_from_snapshot,
+  // start_step = the step it reached) once the syncer has merged this many more rounds since it
+  // stopped, or every other learner is done, whichever comes first (0: no restart).
+  uint64_t restart_after_merges = 0;
+  // The syncer publishes the Global of (fragment, version) with a wrong CRC32C (every learner
+  // then resyncs from a snapshot). version 0: never.
+  uint32_t corrupt_crc_fragment = 0;
+  uint64_t corrupt_crc_version = 0;
 };
 
-Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks = {});
+// Per learner, for tests (RunLocal's last argument, may be null).
+struct LocalRunDetails {
+  std::vector<uint64_t> snapshots_installed;  // summed over incarnations
+  std::vector<uint64_t> crc_mismatches;
+  std::vector<uint64_t> gaps;
+  std::vector<int> incarnations;
+};
+
+Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks = {},
+                LocalRunDetails* details = nullptr);
 
 }  // namespace diloco

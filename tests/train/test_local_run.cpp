@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -95,14 +96,19 @@ TEST_CASE("local run: 3 decoupled learners train one model over the transport", 
   CHECK(fs::exists(fs::path(o.run_dir) / "global_state.bin"));
 }
 
-// Hidden: failed 1 of 5 full ctest runs here under load (cause not yet found); see the issue 4 note.
-TEST_CASE("local run: versions keep advancing after a learner stops mid-run", "[e2e][.flaky]") {
+// Deterministic: the others wait at step 25 until learner 2 has stopped and the syncer has
+// stopped counting it as live. (Without that hold the test failed about 1 run in 5: the tiny run
+// is over in well under a second, so when the others finished before the syncer's heartbeat
+// timeout expired, every round after the crash waited out its grace window for learner 2 and
+// the versions barely moved.)
+TEST_CASE("local run: versions keep advancing after a learner stops mid-run", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 3);
   o.config.sync.heartbeat_timeout_ms = 300;
   LocalRunHooks hooks;
   hooks.crash_learner = 2;
   hooks.crash_after_steps = 20;
+  hooks.hold_others_at_step = 25;
   TrainSummary s;
   const Status st = RunLocal(o, &s, hooks);
   INFO(st.message());
@@ -119,7 +125,76 @@ TEST_CASE("local run: versions keep advancing after a learner stops mid-run", "[
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 
-TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e][.flaky]") {
+// The issue's restart test: learner 2 stops at step 20; the others go on (versions advance);
+// learner 2 restarts (same index, new incarnation, join_from_snapshot, start_step 20), installs
+// a snapshot, and its later deltas are merged (the merge tape shows them).
+TEST_CASE("local run: a stopped learner restarts from a snapshot and its deltas are merged again", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 3);
+  o.config.sync.heartbeat_timeout_ms = 300;
+  LocalRunHooks hooks;
+  hooks.crash_learner = 2;
+  hooks.crash_after_steps = 20;
+  hooks.hold_others_at_step = 25;
+  hooks.restart_after_merges = 2;
+  TrainSummary s;
+  LocalRunDetails d;
+  const Status st = RunLocal(o, &s, hooks, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(d.incarnations == std::vector<int>{1, 1, 2});
+  CHECK(d.snapshots_installed[2] >= 1);
+  // 20 steps before the stop, 40 after the restart (start_step 20 .. train.steps 60).
+  CHECK(s.learner_tokens[2] == 60 * 4 * 16);
+  // Contributions of learner 2 by version, per fragment: a stretch of merges without it, then
+  // merges with it again.
+  std::map<int, std::vector<std::pair<int, bool>>> tape;  // fragment -> (version, with learner 2)
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) {
+    bool with2 = false;
+    for (const auto& c : ev["contributors"]) with2 |= c["learner"] == 2;
+    tape[ev["fragment"].get<int>()].push_back({ev["version"].get<int>(), with2});
+  }
+  int without_after_stop = 0, with_after_restart = 0;
+  for (auto& [frag, merges] : tape) {
+    std::sort(merges.begin(), merges.end());
+    bool seen_with = false, seen_gap = false;
+    for (const auto& [v, with2] : merges) {
+      if (with2 && seen_gap) with_after_restart++;
+      if (!with2 && seen_with) {
+        seen_gap = true;
+        without_after_stop++;
+      }
+      seen_with |= with2;
+    }
+  }
+  CHECK(without_after_stop >= 2);   // the model moved on without it
+  CHECK(with_after_restart >= 1);  // and took its deltas again after the restart
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+}
+
+// A Global whose CRC32C does not match what the learners reconstruct: every learner resyncs
+// from a snapshot (nothing is lost) and goes on syncing.
+TEST_CASE("local run: a global with a wrong CRC makes learners resync from a snapshot", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.mode = SyncMode::kDiloco;  // lock-step: every learner folds every version
+  LocalRunHooks hooks;
+  hooks.corrupt_crc_fragment = 0;
+  hooks.corrupt_crc_version = 2;
+  TrainSummary s;
+  LocalRunDetails d;
+  const Status st = RunLocal(o, &s, hooks, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(d.crc_mismatches == std::vector<uint64_t>{1, 1});
+  CHECK(d.snapshots_installed == std::vector<uint64_t>{1, 1});
+  REQUIRE(s.versions.size() == 1);
+  CHECK(s.versions[0] == 6);  // every outer step still merged both learners
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) CHECK(ev["contributors"].size() == 2);
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+}
+
+TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
   o.config.sync.mode = SyncMode::kDiloco;
@@ -150,7 +225,7 @@ TEST_CASE("local run: ddp is rejected with a clear error", "[e2e]") {
 namespace diloco {
 namespace {
 
-TEST_CASE("local run: streaming mode over an emulated WAN link", "[e2e][.flaky]") {
+TEST_CASE("local run: streaming mode over an emulated WAN link", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
   o.config.sync.mode = SyncMode::kStreaming;
