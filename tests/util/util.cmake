@@ -1,1 +1,6 @@
-# Tests of daemon/util (none yet).
+# Tests of daemon/util (test_crc32c.cpp is part of train_tests).
+diloco_test(util_tests
+  util/test_lock_file.cpp
+  util/test_sd_notify.cpp
+)
+target_link_libraries(util_tests PRIVATE diloco_util)
