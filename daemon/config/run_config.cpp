@@ -1,9 +1,12 @@
 #include "daemon/config/run_config.h"
 
+#include "daemon/config/yaml_helpers.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -21,6 +24,9 @@ namespace diloco {
 namespace {
 
 namespace fs = std::filesystem;
+using config_internal::DidYouMean;
+using config_internal::Describe;
+using config_internal::Join;
 
 // ---------------------------------------------------------------------------
 // The key table: the one place that lists every key, by its dotted path.
@@ -47,7 +53,13 @@ struct ListField {
   std::vector<std::string> item_names;  // the keys of one item, for messages
 };
 
-using FieldRef = std::variant<int*, uint64_t*, double*, PathField, EnumField, ListField>;
+// A list of plain strings, e.g. placement.learners: [site-a, site-b].
+struct StringListField {
+  std::vector<std::string>* value;
+};
+
+using FieldRef = std::variant<int*, uint64_t*, double*, std::string*, PathField, EnumField, ListField,
+                              StringListField>;
 
 struct Key {
   std::string path;  // "train.lr", "sync.grace.gamma", "learners.0.slowdown"
@@ -134,6 +146,8 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.norm_limit", &s.norm_limit},
       {"sync.checkpoint_every", &s.checkpoint_every},
       {"learners", ListField{[c](size_t n) { c->learners.resize(n); }, learner_names}},
+      {"placement.syncer", &c->placement.syncer},
+      {"placement.learners", StringListField{&c->placement.learners}},
   };
   for (size_t i = 0; i < c->learners.size(); ++i) {
     for (Key& key : LearnerKeysOf(&c->learners[i])) {
@@ -191,59 +205,11 @@ std::vector<std::string> Split(const std::string& path) {
 // ---------------------------------------------------------------------------
 // Small helpers.
 
-std::string Join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
-
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// "; did you mean 'x'?" when some candidate is a near miss, else "".
-std::string DidYouMean(const std::string& name, const std::vector<std::string>& candidates) {
-  const std::string* best = nullptr;
-  size_t best_distance = 3;  // suggest only within 2 edits, and fewer for short names
-  for (const std::string& candidate : candidates) {
-    size_t distance = EditDistance(name, candidate);
-    if (distance < best_distance && 2 * distance <= name.size()) {
-      best = &candidate;
-      best_distance = distance;
-    }
-  }
-  return best ? "; did you mean '" + *best + "'?" : "";
-}
-
 // Shortest text that reads back to the same double.
 std::string FormatDouble(double value) {
   char buffer[64];
   auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
   return std::string(buffer, result.ptr);
-}
-
-std::string Describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Sequence:
-      return "a sequence";
-    case YAML::NodeType::Scalar:
-      return "'" + node.Scalar() + "'";
-    default:
-      return "an empty value";
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -341,6 +307,17 @@ Status ReadValue(const Key& key, const YAML::Node& node, const std::string& wher
     }
   } else if (auto* field = std::get_if<double*>(&key.field)) {
     if (!node.IsScalar() || !ParseDouble(text, *field)) return expected("a number");
+  } else if (auto* field = std::get_if<std::string*>(&key.field)) {
+    if (!node.IsScalar() && !node.IsNull()) return expected("a name");
+    **field = text;
+  } else if (auto* field = std::get_if<StringListField>(&key.field)) {
+    field->value->clear();
+    if (node.IsNull()) return Status::Ok();
+    if (!node.IsSequence()) return expected("a list of names, e.g. [site-a, site-b]");
+    for (size_t i = 0; i < node.size(); ++i) {
+      if (!node[i].IsScalar()) return expected("a list of names, e.g. [site-a, site-b]");
+      field->value->push_back(node[i].Scalar());
+    }
   } else if (auto* field = std::get_if<PathField>(&key.field)) {
     // An empty value leaves the path empty; Validate() says it is required.
     if (!node.IsScalar() && !node.IsNull()) return expected("a path");
@@ -564,6 +541,44 @@ Status ApplyOverrides(const std::vector<std::string>& overrides, YAML::Node* roo
   return Status::Ok();
 }
 
+// Site names end up in file names, endpoints' peers and logs.
+bool IsSiteName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') return false;
+  }
+  return true;
+}
+
+// Checks the placement section: empty, or a syncer site and one site per learner.
+Status ValidatePlacement(const RunConfig& c, const Origins& origins) {
+  const PlacementConfig& p = c.placement;
+  if (p.empty()) return Status::Ok();
+  auto fail = [&](const std::string& key, const std::string& detail) {
+    return Status::Error(origins.OfValue({key, "placement.learners", "placement.syncer"}) + ": " + key + ": " +
+                         detail);
+  };
+  if (p.syncer.empty()) {
+    return fail("placement.syncer",
+                "is required when placement.learners is set: the site that hosts the syncer, e.g. "
+                "placement: {syncer: site-s, learners: [site-a, site-b]}");
+  }
+  if (!IsSiteName(p.syncer)) {
+    return fail("placement.syncer", "'" + p.syncer + "' is not a site name (letters, digits, '-', '_', '.')");
+  }
+  if (p.learners.size() != static_cast<size_t>(c.sync.learners)) {
+    return fail("placement.learners",
+                "names " + std::to_string(p.learners.size()) + " sites but sync.learners is " +
+                    std::to_string(c.sync.learners) + "; list one site per learner (a site may repeat)");
+  }
+  for (const std::string& site : p.learners) {
+    if (!IsSiteName(site)) {
+      return fail("placement.learners", "'" + site + "' is not a site name (letters, digits, '-', '_', '.')");
+    }
+  }
+  return Status::Ok();
+}
+
 // Checks the sync section and the learners list.
 Status ValidateSync(const RunConfig& c, const Origins& origins) {
   auto fail = [&](const std::string& key, const std::string& detail,
@@ -633,7 +648,7 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
     const double slowdown = c.learners[i].slowdown;
     DL_RETURN_IF_ERROR(check(key, slowdown, slowdown >= 1, ">= 1 (1 = full speed)"));
   }
-  return Status::Ok();
+  return ValidatePlacement(c, origins);
 }
 
 // Checks ranges and relations between keys.
@@ -792,6 +807,12 @@ std::string RunConfigToYaml(const RunConfig& config) {
       value = std::to_string(**field);
     } else if (auto* field = std::get_if<double*>(&key.field)) {
       value = FormatDouble(**field);
+    } else if (auto* field = std::get_if<std::string*>(&key.field)) {
+      value = **field;
+    } else if (auto* field = std::get_if<StringListField>(&key.field)) {
+      value = YAML::Node(YAML::NodeType::Sequence);
+      value.SetStyle(YAML::EmitterStyle::Flow);
+      for (const std::string& item : *field->value) value.push_back(item);
     } else if (auto* field = std::get_if<PathField>(&key.field)) {
       value = *field->value;
     } else if (auto* field = std::get_if<EnumField>(&key.field)) {

@@ -10,6 +10,7 @@
 //   eval:   {every: 0, batches: 20}
 //   sync:   {mode: decoupled, learners: 1, grace: {gamma: 0.5, cap_ms: 2000}, ...}
 //   learners: [{slowdown: 3}, ...]
+//   placement: {syncer: site-s, learners: [site-a, site-b]}   # jobs submitted to dilocod
 //
 // Overrides name a key by its dotted path; a list item by its index:
 //   --set train.lr=3e-4  --set sync.grace.gamma=0.25  --set sync.codec.up=fp32
@@ -69,6 +70,17 @@ struct EvalConfig {
   bool operator==(const EvalConfig&) const = default;
 };
 
+// Where a job's roles run when it is submitted to dilocod (`dilococtl submit`): the syncer on
+// site `syncer`, learner i on site learners[i] (a site may host several roles). Empty: the config
+// is for local mode only (`dilococtl train`); submit refuses it. When set, learners has exactly
+// sync.learners entries.
+struct PlacementConfig {
+  std::string syncer;
+  std::vector<std::string> learners;
+  bool empty() const { return syncer.empty() && learners.empty(); }
+  bool operator==(const PlacementConfig&) const = default;
+};
+
 struct RunConfig {
   ModelConfig model;
   DataConfig data;
@@ -76,6 +88,7 @@ struct RunConfig {
   EvalConfig eval;
   SyncConfig sync;
   std::vector<LearnerConfig> learners;  // by learner index; at most sync.learners
+  PlacementConfig placement;
   bool operator==(const RunConfig&) const = default;
 };
 

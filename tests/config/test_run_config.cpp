@@ -207,7 +207,7 @@ TEST_CASE("values of the wrong type name the place, the key and what was expecte
              StartsWith("run.yaml:3:8: train: expected a section (a mapping of keys), got '5'"));
   CHECK_THAT(ErrorOf("- a\n- b\n"),
              StartsWith("run.yaml:1:1: expected a mapping of sections (model, data, train, eval, "
-                        "sync, learners)"));
+                        "sync, learners, placement)"));
 
   // Accepted number forms.
   RunConfig config;
@@ -357,6 +357,40 @@ TEST_CASE("the shipped configs load", "[unit][config]") {
   CHECK(config.train.steps == 10);
   CHECK(config.eval.every == 25);
   CHECK(config.eval.batches == 2);
+}
+
+}  // namespace
+}  // namespace diloco
+
+namespace diloco {
+namespace {
+
+TEST_CASE("placement names a syncer site and one site per learner", "[unit][config]") {
+  RunConfig config;
+  REQUIRE(Parse(std::string(kMinimal) + "sync: {learners: 2}\nplacement: {syncer: s, learners: [a, b]}\n", {},
+                &config)
+              .message() == "");
+  CHECK(config.placement.syncer == "s");
+  CHECK(config.placement.learners == std::vector<std::string>{"a", "b"});
+  // It survives the round trip through the resolved YAML a daemon stores.
+  RunConfig again;
+  REQUIRE(Parse(RunConfigToYaml(config), {}, &again).message() == "");
+  CHECK(again == config);
+  // Absent: local mode only.
+  REQUIRE(Parse(kMinimal, {}, &config).ok());
+  CHECK(config.placement.empty());
+  REQUIRE(Parse(RunConfigToYaml(config), {}, &again).ok());
+  CHECK(again.placement.empty());
+
+  CHECK_THAT(ErrorOf(std::string(kMinimal) + "sync: {learners: 3}\nplacement: {syncer: s, learners: [a, b]}\n"),
+             StartsWith("run.yaml:4:"));
+  CHECK_THAT(ErrorOf(std::string(kMinimal) + "sync: {learners: 3}\nplacement: {syncer: s, learners: [a, b]}\n"),
+             Catch::Contains("placement.learners: names 2 sites but sync.learners is 3"));
+  CHECK_THAT(ErrorOf(kMinimal, {"placement.learners=[a]"}), Catch::Contains("placement.syncer: is required"));
+  CHECK_THAT(ErrorOf(kMinimal, {"placement.syncer=s", "placement.learners=[a b]"}),
+             Catch::Contains("'a b' is not a site name"));
+  CHECK_THAT(ErrorOf(std::string(kMinimal) + "placement: {sycner: s}\n"),
+             StartsWith("run.yaml:3:13: unknown key 'placement.sycner'"));
 }
 
 }  // namespace

@@ -1,0 +1,286 @@
+#include "daemon/config/daemon_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "daemon/config/yaml_helpers.h"
+
+namespace diloco {
+namespace {
+
+namespace fs = std::filesystem;
+using config_internal::DidYouMean;
+using config_internal::Describe;
+using config_internal::Join;
+using config_internal::Where;
+
+std::string Resolve(const std::string& path, const std::string& base) {
+  if (path.empty()) return path;
+  fs::path p(path);
+  if (p.is_relative() && !base.empty()) p = fs::path(base) / p;
+  std::error_code ec;
+  fs::path absolute = fs::absolute(p, ec);
+  if (!ec) p = absolute;
+  return p.lexically_normal().string();
+}
+
+bool IsSiteName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') return false;
+  }
+  return true;
+}
+
+// Reads one mapping, refusing keys it does not know.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string path, const std::string& source, std::vector<std::string> keys)
+      : node_(node), path_(std::move(path)), source_(source), keys_(std::move(keys)) {}
+
+  Status CheckKeys() const {
+    if (node_.IsNull()) return Status::Ok();
+    if (!node_.IsMap()) {
+      return Status::Error(Where(source_, node_.Mark()) + ": " + (path_.empty() ? "the file" : path_) +
+                           ": expected a mapping of keys (" + Join(keys_) + "), got " + Describe(node_));
+    }
+    std::set<std::string> seen;
+    for (const auto& entry : node_) {
+      const std::string name = entry.first.Scalar();
+      const std::string full = path_.empty() ? name : path_ + "." + name;
+      if (std::find(keys_.begin(), keys_.end(), name) == keys_.end()) {
+        return Status::Error(Where(source_, entry.first.Mark()) + ": unknown key '" + full + "'; known keys" +
+                             (path_.empty() ? "" : " in '" + path_ + "'") + ": " + Join(keys_) +
+                             DidYouMean(name, keys_));
+      }
+      if (!seen.insert(name).second) {
+        return Status::Error(Where(source_, entry.first.Mark()) + ": key '" + full + "' appears twice; keep one");
+      }
+    }
+    return Status::Ok();
+  }
+
+  YAML::Node Get(const std::string& key) const {
+    if (!node_.IsMap()) return YAML::Node();
+    return node_[key];
+  }
+  std::string WhereOf(const std::string& key) const {
+    const YAML::Node n = Get(key);
+    return Where(source_, n.IsDefined() ? n.Mark() : node_.Mark());
+  }
+  std::string Full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  Status String(const std::string& key, std::string* out) const {
+    const YAML::Node n = Get(key);
+    if (!n.IsDefined() || n.IsNull()) return Status::Ok();
+    if (!n.IsScalar()) return Status::Error(WhereOf(key) + ": " + Full(key) + ": expected text, got " + Describe(n));
+    *out = n.Scalar();
+    return Status::Ok();
+  }
+  Status Int(const std::string& key, int* out) const {
+    const YAML::Node n = Get(key);
+    if (!n.IsDefined() || n.IsNull()) return Status::Ok();
+    const std::string text = n.IsScalar() ? n.Scalar() : "";
+    auto r = std::from_chars(text.data(), text.data() + text.size(), *out);
+    if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size()) {
+      return Status::Error(WhereOf(key) + ": " + Full(key) + ": expected an integer, got " + Describe(n));
+    }
+    return Status::Ok();
+  }
+  Status Bool(const std::string& key, bool* out) const {
+    const YAML::Node n = Get(key);
+    if (!n.IsDefined() || n.IsNull()) return Status::Ok();
+    const std::string text = n.IsScalar() ? n.Scalar() : "";
+    if (text == "true") {
+      *out = true;
+    } else if (text == "false") {
+      *out = false;
+    } else {
+      return Status::Error(WhereOf(key) + ": " + Full(key) + ": expected true or false, got " + Describe(n));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  YAML::Node node_;
+  std::string path_;
+  const std::string& source_;
+  std::vector<std::string> keys_;
+};
+
+const std::vector<std::string> kEndpointKeys = {"control", "uplink", "downlink", "snapshot"};
+
+Status ReadEndpoints(const Section& s, DaemonEndpoints* out) {
+  DL_RETURN_IF_ERROR(s.String("control", &out->control));
+  DL_RETURN_IF_ERROR(s.String("uplink", &out->uplink));
+  DL_RETURN_IF_ERROR(s.String("downlink", &out->downlink));
+  DL_RETURN_IF_ERROR(s.String("snapshot", &out->snapshot));
+  for (const std::string& key : kEndpointKeys) {
+    std::string value;
+    DL_RETURN_IF_ERROR(s.String(key, &value));
+    if (!value.empty() && value.rfind("tcp://", 0) != 0) {
+      return Status::Error(s.WhereOf(key) + ": " + s.Full(key) + ": '" + value +
+                           "' is not a tcp endpoint; write tcp://HOST:PORT");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const PeerConfig* DaemonConfig::FindPeer(const std::string& name) const {
+  for (const PeerConfig& p : peers)
+    if (p.site == name) return &p;
+  return nullptr;
+}
+
+std::string ConnectableEndpoint(const std::string& bound) {
+  for (const char* wildcard : {"tcp://*:", "tcp://0.0.0.0:"}) {
+    const std::string w = wildcard;
+    if (bound.rfind(w, 0) == 0) return "tcp://127.0.0.1:" + bound.substr(w.size());
+  }
+  return bound;
+}
+
+Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source_name,
+                         const std::string& base_dir, DaemonConfig* out) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(Where(source_name, e.mark) + ": invalid YAML: " + e.msg);
+  }
+  DaemonConfig c;
+  c.source = source_name;
+  const Section top(root, "", source_name,
+                    {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
+                     "metrics_port"});
+  DL_RETURN_IF_ERROR(top.CheckKeys());
+  DL_RETURN_IF_ERROR(top.String("site", &c.site));
+  DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
+  DL_RETURN_IF_ERROR(top.String("control_socket", &c.control_socket));
+  DL_RETURN_IF_ERROR(top.String("keys", &c.keys_dir));
+  DL_RETURN_IF_ERROR(top.Bool("allow_plaintext", &c.allow_plaintext));
+  DL_RETURN_IF_ERROR(top.Int("threads", &c.threads));
+  DL_RETURN_IF_ERROR(top.Int("metrics_port", &c.metrics_port));
+  const Section listen(top.Get("listen"), "listen", source_name, kEndpointKeys);
+  DL_RETURN_IF_ERROR(listen.CheckKeys());
+  DL_RETURN_IF_ERROR(ReadEndpoints(listen, &c.listen));
+
+  if (!IsSiteName(c.site)) {
+    return Status::Error(top.WhereOf("site") + ": site: " +
+                         (c.site.empty() ? std::string("is required") : "'" + c.site + "' is not a site name") +
+                         ": this site's name (letters, digits, '-', '_', '.'), as run configs' placement names it");
+  }
+  if (c.state_dir.empty()) {
+    return Status::Error(top.WhereOf("state_dir") +
+                         ": state_dir: is required: the directory for jobs and the lock file, e.g. /var/lib/dilocod");
+  }
+  c.state_dir = Resolve(c.state_dir, base_dir);
+  c.control_socket = c.control_socket.empty() ? (fs::path(c.state_dir) / "control.sock").string()
+                                              : Resolve(c.control_socket, base_dir);
+  if (c.control_socket.size() > 100) {
+    return Status::Error(top.WhereOf("control_socket") + ": control_socket: '" + c.control_socket +
+                         "' is longer than a unix socket path may be (~107 bytes); choose a shorter path");
+  }
+  c.keys_dir = Resolve(c.keys_dir, base_dir);
+  if (c.keys_dir.empty() && !c.allow_plaintext) {
+    return Status::Error(top.WhereOf("keys") +
+                         ": keys: is required (a directory with key.public and key.secret; create one with "
+                         "`dilococtl keygen --out DIR`), unless allow_plaintext: true for development");
+  }
+  if (c.threads < 0) return Status::Error(top.WhereOf("threads") + ": threads: must be >= 0 (0 = all cores)");
+  if (c.metrics_port < 0 || c.metrics_port > 65535) {
+    return Status::Error(top.WhereOf("metrics_port") + ": metrics_port: must be in [0, 65535] (0 = off)");
+  }
+
+  const YAML::Node peers = top.Get("peers");
+  if (peers.IsDefined() && !peers.IsNull() && !peers.IsSequence()) {
+    return Status::Error(top.WhereOf("peers") + ": peers: expected a list of peers ({site, control, uplink, "
+                                                "downlink, snapshot, public_key}), got " + Describe(peers));
+  }
+  std::set<std::string> sites = {c.site};
+  for (size_t i = 0; peers.IsSequence() && i < peers.size(); ++i) {
+    const std::string path = "peers." + std::to_string(i);
+    std::vector<std::string> keys = kEndpointKeys;
+    keys.insert(keys.begin(), "site");
+    keys.push_back("public_key");
+    keys.push_back("public_key_file");
+    const Section ps(peers[i], path, source_name, keys);
+    DL_RETURN_IF_ERROR(ps.CheckKeys());
+    PeerConfig p;
+    DL_RETURN_IF_ERROR(ps.String("site", &p.site));
+    DL_RETURN_IF_ERROR(ReadEndpoints(ps, &p.endpoints));
+    DL_RETURN_IF_ERROR(ps.String("public_key", &p.public_key));
+    std::string key_file;
+    DL_RETURN_IF_ERROR(ps.String("public_key_file", &key_file));
+    if (!IsSiteName(p.site)) {
+      return Status::Error(ps.WhereOf("site") + ": " + path + ".site: " +
+                           (p.site.empty() ? std::string("is required") : "'" + p.site + "' is not a site name"));
+    }
+    if (!sites.insert(p.site).second) {
+      return Status::Error(ps.WhereOf("site") + ": " + path + ".site: '" + p.site +
+                           (p.site == c.site ? "' is this site itself; list only the other sites"
+                                             : "' is listed twice; keep one entry per site"));
+    }
+    if (p.endpoints.control.empty()) {
+      return Status::Error(ps.WhereOf("control") + ": " + path + ".control: is required: the peer's "
+                                                                  "listen.control endpoint, e.g. tcp://10.0.0.2:7100");
+    }
+    if (!key_file.empty()) {
+      if (!p.public_key.empty()) {
+        return Status::Error(ps.WhereOf("public_key_file") + ": " + path +
+                             ": give public_key or public_key_file, not both");
+      }
+      const std::string file = Resolve(key_file, base_dir);
+      std::ifstream f(file);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      if (!f) {
+        return Status::Error(ps.WhereOf("public_key_file") + ": " + path + ".public_key_file: cannot read '" +
+                             file + "'; copy the peer's key.public there");
+      }
+      p.public_key = ss.str();
+      while (!p.public_key.empty() && std::isspace(static_cast<unsigned char>(p.public_key.back())))
+        p.public_key.pop_back();
+    }
+    if (p.public_key.empty() && !c.allow_plaintext) {
+      return Status::Error(ps.WhereOf("site") + ": " + path + ": public_key (or public_key_file) is required: the "
+                                                               "peer's key.public, so that CURVE can authenticate it");
+    }
+    if (!p.public_key.empty() && p.public_key.size() != 40) {
+      return Status::Error(ps.WhereOf(key_file.empty() ? "public_key" : "public_key_file") + ": " + path +
+                           ".public_key: expected a 40-character Z85 key (the peer's key.public), got " +
+                           std::to_string(p.public_key.size()) + " characters");
+    }
+    c.peers.push_back(std::move(p));
+  }
+  if (!c.peers.empty() && c.listen.control.empty()) {
+    return Status::Error(top.WhereOf("listen") +
+                         ": listen.control: is required when peers are listed: the tcp endpoint peers reach "
+                         "this daemon on, e.g. tcp://0.0.0.0:7100");
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status LoadDaemonConfig(const std::string& path, DaemonConfig* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::Error("cannot read daemon config '" + path + "': " + std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  return ParseDaemonConfig(ss.str(), path, (ec ? fs::path(path) : absolute).parent_path().string(), out);
+}
+
+}  // namespace diloco

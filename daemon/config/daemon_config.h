@@ -1,0 +1,72 @@
+// The config of one dilocod (`dilocod --config /etc/dilocod/dilocod.yaml`): who this site is,
+// where it keeps its state, where it listens and who its peers are.
+//
+//   site: site-a                       # this site's name, as run configs' placement uses it
+//   state_dir: /var/lib/dilocod        # jobs/<id>/ (job.yaml, state.json, run/), the lock file
+//   control_socket: /run/dilocod/control.sock   # ipc, the local CLI; default <state_dir>/control.sock
+//   listen:                            # tcp endpoints this daemon binds
+//     control: tcp://0.0.0.0:7100      # daemon <-> daemon (job forwarding, status), CURVE
+//     uplink: tcp://0.0.0.0:7101       # the next three only matter when this site hosts a syncer:
+//     downlink: tcp://0.0.0.0:7102     #   learners' deltas in, globals out, snapshots
+//     snapshot: tcp://0.0.0.0:7103
+//   peers:                             # the other sites, as this site reaches them
+//     - {site: site-s, control: tcp://10.0.0.2:7100, uplink: tcp://10.0.0.2:7101,
+//        downlink: tcp://10.0.0.2:7102, snapshot: tcp://10.0.0.2:7103,
+//        public_key: "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}   # or public_key_file: PATH
+//   keys: /etc/dilocod/keys            # key.public + key.secret (`dilococtl keygen --out DIR`)
+//   allow_plaintext: false             # true: no CURVE on loopback/ipc (development only)
+//   threads: 0                         # compute threads for this site's roles; 0 = all cores
+//   metrics_port: 0                    # Prometheus text on 127.0.0.1:PORT/metrics; 0 = off
+//
+// Relative paths resolve against the config file's directory. Errors start with "file:line:col".
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+struct DaemonEndpoints {
+  std::string control;   // tcp://host:port
+  std::string uplink;
+  std::string downlink;
+  std::string snapshot;
+  bool operator==(const DaemonEndpoints&) const = default;
+};
+
+struct PeerConfig {
+  std::string site;
+  DaemonEndpoints endpoints;    // where this daemon connects to reach the peer
+  std::string public_key;       // Z85 (40 characters); read from public_key_file when given
+  bool operator==(const PeerConfig&) const = default;
+};
+
+struct DaemonConfig {
+  std::string site;
+  std::string state_dir;       // absolute
+  std::string control_socket;  // absolute file path (served as ipc://PATH)
+  DaemonEndpoints listen;
+  std::vector<PeerConfig> peers;
+  std::string keys_dir;        // absolute; empty only with allow_plaintext
+  bool allow_plaintext = false;
+  int threads = 0;
+  int metrics_port = 0;
+  std::string source;  // the file it came from, for messages
+  bool operator==(const DaemonConfig&) const = default;
+
+  // The peer named site, or nullptr.
+  const PeerConfig* FindPeer(const std::string& site) const;
+};
+
+Status LoadDaemonConfig(const std::string& path, DaemonConfig* out);
+// From text; relative paths resolve against base_dir.
+Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source_name,
+                         const std::string& base_dir, DaemonConfig* out);
+
+// Where a client on this machine reaches an endpoint a daemon binds: a wildcard host
+// (tcp://*:7101, tcp://0.0.0.0:7101) becomes 127.0.0.1.
+std::string ConnectableEndpoint(const std::string& bound);
+
+}  // namespace diloco

@@ -1,0 +1,62 @@
+#include "daemon/config/yaml_helpers.h"
+
+#include <algorithm>
+
+namespace diloco::config_internal {
+namespace {
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+std::string DidYouMean(const std::string& name, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  size_t best_distance = 3;  // suggest only within 2 edits, and fewer for short names
+  for (const std::string& candidate : candidates) {
+    size_t distance = EditDistance(name, candidate);
+    if (distance < best_distance && 2 * distance <= name.size()) {
+      best = &candidate;
+      best_distance = distance;
+    }
+  }
+  return best ? "; did you mean '" + *best + "'?" : "";
+}
+
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    default:
+      return "an empty value";
+  }
+}
+
+std::string Where(const std::string& source, const YAML::Mark& mark) {
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+}  // namespace diloco::config_internal

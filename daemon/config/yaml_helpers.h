@@ -1,0 +1,24 @@
+// Small helpers shared by the YAML config readers (run_config.cpp, daemon_config.cpp): how a
+// node is described in a message, where it is ("file:line:col"), and "did you mean" hints.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+namespace diloco::config_internal {
+
+// "a, b, c".
+std::string Join(const std::vector<std::string>& items);
+
+// "; did you mean 'x'?" when some candidate is a near miss (within 2 edits), else "".
+std::string DidYouMean(const std::string& name, const std::vector<std::string>& candidates);
+
+// "a mapping", "a sequence", "'text'" or "an empty value".
+std::string Describe(const YAML::Node& node);
+
+// "source:line:col" (1-based), or just source when the mark is unknown.
+std::string Where(const std::string& source, const YAML::Mark& mark);
+
+}  // namespace diloco::config_internal

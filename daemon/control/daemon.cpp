@@ -1,0 +1,732 @@
+#include "daemon/control/daemon.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+#include "daemon/control/control_protocol.h"
+#include "daemon/control/job_store.h"
+#include "daemon/control/roles.h"
+#include "daemon/net/channel.h"
+#include "daemon/net/curve.h"
+#include "daemon/net/wire_transport.h"
+#include "daemon/sync/syncer.h"
+#include "daemon/util/atomic_file.h"
+#include "daemon/util/lock_file.h"
+#include "daemon/util/sd_notify.h"
+
+namespace diloco {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::atomic<bool> g_shutdown{false};
+
+void OnSignal(int) { g_shutdown = true; }
+
+std::string Tail(const std::string& path, int lines) {
+  std::ifstream f(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(f, line);) {
+    all.push_back(line);
+    if ((int)all.size() > lines * 2 + 64) all.erase(all.begin(), all.end() - lines);
+  }
+  std::string out;
+  for (size_t i = all.size() > (size_t)lines ? all.size() - lines : 0; i < all.size(); i++) out += all[i] + "\n";
+  return out;
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+// The sites a job's placement names, syncer first, each once.
+std::vector<std::string> SitesOf(const RunConfig& cfg) {
+  std::vector<std::string> sites = {cfg.placement.syncer};
+  for (const std::string& s : cfg.placement.learners)
+    if (std::find(sites.begin(), sites.end(), s) == sites.end()) sites.push_back(s);
+  return sites;
+}
+
+}  // namespace
+
+struct Daemon::Impl {
+  DaemonConfig config;
+  std::unique_ptr<LockFile> lock;
+  std::optional<net::CurveKeyPair> keys;
+  std::unique_ptr<net::NetContext> context;
+  std::unique_ptr<JobStore> store;
+  std::unique_ptr<net::RouterChannel> local;  // ipc, the CLI
+  std::unique_ptr<net::RouterChannel> peers;  // tcp, other daemons
+  std::shared_ptr<ParsedMessage> local_parsed = std::make_shared<ParsedMessage>();
+  std::shared_ptr<ParsedMessage> peer_parsed = std::make_shared<ParsedMessage>();
+  struct Job {
+    RunConfig config;
+    std::map<std::string, std::unique_ptr<Role>> roles;
+    bool stop_requested = false;
+  };
+  std::map<std::string, Job> jobs;  // jobs with roles on this site that are not done
+  std::string last_status;
+
+  void Log(const std::string& line) const {
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    const int ms = (int)(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::gmtime(&t));
+    std::fprintf(stderr, "%s.%03dZ dilocod[%s] %s\n", stamp, ms, config.site.c_str(), line.c_str());
+    std::fflush(stderr);
+  }
+  void JobLog(const std::string& id, const std::string& line) const {
+    Log("job " + id + ": " + line);
+    store->AppendLog(id, "[" + config.site + "] " + line);
+  }
+
+  ControlTarget PeerTarget(const PeerConfig& peer, int timeout_ms) const {
+    ControlTarget t;
+    t.endpoint = peer.endpoints.control;
+    t.sender = config.site;
+    t.timeout_ms = timeout_ms;
+    if (keys) {
+      net::CurveOptions c;
+      c.public_key_z85 = keys->public_z85;
+      c.secret_key_z85 = keys->secret_z85;
+      c.server_public_key_z85 = peer.public_key;
+      t.curve = c;
+    }
+    return t;
+  }
+
+  Status CallPeer(const std::string& site, const std::string& name, const std::string& job_id,
+                  const ControlArgs& args, ControlArgs* reply, int timeout_ms = 3000) {
+    const PeerConfig* peer = config.FindPeer(site);
+    if (!peer) return Status::Error("site '" + site + "' is not among this daemon's peers");
+    return CallControl(*context, PeerTarget(*peer, timeout_ms), name, job_id, args, reply)
+        .WithContext("site " + site);
+  }
+
+  // Starts the roles cfg places on this site.
+  Status StartRoles(const std::string& id, const RunConfig& cfg, bool resume, JobRecord* record) {
+    Job job;
+    job.config = cfg;
+    int n_roles = (cfg.placement.syncer == config.site);
+    for (const std::string& s : cfg.placement.learners) n_roles += (s == config.site);
+    if (n_roles == 0) return Status::Ok();
+    const int cores = config.threads > 0 ? config.threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    RoleOptions ro;
+    ro.job_id = id;
+    ro.config = cfg;
+    ro.run_dir = store->RunDir(id);
+    ro.threads = std::max(1, cores / n_roles);
+    ro.allow_plaintext = config.allow_plaintext;
+    ro.resume = resume;
+    if (cfg.placement.syncer == config.site) {
+      RoleOptions so = ro;
+      so.uplink = config.listen.uplink;
+      so.downlink = config.listen.downlink;
+      so.snapshot = config.listen.snapshot;
+      if (so.uplink.empty() || so.downlink.empty() || so.snapshot.empty()) {
+        return Status::Error("site " + config.site + " hosts the syncer of job " + id + " but " + config.source +
+                             " lacks listen.uplink, listen.downlink or listen.snapshot");
+      }
+      if (keys) so.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, true, "dilocod", ""};
+      for (auto& [other_id, other] : jobs) {
+        if (other.roles.count(kSyncerName)) {
+          return Status::Error("site " + config.site + " already hosts the syncer of job " + other_id +
+                               " (one syncer per site: its listen endpoints are taken); stop it or wait");
+        }
+      }
+      std::unique_ptr<Role> role;
+      DL_RETURN_IF_ERROR(Role::StartSyncer(*context, so, &role).WithContext("starting the syncer"));
+      job.roles[kSyncerName] = std::move(role);
+    }
+    for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
+      if (cfg.placement.learners[i] != config.site) continue;
+      RoleOptions lo = ro;
+      std::string server_key;
+      if (cfg.placement.syncer == config.site) {
+        lo.uplink = ConnectableEndpoint(config.listen.uplink);
+        lo.downlink = ConnectableEndpoint(config.listen.downlink);
+        lo.snapshot = ConnectableEndpoint(config.listen.snapshot);
+        if (keys) server_key = keys->public_z85;
+      } else {
+        const PeerConfig* peer = config.FindPeer(cfg.placement.syncer);
+        if (!peer) return Status::Error("the syncer's site '" + cfg.placement.syncer + "' is not among the peers in " + config.source);
+        lo.uplink = peer->endpoints.uplink;
+        lo.downlink = peer->endpoints.downlink;
+        lo.snapshot = peer->endpoints.snapshot;
+        server_key = peer->public_key;
+      }
+      if (keys) lo.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, false, "dilocod", server_key};
+      std::unique_ptr<Role> role;
+      DL_RETURN_IF_ERROR(Role::StartLearner(*context, lo, (int)i, &role).WithContext("starting " + LearnerName(i)));
+      job.roles[LearnerName(i)] = std::move(role);
+    }
+    for (auto& [name, role] : job.roles) {
+      RoleRecord& rr = record->roles[name];
+      rr.state = JobState::kRunning;
+      rr.error.clear();
+    }
+    JobLog(id, std::string(resume ? "resumed" : "started") + " roles: " + [&] {
+      std::string s;
+      for (auto& [name, r] : job.roles) s += (s.empty() ? "" : ", ") + name;
+      return s;
+    }());
+    jobs[id] = std::move(job);
+    return Status::Ok();
+  }
+
+  // Takes a new job: persists it and starts its roles here.
+  Status AcceptJob(const std::string& id, const RunConfig& cfg, const std::string& submitted_to) {
+    JobRecord rec;
+    rec.id = id;
+    rec.submitted_to = submitted_to;
+    rec.created_ms = UnixMsNow();
+    rec.state = JobState::kPending;
+    DL_RETURN_IF_ERROR(store->Create(rec, RunConfigToYaml(cfg)));
+    Status st = StartRoles(id, cfg, false, &rec);
+    if (!st.ok()) {
+      rec.state = JobState::kFailed;
+      rec.error = st.message();
+      (void)store->Save(rec);
+      JobLog(id, "failed to start: " + st.message());
+      return st;
+    }
+    rec.state = JobState::kRunning;
+    DL_RETURN_IF_ERROR(store->Save(rec));
+    return Status::Ok();
+  }
+
+  Status LoadJobConfig(const std::string& id, RunConfig* cfg) const {
+    std::string text;
+    DL_RETURN_IF_ERROR(ReadWholeFile(store->ConfigPath(id), "job config", &text));
+    return ParseRunConfig(text, store->ConfigPath(id), "", {}, cfg);
+  }
+
+  // ---- Commands ----
+
+  ControlArgs Submit(const ControlArgs& a) {
+    const auto get = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string() : it->second; };
+    RunConfig cfg;
+    if (Status st = ParseRunConfig(get("config_yaml"), get("source"), get("base_dir"), SplitLines(get("overrides")), &cfg);
+        !st.ok()) {
+      return {{"error", st.message()}, {"usage", "1"}};
+    }
+    if (cfg.placement.empty()) {
+      return {{"error", get("source") + ": placement: is required to submit a job: which site hosts the syncer and "
+                                        "which hosts each learner, e.g. placement: {syncer: " + config.site +
+                            ", learners: [" + config.site + ", " + config.site + "]}"},
+              {"usage", "1"}};
+    }
+    for (const std::string& site : SitesOf(cfg)) {
+      if (site != config.site && !config.FindPeer(site)) {
+        std::string known = config.site;
+        for (const PeerConfig& p : config.peers) known += ", " + p.site;
+        return {{"error", get("source") + ": placement names site '" + site + "', which " + config.site +
+                              " does not know (known sites: " + known + "); add it to peers in " + config.source},
+                {"usage", "1"}};
+      }
+    }
+    const std::string id = store->NewId();
+    // Peers first: a peer that cannot take the job fails the submit before anything runs here.
+    std::vector<std::string> started;
+    const std::string yaml = RunConfigToYaml(cfg);
+    for (const std::string& site : SitesOf(cfg)) {
+      if (site == config.site) continue;
+      const PeerConfig* peer = config.FindPeer(site);
+      ControlArgs reply;
+      Status st = CallControl(*context, PeerTarget(*peer, 10000), id, MessageBody(JobSpecMsg{yaml}), &reply)
+                      .WithContext("site " + site);
+      if (!st.ok()) {
+        for (const std::string& s : started) (void)CallPeer(s, "peer_stop", id, {}, &reply);
+        Log("submit refused: " + st.message());
+        return {{"error", "job not started: " + st.message()}};
+      }
+      started.push_back(site);
+    }
+    if (Status st = AcceptJob(id, cfg, config.site); !st.ok()) {
+      ControlArgs reply;
+      for (const std::string& s : started) (void)CallPeer(s, "peer_stop", id, {}, &reply);
+      return {{"error", "job " + id + " not started: " + st.message()}};
+    }
+    JobLog(id, "submitted (" + get("source") + "), placement: syncer " + cfg.placement.syncer + ", learners " + [&] {
+      std::string s;
+      for (const auto& l : cfg.placement.learners) s += (s.empty() ? "" : ",") + l;
+      return s;
+    }());
+    UpdateSdStatus();
+    return {{"ok", "1"}, {"job", id}, {"run_dir", store->RunDir(id)}};
+  }
+
+  // This site's view of a job: its record, config placement and its roles' progress.
+  nlohmann::json LocalView(const std::string& id) {
+    JobRecord rec;
+    if (!store->Load(id, &rec).ok()) return nullptr;
+    nlohmann::json j = JobRecordToJson(rec);
+    j["site"] = config.site;
+    j["run_dir"] = store->RunDir(id);
+    auto it = jobs.find(id);
+    if (it != jobs.end()) {
+      for (auto& [name, role] : it->second.roles) j["roles"][name]["progress"] = role->Progress();
+    }
+    RunConfig cfg;
+    if (LoadJobConfig(id, &cfg).ok()) {
+      j["placement"] = {{"syncer", cfg.placement.syncer}, {"learners", cfg.placement.learners}};
+      j["steps"] = cfg.train.steps;
+    }
+    return j;
+  }
+
+  ControlArgs JobStatus(const std::string& id) {
+    nlohmann::json local = LocalView(id);
+    if (local.is_null()) return UnknownJob(id);
+    RunConfig cfg;
+    (void)LoadJobConfig(id, &cfg);
+    nlohmann::json sites = nlohmann::json::object();
+    sites[config.site] = local;
+    for (const std::string& site : SitesOf(cfg)) {
+      if (site == config.site) continue;
+      ControlArgs reply;
+      Status st = CallPeer(site, "peer_status", id, {}, &reply, 2000);
+      if (st.ok()) {
+        sites[site] = nlohmann::json::parse(reply["json"], nullptr, false);
+      } else {
+        sites[site] = {{"site", site}, {"unreachable", st.message()}};
+      }
+    }
+    nlohmann::json out = {{"id", id}, {"placement", local["placement"]}, {"steps", local["steps"]}, {"sites", sites}};
+    // The syncer's site decides the job's state.
+    const nlohmann::json& ss = sites[cfg.placement.syncer];
+    out["state"] = ss.contains("state") ? ss["state"] : local["state"];
+    if (ss.contains("error")) out["error"] = ss["error"];
+    if (local.contains("error") && !out.contains("error")) out["error"] = local["error"];
+    out["run_dir"] = ss.value("run_dir", "");
+    out["syncer_site"] = cfg.placement.syncer;
+    // Per role, wherever it runs.
+    nlohmann::json learners = nlohmann::json::array();
+    for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
+      const std::string& site = cfg.placement.learners[i];
+      const std::string name = LearnerName((int)i);
+      nlohmann::json l = {{"learner", (int)i}, {"site", site}};
+      const nlohmann::json& sj = sites[site];
+      if (sj.contains("roles") && sj["roles"].contains(name)) {
+        const nlohmann::json& r = sj["roles"][name];
+        l["state"] = r["state"];
+        if (r.contains("progress")) l["progress"] = r["progress"];
+        if (r.contains("result")) l["result"] = r["result"];
+        if (r.contains("error")) l["error"] = r["error"];
+      } else {
+        l["state"] = sj.contains("unreachable") ? "unreachable" : "unknown";
+      }
+      learners.push_back(l);
+    }
+    out["learners"] = learners;
+    if (ss.contains("roles") && ss["roles"].contains(kSyncerName)) {
+      out["syncer"] = ss["roles"][kSyncerName];
+      out["syncer"]["site"] = cfg.placement.syncer;
+    }
+    if (out["state"] == "completed") {
+      nlohmann::json summary = Summary(out);
+      if (!summary.is_null()) out["summary"] = summary;
+    }
+    return {{"ok", "1"}, {"json", out.dump()}};
+  }
+
+  // The `train --json` summary object, from the syncer's and learners' results.
+  nlohmann::json Summary(const nlohmann::json& status) {
+    if (!status.contains("syncer") || !status["syncer"].contains("result")) return nullptr;
+    const nlohmann::json& sr = status["syncer"]["result"];
+    nlohmann::json s;
+    long steps = 0, tokens = 0;
+    double train_s = 0, loss = 0;
+    uint64_t up = 0, down = 0;
+    std::vector<long> learner_tokens;
+    for (const auto& l : status["learners"]) {
+      if (!l.contains("result")) return nullptr;
+      const nlohmann::json& r = l["result"];
+      steps += r.value("steps", 0L);
+      tokens += r.value("tokens", 0L);
+      train_s = std::max(train_s, r.value("train_s", 0.0));
+      loss += r.value("final_train_loss", 0.0) / status["learners"].size();
+      up += r.value("bytes_up", uint64_t{0});
+      down += r.value("bytes_down", uint64_t{0});
+      learner_tokens.push_back(r.value("tokens", 0L));
+    }
+    s = {{"final_val_loss", sr.value("final_val_loss", 0.0)},
+         {"initial_val_loss", sr.value("initial_val_loss", 0.0)},
+         {"final_train_loss", loss},
+         {"steps", steps},
+         {"tokens", tokens},
+         {"train_s", train_s},
+         {"tokens_per_s", train_s > 0 ? tokens / train_s : 0.0},
+         {"bytes_up", up},
+         {"bytes_down", down},
+         {"learners", (int)status["learners"].size()},
+         {"outer_steps", sr.value("merges", uint64_t{0})},
+         {"dropped_deltas", sr.value("dropped_deltas", uint64_t{0})},
+         {"rejected_deltas", sr.value("rejected_deltas", uint64_t{0})},
+         {"versions", sr.value("versions", nlohmann::json::array())},
+         {"learner_tokens", learner_tokens},
+         {"run_dir", status.value("run_dir", "")},
+         {"checkpoint", sr.value("checkpoint", "")},
+         {"job", status.value("id", "")}};
+    return s;
+  }
+
+  ControlArgs UnknownJob(const std::string& id) {
+    return {{"error", "unknown job id '" + id + "' on site " + config.site + "; `dilococtl list` shows the jobs"}};
+  }
+
+  ControlArgs List() {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const std::string& id : store->List()) {
+      nlohmann::json j = LocalView(id);
+      if (!j.is_null()) arr.push_back(j);
+    }
+    return {{"ok", "1"}, {"json", arr.dump()}};
+  }
+
+  Status StopLocal(const std::string& id) {
+    JobRecord rec;
+    DL_RETURN_IF_ERROR(store->Load(id, &rec));
+    auto it = jobs.find(id);
+    if (it != jobs.end()) {
+      it->second.stop_requested = true;
+      for (auto& [name, role] : it->second.roles) role->RequestStop();
+      JobLog(id, "stop requested");
+    } else if (!IsFinal(rec.state)) {
+      rec.state = JobState::kStopped;
+      DL_RETURN_IF_ERROR(store->Save(rec));
+      JobLog(id, "stopped");
+    }
+    return Status::Ok();
+  }
+
+  ControlArgs Stop(const std::string& id) {
+    if (!store->Exists(id)) return UnknownJob(id);
+    RunConfig cfg;
+    (void)LoadJobConfig(id, &cfg);
+    std::string errors;
+    for (const std::string& site : SitesOf(cfg)) {
+      if (site == config.site) continue;
+      ControlArgs reply;
+      if (Status st = CallPeer(site, "peer_stop", id, {}, &reply); !st.ok()) errors += st.message() + "; ";
+    }
+    if (Status st = StopLocal(id); !st.ok()) return {{"error", st.message()}};
+    if (!errors.empty()) return {{"ok", "1"}, {"warning", "some sites did not answer: " + errors}};
+    return {{"ok", "1"}};
+  }
+
+  ControlArgs Logs(const std::string& id, int tail) {
+    if (!store->Exists(id)) return UnknownJob(id);
+    RunConfig cfg;
+    (void)LoadJobConfig(id, &cfg);
+    std::string text = Tail(store->LogPath(id), tail);
+    for (const std::string& site : SitesOf(cfg)) {
+      if (site == config.site) continue;
+      ControlArgs reply;
+      Status st = CallPeer(site, "peer_logs", id, {{"tail", std::to_string(tail)}}, &reply, 2000);
+      text += st.ok() ? reply["text"] : "(" + st.message() + ")\n";
+    }
+    return {{"ok", "1"}, {"text", text}};
+  }
+
+  ControlArgs HandleLocal(const std::string& name, const std::string& job, const ControlArgs& a) {
+    auto arg = [&](const char* k, const std::string& d = "") { auto it = a.find(k); return it == a.end() ? d : it->second; };
+    if (name == "ping") return {{"ok", "1"}, {"site", config.site}};
+    if (name == "submit") return Submit(a);
+    if (name == "list") return List();
+    if (name == "status") return job == kNoJob ? List() : JobStatus(job);
+    if (name == "stop") return Stop(job);
+    if (name == "logs") return Logs(job, std::max(1, std::atoi(arg("tail", "50").c_str())));
+    if (name == "run_dir") {
+      if (!store->Exists(job)) return UnknownJob(job);
+      return {{"ok", "1"}, {"run_dir", store->RunDir(job)}, {"site", config.site}};
+    }
+    return {{"error", "unknown command '" + name + "'"}};
+  }
+
+  ControlArgs HandlePeer(const std::string& sender, const ParsedMessage& m) {
+    const std::string& job = m.header.job_id;
+    if (const JobSpecMsg* spec = m.get<JobSpecMsg>()) {
+      if (!IsJobId(job)) return {{"error", "'" + job + "' is not a job id"}};
+      if (store->Exists(job)) return {{"ok", "1"}};  // a repeated forward
+      RunConfig cfg;
+      if (Status st = ParseRunConfig(spec->config_yaml, "job " + job + " from " + sender, "", {}, &cfg); !st.ok())
+        return {{"error", st.message()}};
+      if (Status st = AcceptJob(job, cfg, sender); !st.ok()) return {{"error", st.message()}};
+      JobLog(job, "accepted from " + sender);
+      UpdateSdStatus();
+      return {{"ok", "1"}};
+    }
+    const ControlMsg* c = m.get<ControlMsg>();
+    const ControlArgs a = ArgsOf(*c);
+    if (!store->Exists(job)) return UnknownJob(job);
+    if (c->name == "peer_status") return {{"ok", "1"}, {"json", LocalView(job).dump()}};
+    if (c->name == "peer_stop") {
+      if (Status st = StopLocal(job); !st.ok()) return {{"error", st.message()}};
+      return {{"ok", "1"}};
+    }
+    if (c->name == "peer_logs") {
+      auto it = a.find("tail");
+      return {{"ok", "1"}, {"text", Tail(store->LogPath(job), it == a.end() ? 50 : std::atoi(it->second.c_str()))}};
+    }
+    return {{"error", "unknown peer command '" + c->name + "'"}};
+  }
+
+  void Reply(net::RouterChannel& ch, const net::Received& r, const ParsedMessage& m, const ControlArgs& args) {
+    const ControlMsg* c = m.get<ControlMsg>();
+    net::Message out;
+    if (!BuildControlReply(config.site, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0, args, &out).ok())
+      return;
+    (void)ch.SendTo(r.peer, out, 100);
+  }
+
+  // Roles that ended: record how, and the job's state on this site.
+  void Reap() {
+    for (auto it = jobs.begin(); it != jobs.end();) {
+      Job& job = it->second;
+      const std::string& id = it->first;
+      JobRecord rec;
+      if (!store->Load(id, &rec).ok()) {
+        ++it;
+        continue;
+      }
+      bool changed = false;
+      for (auto rit = job.roles.begin(); rit != job.roles.end();) {
+        Role& role = *rit->second;
+        if (!role.done()) {
+          ++rit;
+          continue;
+        }
+        role.Join();
+        RoleRecord& rr = rec.roles[rit->first];
+        const Status st = role.outcome();
+        rr.result = role.result();
+        if (!st.ok()) {
+          rr.state = JobState::kFailed;
+          rr.error = st.message();
+          JobLog(id, rit->first + " failed: " + st.message());
+        } else {
+          const bool stopped = job.stop_requested || rr.result.value("stopped", false);
+          rr.state = stopped ? JobState::kStopped : JobState::kCompleted;
+          JobLog(id, rit->first + " " + ToString(rr.state) + ": " + rr.result.dump());
+        }
+        changed = true;
+        rit = job.roles.erase(rit);
+      }
+      if (job.roles.empty()) {
+        bool failed = false, stopped = job.stop_requested;
+        for (auto& [name, rr] : rec.roles) {
+          failed |= rr.state == JobState::kFailed;
+          stopped |= rr.state == JobState::kStopped;
+          if (rr.state == JobState::kFailed && rec.error.empty()) rec.error = name + ": " + rr.error;
+        }
+        rec.state = failed ? JobState::kFailed : stopped ? JobState::kStopped : JobState::kCompleted;
+        JobLog(id, std::string("job ") + ToString(rec.state) + " on this site");
+      }
+      if (changed) (void)store->Save(rec);
+      if (job.roles.empty()) {
+        it = jobs.erase(it);
+        UpdateSdStatus();
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void UpdateSdStatus() {
+    int running = 0, done = 0, failed = 0;
+    for (const std::string& id : store->List()) {
+      JobRecord rec;
+      if (!store->Load(id, &rec).ok()) continue;
+      running += rec.state == JobState::kRunning;
+      done += rec.state == JobState::kCompleted;
+      failed += rec.state == JobState::kFailed;
+    }
+    const std::string status = std::to_string(running) + " running, " + std::to_string(done) + " completed, " +
+                               std::to_string(failed) + " failed";
+    if (status != last_status) {
+      last_status = status;
+      (void)SdNotify("STATUS=" + status);
+    }
+  }
+
+  void ResumeJobs() {
+    for (const std::string& id : store->List()) {
+      JobRecord rec;
+      if (!store->Load(id, &rec).ok() || rec.state != JobState::kRunning) continue;
+      RunConfig cfg;
+      Status st = LoadJobConfig(id, &cfg);
+      // Only the roles that had not finished before the restart.
+      if (st.ok()) {
+        bool any = false;
+        for (auto& [name, rr] : rec.roles) any |= !IsFinal(rr.state);
+        if (!any) continue;
+        st = StartRoles(id, cfg, true, &rec);
+        auto it = jobs.find(id);
+        if (st.ok() && it != jobs.end()) {
+          for (auto rit = it->second.roles.begin(); rit != it->second.roles.end();) {
+            // A role that already finished stays finished (its thread ends at once otherwise).
+            ++rit;
+          }
+        }
+      }
+      if (!st.ok()) {
+        rec.state = JobState::kFailed;
+        rec.error = "resuming after a restart: " + st.message();
+        JobLog(id, rec.error);
+      }
+      (void)store->Save(rec);
+    }
+  }
+};
+
+Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->impl_ = std::make_unique<Impl>();
+  Impl& im = *d->impl_;
+  im.config = config;
+  std::error_code ec;
+  fs::create_directories(config.state_dir, ec);
+  if (ec) return Status::Error("cannot create state_dir '" + config.state_dir + "': " + ec.message());
+  DL_RETURN_IF_ERROR(LockFile::Acquire((fs::path(config.state_dir) / "dilocod.lock").string(), &im.lock));
+  if (!config.keys_dir.empty()) {
+    net::CurveKeyPair keys;
+    DL_RETURN_IF_ERROR(net::LoadCurveKeyPair(config.keys_dir, &keys).WithContext(config.source + ": keys"));
+    im.keys = keys;
+  }
+  for (const PeerConfig& p : config.peers) {
+    if (!p.public_key.empty())
+      DL_RETURN_IF_ERROR(net::ValidateZ85Key(p.public_key, ("public key of peer " + p.site).c_str()).WithContext(config.source));
+  }
+  DL_RETURN_IF_ERROR(net::NetContext::Create({}, &im.context));
+  if (im.keys) {
+    std::vector<std::string> allow = {im.keys->public_z85};  // this site's own learners
+    for (const PeerConfig& p : config.peers)
+      if (!p.public_key.empty()) allow.push_back(p.public_key);
+    DL_RETURN_IF_ERROR(im.context->SetAllowlist("dilocod", allow));
+  }
+  im.store = std::make_unique<JobStore>(config.state_dir);
+
+  // The local control socket (a stale file from a crash is ours to remove: we hold the lock).
+  fs::remove(config.control_socket, ec);
+  fs::create_directories(fs::path(config.control_socket).parent_path(), ec);
+  net::ReceiveOptions ro;
+  ro.track_sequence = false;
+  ro.validator = net::EnvelopeValidator(ControlParseOptions(), im.local_parsed);
+  net::SocketOptions lo;
+  lo.name = "control.local";
+  lo.allow_plaintext = true;
+  lo.max_frame_bytes = int64_t{2} << 20;
+  DL_RETURN_IF_ERROR(net::RouterChannel::Create(*im.context, lo, ro, &im.local));
+  DL_RETURN_IF_ERROR(im.local->Bind("ipc://" + config.control_socket).WithContext("control_socket"));
+  if (!config.listen.control.empty()) {
+    net::ReceiveOptions pr;
+    pr.track_sequence = false;
+    pr.validator = net::EnvelopeValidator(ControlParseOptions(), im.peer_parsed);
+    net::SocketOptions po;
+    po.name = "control.peers";
+    po.allow_plaintext = config.allow_plaintext;
+    po.max_frame_bytes = int64_t{2} << 20;
+    if (im.keys) po.curve = net::CurveOptions{im.keys->public_z85, im.keys->secret_z85, true, "dilocod", ""};
+    DL_RETURN_IF_ERROR(net::RouterChannel::Create(*im.context, po, pr, &im.peers));
+    DL_RETURN_IF_ERROR(im.peers->Bind(config.listen.control).WithContext("listen.control"));
+  }
+  im.Log("listening on ipc://" + config.control_socket +
+         (config.listen.control.empty() ? "" : " and " + config.listen.control) + (im.keys ? " (CURVE)" : " (plaintext)"));
+  im.ResumeJobs();
+  *out = std::move(d);
+  return Status::Ok();
+}
+
+Daemon::~Daemon() = default;
+
+void Daemon::Shutdown() { g_shutdown = true; }
+
+void Daemon::InstallSignalHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+Status Daemon::Run() {
+  Impl& im = *impl_;
+  (void)SdNotify("READY=1");
+  im.UpdateSdStatus();
+  std::vector<net::Socket*> sockets = {&im.local->socket()};
+  if (im.peers) sockets.push_back(&im.peers->socket());
+  std::vector<bool> ready;
+  net::Received r;
+  while (!g_shutdown) {
+    im.Reap();
+    if (!net::PollReadable(sockets, 100, &ready)) continue;
+    if (ready[0] && im.local->Receive(&r, 0) == net::RecvResult::kMessage) {
+      const ParsedMessage& m = *im.local_parsed;
+      if (const ControlMsg* c = m.get<ControlMsg>()) {
+        const ControlArgs args = ArgsOf(*c);
+        const std::string job = m.header.job_id;
+        ControlArgs reply = im.HandleLocal(c->name, job, args);
+        im.Reply(*im.local, r, m, reply);
+      }
+    }
+    if (ready.size() > 1 && ready[1] && im.peers->Receive(&r, 0) == net::RecvResult::kMessage) {
+      const ParsedMessage& m = *im.peer_parsed;
+      std::string sender = m.header.sender;
+      // With CURVE the key says who it is; the envelope's sender must agree.
+      if (im.keys) {
+        const PeerConfig* p = im.config.FindPeer(sender);
+        if (!p || p->public_key != r.peer_key) {
+          im.Log("refused a control request claiming to be '" + sender + "' from key " + r.peer_key);
+          im.Reply(*im.peers, r, m, {{"error", "sender '" + sender + "' does not match its key"}});
+          continue;
+        }
+      }
+      im.Reply(*im.peers, r, m, im.HandlePeer(sender, m));
+    }
+  }
+  // Shutting down: the jobs stay "running" on disk, so a restart resumes them.
+  (void)SdNotify("STOPPING=1");
+  im.Log("stopping: roles save their state");
+  for (auto& [id, job] : im.jobs)
+    for (auto& [name, role] : job.roles) role->RequestShutdown();
+  // Blocking socket calls in the roles return at once.
+  im.context->zmq().shutdown();
+  const auto deadline = Clock::now() + std::chrono::seconds(8);
+  for (auto& [id, job] : im.jobs) {
+    for (auto& [name, role] : job.roles) {
+      while (!role->done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!role->done()) {
+        im.Log("job " + id + ": " + name + " did not stop within 8 s; exiting anyway");
+        std::fflush(stderr);
+        _exit(0);
+      }
+      role->Join();
+    }
+  }
+  im.jobs.clear();
+  im.local.reset();
+  im.peers.reset();
+  im.Log("stopped");
+  return Status::Ok();
+}
+
+}  // namespace diloco

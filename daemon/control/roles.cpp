@@ -1,0 +1,309 @@
+#include "daemon/control/roles.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "daemon/sync/syncer.h"
+#include "daemon/train/data.h"
+#include "daemon/train/learner.h"
+#include "daemon/util/atomic_file.h"
+#include "daemon/util/jsonl_writer.h"
+#include "kernels/gpt.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+GptConfig GptOf(const RunConfig& cfg) {
+  GptConfig gc;
+  gc.block_size = cfg.model.block_size;
+  gc.n_layer = cfg.model.n_layer;
+  gc.n_embd = cfg.model.n_embd;
+  gc.n_head = cfg.model.n_head;
+  return gc;
+}
+
+double Evaluate(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
+  Gpt model(gc, val.batch_size());
+  std::copy(params, params + model.num_params(), model.params());
+  const int B = val.batch_size(), T = val.block_size();
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  double sum = 0;
+  for (int i = 0; i < batches; i++) {
+    val.Sample(i, inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), B, T);
+  }
+  return sum / batches;
+}
+
+const char* StateName(LearnerState s) {
+  switch (s) {
+    case LearnerState::kJoining: return "joining";
+    case LearnerState::kTraining: return "training";
+    case LearnerState::kResyncing: return "resyncing";
+    case LearnerState::kStopping: return "stopping";
+    case LearnerState::kFinished: return "finished";
+    case LearnerState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+std::string StepFile(const std::string& run_dir, int index) {
+  return (fs::path(run_dir) / (LearnerName(index) + ".step")).string();
+}
+
+}  // namespace
+
+struct Role::Impl {
+  RoleOptions options;
+  // Syncer role.
+  std::unique_ptr<Syncer> syncer;
+  std::unique_ptr<Corpus> corpus;
+  // Learner role.
+  int index = -1;
+  std::vector<float> init;
+  std::atomic<bool> stop{false}, crash{false};
+  JsonlWriter metrics;
+  std::mutex metrics_mu;
+  mutable std::mutex progress_mu;
+  LearnerProgress progress;
+  long start_step = 0;
+  Clock::time_point last_step_save = Clock::now();
+};
+
+Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out) {
+  std::unique_ptr<Role> role(new Role());
+  role->name_ = kSyncerName;
+  role->impl_ = std::make_unique<Impl>();
+  Impl& im = *role->impl_;
+  im.options = options;
+  const RunConfig& cfg = options.config;
+  std::error_code ec;
+  fs::create_directories(options.run_dir, ec);
+  {
+    std::ofstream f(fs::path(options.run_dir) / "config.yaml", std::ios::trunc);
+    f << RunConfigToYaml(cfg);
+  }
+  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, cfg.sync.learners},
+                                  &im.corpus));
+  const GptConfig gc = GptOf(cfg);
+  const TensorTable table = gpt_tensor_table(gc);
+  im.init.resize(table.total_numel());
+  gpt_init_params(gc, cfg.train.seed, im.init.data());
+  SyncerOptions so;
+  so.sync = cfg.sync;
+  so.job_id = options.job_id;
+  so.uplink_endpoint = options.uplink;
+  so.downlink_endpoint = options.downlink;
+  so.snapshot_endpoint = options.snapshot;
+  so.run_dir = options.run_dir;
+  so.allow_plaintext = options.allow_plaintext;
+  so.curve = options.curve;
+  if (so.curve) so.curve->server = true;
+  so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
+  so.exit_when_all_finished = true;
+  DL_RETURN_IF_ERROR(Syncer::Create(context, so, table, im.init.data(), &im.syncer));
+  Role* r = role.get();
+  role->thread_ = std::thread([r] {
+    Impl& im = *r->impl_;
+    Status st = im.syncer->Run();
+    nlohmann::json result;
+    if (st.ok()) {
+      const RunConfig& cfg = im.options.config;
+      const GptConfig gc = GptOf(cfg);
+      const BatchSampler val(im.corpus->val(), cfg.train.batch_size, cfg.model.block_size,
+                             mix_seed(cfg.train.seed, ~0ULL));
+      omp_set_num_threads(std::max(1, im.options.threads));
+      std::vector<float> global(im.init.size());
+      im.syncer->GlobalParams(global.data());
+      const SyncerResult& sr = im.syncer->result();
+      result = {{"merges", sr.merges},
+                {"dropped_deltas", sr.dropped_deltas},
+                {"rejected_deltas", sr.rejected_deltas},
+                {"bytes_received", sr.bytes_received},
+                {"bytes_published", sr.bytes_published},
+                {"snapshots_served", sr.snapshots_served},
+                {"versions", sr.versions},
+                {"initial_val_loss", Evaluate(gc, im.init.data(), val, cfg.eval.batches)},
+                {"final_val_loss", Evaluate(gc, global.data(), val, cfg.eval.batches)},
+                {"checkpoint", (fs::path(im.options.run_dir) / "global_state.bin").string()}};
+    }
+    std::lock_guard<std::mutex> lock(r->mu_);
+    r->outcome_ = st;
+    r->result_ = result;
+    r->done_ = true;
+  });
+  *out = std::move(role);
+  return Status::Ok();
+}
+
+Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, int index,
+                          std::unique_ptr<Role>* out) {
+  std::unique_ptr<Role> role(new Role());
+  role->name_ = LearnerName(index);
+  role->impl_ = std::make_unique<Impl>();
+  Impl& im = *role->impl_;
+  im.options = options;
+  im.index = index;
+  std::error_code ec;
+  fs::create_directories(options.run_dir, ec);
+  const RunConfig& cfg = options.config;
+  const GptConfig gc = GptOf(cfg);
+  im.init.resize(gpt_tensor_table(gc).total_numel());
+  gpt_init_params(gc, cfg.train.seed, im.init.data());
+  if (options.resume) {
+    std::string text;
+    if (ReadWholeFile(StepFile(options.run_dir, index), "learner step", &text).ok()) im.start_step = std::atol(text.c_str());
+  }
+  DL_RETURN_IF_ERROR(im.metrics.Open((fs::path(options.run_dir) / (LearnerName(index) + ".jsonl")).string()));
+  im.progress.index = index;
+  im.progress.step = im.start_step;
+  Role* r = role.get();
+  role->thread_ = std::thread([r, &context] {
+    Impl& im = *r->impl_;
+    LearnerOptions lo;
+    lo.index = im.index;
+    lo.config = &im.options.config;
+    lo.job_id = im.options.job_id;
+    lo.uplink_endpoint = im.options.uplink;
+    lo.downlink_endpoint = im.options.downlink;
+    lo.snapshot_endpoint = im.options.snapshot;
+    lo.allow_plaintext = im.options.allow_plaintext;
+    lo.curve = im.options.curve;
+    lo.init_params = im.init.data();
+    lo.join_from_snapshot = im.options.resume;
+    lo.start_step = im.start_step;
+    lo.threads = std::max(1, im.options.threads);
+    lo.metrics = &im.metrics;
+    lo.metrics_mu = &im.metrics_mu;
+    lo.stop = &im.stop;
+    lo.crash = &im.crash;
+    lo.on_progress = [&im](const LearnerProgress& p) {
+      {
+        std::lock_guard<std::mutex> lock(im.progress_mu);
+        im.progress = p;
+      }
+      // What a restart continues from (about once a second; the step is cheap to lose).
+      if (Clock::now() - im.last_step_save > std::chrono::seconds(1)) {
+        im.last_step_save = Clock::now();
+        const std::string text = std::to_string(p.step) + "\n";
+        (void)WriteFileAtomically(StepFile(im.options.run_dir, im.index), {{text.data(), text.size()}}, "learner step");
+      }
+    };
+    LearnerResult res;
+    Status st = RunLearner(context, lo, &res);
+    nlohmann::json result;
+    if (st.ok()) {
+      const std::string text = std::to_string(res.steps) + "\n";
+      (void)WriteFileAtomically(StepFile(im.options.run_dir, im.index), {{text.data(), text.size()}}, "learner step");
+      result = {{"steps", res.steps},
+                {"start_step", im.start_step},
+                {"tokens", res.tokens},
+                {"train_s", res.train_s},
+                {"final_train_loss", res.final_train_loss},
+                {"bytes_up", res.bytes_up},
+                {"bytes_down", res.bytes_down},
+                {"deltas_sent", res.deltas_sent},
+                {"globals_applied", res.globals_applied},
+                {"snapshots_installed", res.snapshots_installed},
+                {"wait_s", res.wait_s},
+                {"crashed", res.crashed},
+                {"stopped", res.stopped}};
+    }
+    std::lock_guard<std::mutex> lock(r->mu_);
+    r->outcome_ = st;
+    r->result_ = result;
+    r->done_ = true;
+  });
+  *out = std::move(role);
+  return Status::Ok();
+}
+
+Role::~Role() {
+  RequestShutdown();
+  Join();
+}
+
+Status Role::outcome() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outcome_;
+}
+
+nlohmann::json Role::result() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return result_;
+}
+
+nlohmann::json Role::Progress() const {
+  const Impl& im = *impl_;
+  if (im.syncer) {
+    const SyncerStatusSnapshot s = im.syncer->CurrentStatus();
+    nlohmann::json learners = nlohmann::json::array();
+    for (const LearnerStatusEntry& l : s.learners) {
+      learners.push_back({{"learner", l.learner},
+                          {"heard", l.heard},
+                          {"live", l.live},
+                          {"state", StateName(l.state)},
+                          {"step", l.step},
+                          {"tokens", l.tokens},
+                          {"loss", l.loss},
+                          {"tokens_per_s", l.tokens_per_s},
+                          {"last_heard_unix_ms", l.last_heard_unix_ms},
+                          {"merged", l.ledger.merged},
+                          {"dropped", l.ledger.dropped},
+                          {"rejected", l.ledger.rejected}});
+    }
+    return {{"role", "syncer"},
+            {"running", s.running},
+            {"versions", s.versions},
+            {"merges", s.merges},
+            {"dropped_deltas", s.dropped_deltas},
+            {"rejected_deltas", s.rejected_deltas},
+            {"snapshots_served", s.snapshots_served},
+            {"bytes_received", s.bytes_received},
+            {"bytes_published", s.bytes_published},
+            {"learners", learners}};
+  }
+  LearnerProgress p;
+  {
+    std::lock_guard<std::mutex> lock(im.progress_mu);
+    p = im.progress;
+  }
+  return {{"role", LearnerName(im.index)},
+          {"learner", im.index},
+          {"state", StateName(p.state)},
+          {"step", p.step},
+          {"steps", im.options.config.train.steps},
+          {"tokens", p.tokens},
+          {"loss", p.loss},
+          {"tokens_per_s", p.tokens_per_s},
+          {"last_fragment_sent", p.last_fragment_sent},
+          {"last_fragment_folded", p.last_fragment_folded},
+          {"base_versions", p.base_versions},
+          {"deltas_sent", p.deltas_sent},
+          {"globals_applied", p.globals_applied},
+          {"snapshots_installed", p.snapshots_installed}};
+}
+
+void Role::RequestStop() {
+  if (impl_->syncer) impl_->syncer->RequestStop();
+  impl_->stop = true;
+}
+
+void Role::RequestShutdown() {
+  if (impl_->syncer) impl_->syncer->RequestStop();
+  impl_->crash = true;
+}
+
+void Role::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace diloco

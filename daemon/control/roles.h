@@ -1,0 +1,74 @@
+// The roles a job places on a site, each on its own thread: the syncer (Syncer over tcp, bound to
+// this daemon's listen endpoints) and learners (RunLearner connected to the syncer site's
+// endpoints). A role keeps a thread-safe progress object for `status`, and what a restart needs
+// on disk in its run directory:
+//   syncer      global_state.bin (the syncer's checkpoint), events.log
+//   learner-<i> learner-<i>.step: the last step reached (rewritten atomically about once a second),
+//               learner-<i>.jsonl: its metrics lines
+// A role started with resume continues from there: the syncer restores global_state.bin
+// (versions never go back), a learner joins from the syncer's snapshot at its recorded step.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "daemon/config/run_config.h"
+#include "daemon/net/context.h"
+#include "daemon/net/socket.h"
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+struct RoleOptions {
+  std::string job_id;
+  RunConfig config;
+  std::string run_dir;
+  int threads = 1;  // OpenMP threads of this role
+  // The syncer's endpoints: bound by a syncer role, connected by a learner role.
+  std::string uplink, downlink, snapshot;
+  bool allow_plaintext = false;
+  std::optional<net::CurveOptions> curve;  // syncer: server keys; learner: client keys + server key
+  bool resume = false;                     // continue after a daemon restart
+};
+
+class Role {
+ public:
+  // Creates the syncer (binding its sockets, so a port clash fails here) and starts its thread.
+  static Status StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out);
+  // Starts learner `index` on its thread.
+  static Status StartLearner(net::NetContext& context, const RoleOptions& options, int index,
+                             std::unique_ptr<Role>* out);
+  ~Role();  // requests a stop and joins
+
+  const std::string& name() const { return name_; }
+  bool done() const { return done_; }
+  // After done(): how the role ended and its result object.
+  Status outcome() const;
+  nlohmann::json result() const;
+  // Any time: what it is doing (for status and metrics).
+  nlohmann::json Progress() const;
+  // Stop cleanly: a learner sends its pending work and a last heartbeat, the syncer merges what
+  // is pending and saves its checkpoint.
+  void RequestStop();
+  // The daemon is going down (SIGTERM): stop as fast as possible, keeping what a restart needs.
+  void RequestShutdown();
+  void Join();
+
+ private:
+  struct Impl;
+  Role() = default;
+  std::string name_;
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+  mutable std::mutex mu_;
+  Status outcome_;
+  nlohmann::json result_;
+};
+
+}  // namespace diloco
