@@ -13,6 +13,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2
   libzmq3-dev cppzmq-dev libsodium-dev   # transport and CURVE security
   libflatbuffers-dev flatbuffers-compiler
+  libcpp-httplib-dev                     # the Prometheus /metrics endpoint
   fortunes                               # the demo corpus: /usr/share/games/fortunes
 )
 
