@@ -219,6 +219,7 @@ void Syncer::RefreshStatus(bool running) {
   Impl& im = *impl_;
   SyncerStatusSnapshot st;
   st.running = running;
+  st.taken = Clock::now();
   for (const auto& f : state_.fragments) st.versions.push_back(f.version);
   st.merges = state_.merges;
   st.dropped_deltas = state_.dropped_deltas;

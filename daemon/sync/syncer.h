@@ -30,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -106,6 +107,8 @@ struct LearnerStatusEntry {
 // A copy of the syncer's state, safe to take from any thread while Run() runs.
 struct SyncerStatusSnapshot {
   bool running = false;
+  // When Run() took this copy (it refreshes it about every 50 ms): "live" is as of then.
+  std::chrono::steady_clock::time_point taken{};
   std::vector<uint64_t> versions;
   uint64_t merges = 0, dropped_deltas = 0, rejected_deltas = 0;
   uint64_t snapshots_served = 0, welcomes = 0, refusals = 0;

@@ -141,6 +141,15 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::vector<std::thread> threads;
   std::mutex hold_mu;
   std::condition_variable hold_cv;
+  // Latched once the crashed learner has stopped and the syncer no longer counts it as live:
+  // from then on the others train without it. Both the hold and the restart key off this one
+  // latch, so a restarted incarnation (live again) cannot keep the others held, and the merges
+  // counted before a restart are merges made without the crashed learner. (The restart used to
+  // count merges from the moment the crashed thread ended; the crashed learner's own last
+  // deltas, merged just after it stopped, satisfied that count, so it restarted while the
+  // others were still held, kept itself live and trained alone to the end: the event log then
+  // showed no stretch without it, and the restart test failed about 2 runs in 3.)
+  std::atomic<bool> crashed_out{false};
   auto learner_options = [&](int i) {
     LearnerOptions lo;
     lo.index = i;
@@ -161,6 +170,17 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     ended[i] = std::make_unique<std::atomic<bool>>(false);
   }
   const int crashing = hooks.crash_learner >= 0 && hooks.crash_learner < M ? hooks.crash_learner : -1;
+  // The syncer's view must postdate the crash: a status taken before the crashed learner was
+  // even heard also says "not live" (that stale answer released the others early too).
+  Clock::time_point crashed_at{};
+  auto out_of_quorum = [&] {  // call with hold_mu held
+    if (crashed_out) return true;
+    if (!ended[crashing]->load()) return false;
+    if (crashed_at == Clock::time_point{}) crashed_at = Clock::now();
+    const SyncerStatusSnapshot st = syncer->CurrentStatus();
+    if (st.taken > crashed_at && !st.learners[crashing].live) crashed_out = true;
+    return crashed_out.load();
+  };
   for (int i = 0; i < M; i++) {
     LearnerOptions lo = learner_options(i);
     if (i == crashing) lo.crash_after_steps = hooks.crash_after_steps;
@@ -170,8 +190,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
         // Until it has stopped and the syncer no longer counts it as live (heartbeat timeout).
         const auto t0 = Clock::now();
         std::unique_lock<std::mutex> lock(hold_mu);
-        while (Clock::now() - t0 < std::chrono::seconds(60) &&
-               !(ended[crashing]->load() && !syncer->CurrentStatus().learners[crashing].live))
+        while (Clock::now() - t0 < std::chrono::seconds(60) && !out_of_quorum())
           hold_cv.wait_for(lock, std::chrono::milliseconds(10));
       };
     }
@@ -189,7 +208,6 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   bool did_restart = false;
   if (crashing >= 0 && hooks.restart_after_merges > 0) {
     threads[crashing].join();
-    const uint64_t merges0 = syncer->CurrentStatus().merges;
     auto others_done = [&] {
       for (int i = 0; i < M; i++)
         if (i != crashing && !ended[i]->load()) return false;
@@ -197,6 +215,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     };
     {
       std::unique_lock<std::mutex> lock(hold_mu);
+      while (!others_done() && !out_of_quorum()) hold_cv.wait_for(lock, std::chrono::milliseconds(10));
+      const uint64_t merges0 = syncer->CurrentStatus().merges;
       while (!others_done() && syncer->CurrentStatus().merges < merges0 + hooks.restart_after_merges)
         hold_cv.wait_for(lock, std::chrono::milliseconds(10));
     }

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -60,6 +61,11 @@ std::vector<nlohmann::json> ReadJsonl(const fs::path& path) {
   for (std::string line; std::getline(f, line);)
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 TEST_CASE("local run: 3 decoupled learners train one model over the transport", "[e2e]") {
@@ -132,6 +138,11 @@ TEST_CASE("local run: a stopped learner restarts from a snapshot and its deltas 
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 3);
   o.config.sync.heartbeat_timeout_ms = 300;
+  // After the restart learner 2 often trains alone (the others are done) and the syncer closes
+  // a round on each of its deltas; an outer momentum of 0.9 built up by three learners then
+  // overshoots on this 21K-parameter model (final val loss over 20 runs: 2.96 .. 7.47, four
+  // above the check below; with 0.5 over 12 runs: 2.88 .. 3.10), which says nothing about restarts.
+  o.config.sync.outer.momentum = 0.5;
   LocalRunHooks hooks;
   hooks.crash_learner = 2;
   hooks.crash_after_steps = 20;
@@ -167,6 +178,8 @@ TEST_CASE("local run: a stopped learner restarts from a snapshot and its deltas 
       seen_with |= with2;
     }
   }
+  INFO("events.log:\n" << ReadText(fs::path(o.run_dir) / "events.log"));
+  INFO("metrics.jsonl:\n" << ReadText(fs::path(o.run_dir) / "metrics.jsonl"));
   CHECK(without_after_stop >= 2);   // the model moved on without it
   CHECK(with_after_restart >= 1);  // and took its deltas again after the restart
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
