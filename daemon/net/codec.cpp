@@ -106,16 +106,23 @@ void QuantizeInt8(const float* __restrict x, size_t n, float inv_scale, int8_t* 
   }
 }
 
+// int4: the nearest of kInt4Levels to v = x / absmax. By symmetry, m = how many of the 7
+// positive midpoints |v| exceeds picks the level 8 + m (v >= 0) or 7 - m = (8 + m) ^ 15 (v < 0).
+// A value exactly on a midpoint takes the level nearer to zero.
+constexpr float Mid(int k) { return 0.5f * (kInt4Levels[8 + k] + kInt4Levels[9 + k]); }
+inline uint32_t Int4Code(float v) {
+  const float a = std::fabs(v);
+  const uint32_t m = (a > Mid(0)) + (a > Mid(1)) + (a > Mid(2)) + (a > Mid(3)) + (a > Mid(4)) +
+                     (a > Mid(5)) + (a > Mid(6));
+  return (8 + m) ^ (v < 0.0f ? 15u : 0u);
+}
+
 // x has 2 * pairs values; byte j = code(x[2j]) | code(x[2j+1]) << 4.
 void QuantizeInt4Pairs(const float* __restrict x, size_t pairs, float inv_scale, uint8_t* __restrict q) {
   for (size_t j = 0; j < pairs; ++j) {
-    int32_t a = RoundHalfEven(x[2 * j] * inv_scale);
-    int32_t b = RoundHalfEven(x[2 * j + 1] * inv_scale);
-    a = a < -7 ? -7 : a;
-    a = a > 7 ? 7 : a;
-    b = b < -7 ? -7 : b;
-    b = b > 7 ? 7 : b;
-    q[j] = static_cast<uint8_t>((a & 15) | ((b & 15) << 4));
+    const uint32_t a = Int4Code(x[2 * j] * inv_scale);
+    const uint32_t b = Int4Code(x[2 * j + 1] * inv_scale);
+    q[j] = static_cast<uint8_t>(a | (b << 4));
   }
 }
 
@@ -125,11 +132,8 @@ void DequantizeInt8(const int8_t* __restrict q, size_t n, float scale, float* __
 
 void DequantizeInt4Pairs(const uint8_t* __restrict q, size_t pairs, float scale, float* __restrict x) {
   for (size_t j = 0; j < pairs; ++j) {
-    const int8_t byte = static_cast<int8_t>(q[j]);
-    const int8_t lo = static_cast<int8_t>(static_cast<int8_t>(q[j] << 4) >> 4);
-    const int8_t hi = static_cast<int8_t>(byte >> 4);
-    x[2 * j] = static_cast<float>(lo) * scale;
-    x[2 * j + 1] = static_cast<float>(hi) * scale;
+    x[2 * j] = kInt4Levels[q[j] & 15] * scale;
+    x[2 * j + 1] = kInt4Levels[q[j] >> 4] * scale;
   }
 }
 
@@ -138,13 +142,6 @@ int8_t MinInt8(const int8_t* __restrict q, size_t n) {
   int8_t m = 0;
   for (size_t i = 0; i < n; ++i) m = q[i] < m ? q[i] : m;
   return m;
-}
-
-// Nonzero when some nibble is 8 (-8, never written by the int4 encoder).
-uint8_t BadInt4Nibbles(const uint8_t* __restrict q, size_t n) {
-  uint8_t bad = 0;
-  for (size_t i = 0; i < n; ++i) bad |= static_cast<uint8_t>(((q[i] & 15) == 8) | ((q[i] >> 4) == 8));
-  return bad;
 }
 
 // Returns the OR of "input was NaN/Inf" and "rounded to Inf" flags.
@@ -232,27 +229,27 @@ Status EncodeBlocks(CodecKind kind, int block_size, const float* x, size_t n, ui
   const size_t nb = NumBlocks(n, block_size);
   uint8_t* codes = out + 4 * nb;
   const bool int8 = kind == CodecKind::kInt8;
-  const float qmax = int8 ? 127.0f : 7.0f;
-  const float max_scale = int8 ? MaxScale(127) : MaxScale(7);
+  const float max_scale = MaxScale(127);
   for (size_t b = 0; b < nb; ++b) {
     const size_t lo = b * static_cast<size_t>(block_size);
     const size_t len = std::min<size_t>(block_size, n - lo);
     const uint32_t amax_bits = AbsMaxBits(x + lo, len);
     if (amax_bits >= kInfBits) return NonFiniteError(x + lo, len, lo);
     const float amax = std::bit_cast<float>(amax_bits);
-    float inv_scale = qmax / amax;  // Inf for a zero block
-    float scale = std::min(amax / qmax, max_scale);
-    if (!(inv_scale <= FLT_MAX)) inv_scale = scale = 0.0f;  // zero or tiny (< 3.7e-37) block: zeros
-    Store<float>(out + 4 * b, scale);
+    // Zero or tiny (< 127 / FLT_MAX ~ 3.7e-37) block: scale 0, decodes to zeros.
+    const bool zero = !(127.0f / amax <= FLT_MAX);
     if (int8) {
+      const float inv_scale = zero ? 0.0f : 127.0f / amax;
+      Store<float>(out + 4 * b, zero ? 0.0f : std::min(amax / 127.0f, max_scale));
       QuantizeInt8(x + lo, len, inv_scale, reinterpret_cast<int8_t*>(codes) + lo);
     } else {
+      // int4: the scale is the absmax itself (the outermost levels are +-1).
+      const float inv_scale = zero ? 0.0f : 1.0f / amax;
+      Store<float>(out + 4 * b, zero ? 0.0f : amax);
       uint8_t* q = codes + lo / 2;
       QuantizeInt4Pairs(x + lo, len / 2, inv_scale, q);
       if (len % 2 != 0) {  // only the last block of an odd n: the high pad nibble stays 0
-        int32_t v = RoundHalfEven(x[lo + len - 1] * inv_scale);
-        v = std::clamp(v, -7, 7);
-        q[len / 2] = static_cast<uint8_t>(v & 15);
+        q[len / 2] = static_cast<uint8_t>(Int4Code(x[lo + len - 1] * inv_scale));
       }
     }
   }
@@ -263,7 +260,8 @@ Status DecodeBlocks(CodecKind kind, int block_size, const uint8_t* in, size_t n,
   const size_t nb = NumBlocks(n, block_size);
   const uint8_t* codes = in + 4 * nb;
   const bool int8 = kind == CodecKind::kInt8;
-  const uint32_t max_scale_bits = std::bit_cast<uint32_t>(int8 ? MaxScale(127) : MaxScale(7));
+  // int4 levels are within [-1, 1]: any finite scale decodes to finite values.
+  const uint32_t max_scale_bits = std::bit_cast<uint32_t>(int8 ? MaxScale(127) : FLT_MAX);
   // One unsigned max covers negative (sign bit), NaN/Inf and too-large scales.
   if (MaxU32(in, nb) > max_scale_bits) {
     for (size_t b = 0; b < nb; ++b) {
@@ -285,12 +283,6 @@ Status DecodeBlocks(CodecKind kind, int block_size, const uint8_t* in, size_t n,
     return Status::Ok();
   }
   const size_t code_bytes = (n + 1) / 2;
-  if (BadInt4Nibbles(codes, code_bytes) != 0) {
-    for (size_t i = 0; i < code_bytes; ++i) {
-      if ((codes[i] & 15) == 8) return PayloadError("code -8", kind, 2 * i);
-      if ((codes[i] >> 4) == 8) return PayloadError("code -8", kind, 2 * i + 1);
-    }
-  }
   if (n % 2 != 0 && (codes[code_bytes - 1] >> 4) != 0) return PayloadError("nonzero pad nibble", kind, n);
   for (size_t b = 0; b < nb; ++b) {
     const size_t lo = b * static_cast<size_t>(block_size);
@@ -298,8 +290,7 @@ Status DecodeBlocks(CodecKind kind, int block_size, const uint8_t* in, size_t n,
     const float scale = Load<float>(in + 4 * b);
     DequantizeInt4Pairs(codes + lo / 2, len / 2, scale, x + lo);
     if (len % 2 != 0) {
-      const auto lo_nibble = static_cast<int8_t>(static_cast<int8_t>(codes[(lo + len - 1) / 2] << 4) >> 4);
-      x[lo + len - 1] = static_cast<float>(lo_nibble) * scale;
+      x[lo + len - 1] = kInt4Levels[codes[(lo + len - 1) / 2] & 15] * scale;
     }
   }
   return Status::Ok();
@@ -651,6 +642,54 @@ Status DecodeTensors(const CodecOptions& opt, std::span<const uint8_t> in, std::
     return Status::Error("tensors cover " + std::to_string(offset) + " values in " + std::to_string(at) +
                          " bytes, but the output has " + std::to_string(out.size()) + " values and the payload " +
                          std::to_string(in.size()) + " bytes");
+  }
+  return Status::Ok();
+}
+
+Status DecodeTensors(const CodecOptions& opt, std::span<const std::span<const uint8_t>> chunks,
+                     std::span<const uint64_t> numels, std::span<const uint64_t> tensor_bytes, std::span<float> out) {
+  if (chunks.size() == 1) return DecodeTensors(opt, chunks[0], numels, tensor_bytes, out);
+  DL_RETURN_IF_ERROR(ValidateCodecOptions(opt));
+  if (numels.size() != tensor_bytes.size()) {
+    return Status::Error(std::to_string(numels.size()) + " tensor sizes but " + std::to_string(tensor_bytes.size()) +
+                         " encoded sizes");
+  }
+  uint64_t in_bytes = 0;
+  for (const auto& c : chunks) in_bytes += c.size();
+  std::vector<uint8_t> scratch;
+  size_t offset = 0, chunk = 0;
+  uint64_t at = 0, chunk_begin = 0;  // payload positions: the tensor's, the current chunk's
+  for (size_t t = 0; t < numels.size(); ++t) {
+    if (numels[t] > out.size() - offset || tensor_bytes[t] > in_bytes - at) {
+      return Status::Error("tensor " + std::to_string(t) + " runs past the end of the payload or the output");
+    }
+    while (chunk < chunks.size() && at >= chunk_begin + chunks[chunk].size() && tensor_bytes[t] > 0) {
+      chunk_begin += chunks[chunk++].size();
+    }
+    std::span<const uint8_t> in;
+    if (tensor_bytes[t] == 0) {
+      in = {};
+    } else if (at + tensor_bytes[t] <= chunk_begin + chunks[chunk].size()) {
+      in = chunks[chunk].subspan(at - chunk_begin, tensor_bytes[t]);  // inside one chunk: no copy
+    } else {
+      // Across chunks: gather this tensor's bytes.
+      scratch.resize(tensor_bytes[t]);
+      uint64_t got = 0, pos = at - chunk_begin;
+      for (size_t c = chunk; got < scratch.size(); ++c, pos = 0) {
+        const uint64_t take = std::min<uint64_t>(chunks[c].size() - pos, scratch.size() - got);
+        std::memcpy(scratch.data() + got, chunks[c].data() + pos, take);
+        got += take;
+      }
+      in = scratch;
+    }
+    DL_RETURN_IF_ERROR(Decode(opt, in, out.subspan(offset, numels[t])).WithContext("tensor " + std::to_string(t)));
+    offset += numels[t];
+    at += tensor_bytes[t];
+  }
+  if (offset != out.size() || at != in_bytes) {
+    return Status::Error("tensors cover " + std::to_string(offset) + " values in " + std::to_string(at) +
+                         " bytes, but the output has " + std::to_string(out.size()) + " values and the payload " +
+                         std::to_string(in_bytes) + " bytes");
   }
   return Status::Ok();
 }

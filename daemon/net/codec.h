@@ -7,13 +7,19 @@
 // | bf16  | n bfloat16, round-to-nearest-even                              | 2           | 2      |
 // | int8  | ceil(n/B) float32 scales, then n int8 codes in [-127, 127]     | 1 + 4/B     | 1.0625 |
 // | int4  | ceil(n/B) float32 scales, then ceil(n/2) bytes of int4 codes   | 0.5 + 4/B   | 0.5625 |
-// |       | in [-7, 7], two per byte, low nibble first (value 2j in the    |             |        |
-// |       | low nibble of byte j; the pad nibble of an odd n is 0)         |             |        |
+// |       | 0..15, two per byte, low nibble first (value 2j in the low     |             |        |
+// |       | nibble of byte j; the pad nibble of an odd n is 0)             |             |        |
 // (B = 32 / 128 / 256: int8 1.125 / 1.03125 / 1.015625, int4 0.625 / 0.53125 / 0.515625.)
-// Blocks are consecutive runs of B values (the last one may be short). Scale = absmax/127 (int8)
-// or absmax/7 (int4), stored as fp32; code = round-half-even(x / scale); value = code * scale.
+// Blocks are consecutive runs of B values (the last one may be short), stored as fp32 scales:
+//   int8  scale = absmax/127, code = round-half-even(x / scale) in [-127, 127], value = code * scale;
+//   int4  scale = absmax, code c = the nearest of the 16 levels kInt4Levels (below) to x / scale,
+//         value = kInt4Levels[c] * scale. The levels are the Lloyd-Max quantizer of a Gaussian
+//         (Max 1960), scaled so the outermost are -1 and +1: finer steps near zero, where most
+//         values of a delta lie. On N(0, 1) data that is 9.0% / 9.6% / 10.3% relative L2 error at
+//         B = 64 / 128 / 256, where a uniform grid (+-7 steps of absmax/7) gave 11% / 12% / 13.6%.
+//         Every code is valid; the block's absmax decodes exactly.
 // An all-zero block has scale 0 and decodes to zeros; so does a block whose absmax is below
-// ~3.7e-37 (where 127/absmax overflows): error feedback carries such values on. The payload size
+// ~3.7e-37 (127 / FLT_MAX): error feedback carries such values on. The payload size
 // is exactly EncodedBytes(kind, n, B) (codec_kind.h), the wire's size check.
 //
 // Top-k (CodecOptions::topk_fraction = f in (0, 1)): keeps k = clamp(round(f*n), 1, n) values of
@@ -33,8 +39,8 @@
 // Errors (Status, nothing thrown, nothing sent): encoders reject NaN/Inf input, naming the first
 // bad index, and bf16 also finite values that round to Inf; on error Encode leaves *out empty
 // (EncodeDense: the buffer's contents are unspecified). Decoders check the payload size, the
-// scales (finite, >= 0, small enough that code * scale stays finite), the codes (-128 and int4 -8
-// are never written, so they are rejected), bf16/fp32 values (finite), top-k headers and indices
+// scales (finite, >= 0, small enough that code * scale stays finite), the codes (int8 -128 is
+// never written, so it is rejected; the int4 pad nibble must be 0), bf16/fp32 values (finite), top-k headers and indices
 // (in range, strictly increasing, k of them). Every decode overwrites its output (=).
 //
 // Speed, one core of an AVX-512 EPYC (GCC 12 -O3 -march=native), 64 MiB of N(0, 1), GB/s of
@@ -63,6 +69,11 @@ struct CodecOptions {
 inline constexpr int kMinCodecBlockSize = 2;
 inline constexpr int kMaxCodecBlockSize = 65536;
 inline constexpr size_t kTopkHeaderBytes = 16;
+
+// int4 code c decodes to kInt4Levels[c] * scale (ascending; kInt4Levels[15 - c] == -kInt4Levels[c]).
+inline constexpr float kInt4Levels[16] = {
+    -1.0f,       -0.7571544f, -0.5921467f, -0.4597087f, -0.344873f,  -0.2403572f, -0.1420259f, -0.0469882f,
+    0.0469882f,  0.1420259f,  0.2403572f,  0.344873f,   0.4597087f,  0.5921467f,  0.7571544f,  1.0f};
 
 // Ok when kind is one of the four codecs, block_size is even in [2, 65536] (used by int8/int4
 // only, but checked for every kind) and topk_fraction is 0 or in (0, 1).
@@ -93,6 +104,10 @@ Status EncodeTensors(const CodecOptions& opt, std::span<const float> in, std::sp
                      std::vector<uint8_t>* out, std::vector<uint64_t>* tensor_bytes);
 Status DecodeTensors(const CodecOptions& opt, std::span<const uint8_t> in, std::span<const uint64_t> numels,
                      std::span<const uint64_t> tensor_bytes, std::span<float> out);
+// The same over a payload in pieces (ParsedMessage::payload_spans(): the received chunks, in
+// order): a tensor inside one piece is decoded where it lies, one across pieces from a copy.
+Status DecodeTensors(const CodecOptions& opt, std::span<const std::span<const uint8_t>> chunks,
+                     std::span<const uint64_t> numels, std::span<const uint64_t> tensor_bytes, std::span<float> out);
 
 // Sender-side error feedback, one residual per fragment (not thread-safe; one per sender):
 //   sum = residual_p + delta; payload = Encode(sum); residual_p = sum - Decode(payload).
