@@ -900,7 +900,35 @@ std::span<const uint8_t> ParsedMessage::tensor_bytes(size_t i) const {
   if (i + 1 >= tensor_payload_offsets.size()) return {};
   const uint64_t begin = tensor_payload_offsets[i];
   const uint64_t end = tensor_payload_offsets[i + 1];
-  return std::span<const uint8_t>(payload.data() + begin, end - begin);
+  if (payload.size() >= end) return std::span<const uint8_t>(payload.data() + begin, end - begin);
+  // In place: chunks are kChunkBytes each but the last.
+  const uint64_t c = begin / kChunkBytes;
+  if (end == begin || c >= payload_chunks.size() || (end - 1) / kChunkBytes != c) return {};
+  return payload_chunks[c].subspan(begin - c * kChunkBytes, end - begin);
+}
+
+uint64_t ParsedMessage::payload_size() const {
+  uint64_t n = payload.size();
+  for (const auto& c : payload_chunks) n += c.size();
+  return n;
+}
+
+std::vector<std::span<const uint8_t>> ParsedMessage::payload_spans() const {
+  if (!payload_chunks.empty()) return payload_chunks;
+  if (payload.empty()) return {};
+  return {std::span<const uint8_t>(payload.data(), payload.size())};
+}
+
+void ParsedMessage::MakeContiguous() {
+  if (payload_chunks.empty()) return;
+  payload.resize(payload_size());
+  uint64_t pos = 0;
+  for (const auto& c : payload_chunks) {
+    std::memcpy(payload.data() + pos, c.data(), c.size());
+    pos += c.size();
+  }
+  payload_chunks.clear();
+  payload_owner.reset();
 }
 
 Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
@@ -952,9 +980,10 @@ void ResealHeader(std::vector<uint8_t>* frame0) {
   AppendCrcTrailer(frame0);
 }
 
-Status ReassembleChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
-                        uint32_t payload_crc32c, std::string_view what,
-                        ParsedMessage::Bytes* out) {
+namespace {
+
+Status CheckChunkSizes(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
+                       std::string_view what) {
   const uint64_t want = CeilDiv(payload_bytes, kChunkBytes);
   if (chunks.size() != want) {
     return Status::Error(std::string(what) + ": " + Str(chunks.size()) + " payload frames for " +
@@ -969,6 +998,38 @@ Status ReassembleChunks(std::span<const std::span<const uint8_t>> chunks, uint64
                            " bytes, want " + Str(expect));
     }
   }
+  return Status::Ok();
+}
+
+Status CrcMismatch(std::string_view what, uint64_t payload_bytes, uint32_t declared, uint32_t computed) {
+  return Status::Error(std::string(what) + ": payload CRC32C mismatch (declared " + Str(declared) +
+                       ", computed " + Str(computed) + " over " + Str(payload_bytes) +
+                       " bytes): corrupted in transit, drop it");
+}
+
+}  // namespace
+
+Status VerifyChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
+                    uint32_t payload_crc32c, std::string_view what) {
+  DL_RETURN_IF_ERROR(CheckChunkSizes(chunks, payload_bytes, what));
+  // Last chunk first: the receiver's I/O thread wrote it last, so it is the part most likely
+  // still in cache; reading forward would evict it before reaching it. The chunk CRCs are
+  // combined into the payload's.
+  uint32_t crc = 0;
+  uint64_t tail = 0;  // bytes after the current chunk
+  for (size_t i = chunks.size(); i-- > 0;) {
+    const uint32_t c = Crc32c(chunks[i].data(), chunks[i].size());
+    crc = Crc32cCombine(c, crc, tail);
+    tail += chunks[i].size();
+  }
+  if (crc != payload_crc32c) return CrcMismatch(what, payload_bytes, payload_crc32c, crc);
+  return Status::Ok();
+}
+
+Status ReassembleChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
+                        uint32_t payload_crc32c, std::string_view what,
+                        ParsedMessage::Bytes* out) {
+  DL_RETURN_IF_ERROR(CheckChunkSizes(chunks, payload_bytes, what));
   out->resize(payload_bytes);
   uint32_t crc = 0;
   uint64_t pos = 0;
@@ -977,16 +1038,17 @@ Status ReassembleChunks(std::span<const std::span<const uint8_t>> chunks, uint64
     crc = Crc32cCopy(out->data() + pos, c.data(), c.size(), crc);
     pos += c.size();
   }
-  if (crc != payload_crc32c) {
-    return Status::Error(std::string(what) + ": payload CRC32C mismatch (declared " +
-                         Str(payload_crc32c) + ", computed " + Str(crc) + " over " +
-                         Str(payload_bytes) + " bytes): corrupted in transit, drop it");
-  }
+  if (crc != payload_crc32c) return CrcMismatch(what, payload_bytes, payload_crc32c, crc);
   return Status::Ok();
 }
 
-Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o,
-                     ParsedMessage* out) {
+namespace {
+
+// ParseEnvelope (copies the payload) and ParseEnvelopeInPlace (in_place: keeps it in the frames).
+Status Parse(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o, bool in_place,
+             std::shared_ptr<const void> owner, ParsedMessage* out) {
+  out->payload_chunks.clear();
+  out->payload_owner.reset();
   if (frames.empty()) return Status::Error("envelope: empty message (no frames)");
   const std::span<const uint8_t> frame0 = frames[0];
   const std::string anon = "envelope of " + Str(frame0.size()) + " bytes";
@@ -1074,7 +1136,14 @@ Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const Par
                            Str(chunks.size()));
     }
     // 5. Chunks and CRC.
-    DL_RETURN_IF_ERROR(ReassembleChunks(chunks, f.bytes, f.crc, who, &out->payload));
+    if (in_place) {
+      out->payload.clear();
+      DL_RETURN_IF_ERROR(VerifyChunks(chunks, f.bytes, f.crc, who));
+      out->payload_chunks.assign(chunks.begin(), chunks.end());
+      out->payload_owner = std::move(owner);
+    } else {
+      DL_RETURN_IF_ERROR(ReassembleChunks(chunks, f.bytes, f.crc, who, &out->payload));
+    }
     out->payload_crc32c = f.crc;
     if (const auto* s = std::get_if<SnapshotMsg>(&out->body); s && s->fragment_crc32c != f.crc) {
       return Status::Error(who + ": fragment CRC32C differs from the CRC32C of its fp32 values");
@@ -1085,6 +1154,18 @@ Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const Par
   return Status::Ok();
 }
 
+}  // namespace
+
+Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o,
+                     ParsedMessage* out) {
+  return Parse(frames, o, false, nullptr, out);
+}
+
+Status ParseEnvelopeInPlace(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o,
+                            std::shared_ptr<const void> frames_owner, ParsedMessage* out) {
+  return Parse(frames, o, true, std::move(frames_owner), out);
+}
+
 // ---------------------------------------------------------------------------------------------
 // SnapshotAssembler
 
@@ -1092,6 +1173,7 @@ SnapshotAssembler::SnapshotAssembler(uint64_t request_id, uint64_t max_total_byt
     : request_id_(request_id), max_total_bytes_(max_total_bytes) {}
 
 Status SnapshotAssembler::Add(ParsedMessage&& part) {
+  part.MakeContiguous();  // parts outlive the frames they were received in
   const SnapshotMsg* s = part.get<SnapshotMsg>();
   if (s == nullptr) {
     return Status::Error("snapshot assembly: got a " + std::string(MessageTypeName(part.type())) +

@@ -7,7 +7,8 @@
 //                carries their total size, their count and their CRC32C.
 // BuildMessage writes a message from plain structs; ParseEnvelope is the one way to read one: it
 // verifies everything (below) before it fills a ParsedMessage, whose structs are copies that own
-// their data (nothing points into the frames).
+// their data (nothing points into the frames; ParseEnvelopeInPlace: except the payload, which
+// the ParsedMessage keeps alive through an owner of the frames).
 //
 // What ParseEnvelope checks, in this order, each failure a Status naming the sender (once known)
 // and the field, e.g. "delta from learner-2: tensor 3 declares 1000 int8 values (block 64) = 1064
@@ -22,7 +23,10 @@
 //      == EncodedBytes(codec, numel, block) (top-k: within its bounds), their sum ==
 //      payload_bytes <= max_payload_bytes, num_chunks == frames - 1 == ceil(payload / 4 MiB),
 //      every chunk but the last exactly 4 MiB;
-//   5. the payload is reassembled into one buffer and its CRC32C compared.
+//   5. the payload's CRC32C: ParseEnvelope reassembles the chunks into one buffer, computing the
+//      CRC as it copies; ParseEnvelopeInPlace computes it over the received chunks where they
+//      lie (no copy; the last-received chunk first, while it is still in cache) and leaves the
+//      payload in them.
 // Messages without payload must have exactly one frame.
 //
 // A Snapshot (the whole global state for a joining learner, the ZeroMQ guide's Clone pattern)
@@ -363,15 +367,32 @@ struct ParsedMessage {
 
   EnvelopeHeader header;
   MessageBody body;
-  Bytes payload;                // reassembled frames 1..n (empty without payload)
+  // ParseEnvelope: frames 1..n reassembled (empty without payload). ParseEnvelopeInPlace: empty
+  // until MakeContiguous(); the payload is in payload_chunks.
+  Bytes payload;
   uint32_t payload_crc32c = 0;  // as declared and verified
   size_t wire_bytes = 0;        // all frames' bytes
+
+  // ParseEnvelopeInPlace only: the verified payload frames, in order, inside memory that
+  // payload_owner keeps alive and unchanged (the received frames). Empty after ParseEnvelope.
+  std::vector<std::span<const uint8_t>> payload_chunks;
+  std::shared_ptr<const void> payload_owner;
+
+  // The payload's bytes, whichever way it was parsed.
+  uint64_t payload_size() const;
+  // The payload as a list of spans: payload_chunks, or one span over payload (none if empty).
+  std::vector<std::span<const uint8_t>> payload_spans() const;
+  // Copies payload_chunks into payload (when the caller needs one buffer: tensor_bytes of a
+  // tensor across chunks, a decoder over one span) and releases the frames. No-op when the
+  // payload is already contiguous.
+  void MakeContiguous();
 
   MessageType type() const { return TypeOf(body); }
   template <class T>
   const T* get() const { return std::get_if<T>(&body); }
   const PayloadInfo* payload_info() const { return PayloadOf(body); }
-  // Tensor i's encoded bytes inside payload (i < payload_info()->tensors.size()).
+  // Tensor i's encoded bytes inside the payload (i < payload_info()->tensors.size()). In place:
+  // empty when the tensor spans two chunks (call MakeContiguous() first to get every tensor).
   std::span<const uint8_t> tensor_bytes(size_t i) const;
 
   // Offsets of each tensor's bytes in payload (tensors + 1 entries); filled by ParseEnvelope.
@@ -382,6 +403,19 @@ struct ParsedMessage {
 // (but valid, reusable) state; reuse one ParsedMessage per socket to keep its buffers.
 Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const ParseOptions& expect,
                      ParsedMessage* out);
+
+// The same checks without copying the payload: the CRC32C is verified over the frames where
+// they are, and out->payload_chunks point into them; frames_owner must keep the frames alive
+// and unchanged, and is kept in out->payload_owner (for a message without payload it is
+// dropped). For receivers that decode from chunks (DecodeTensors over payload_spans(), codec.h)
+// instead of one buffer: this saves one pass over the payload (a copy and its cache misses).
+Status ParseEnvelopeInPlace(std::span<const std::span<const uint8_t>> frames, const ParseOptions& expect,
+                            std::shared_ptr<const void> frames_owner, ParsedMessage* out);
+
+// ParseEnvelopeInPlace's step 5: chunk count and sizes as ReassembleChunks, then the CRC32C over
+// the chunks in place, last chunk first (CRCs combined).
+Status VerifyChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
+                    uint32_t payload_crc32c, std::string_view what);
 
 // The chunk reassembler ParseEnvelope uses: concatenates chunks into *out after checking that
 // there are ceil(payload_bytes / kChunkBytes) of them, all kChunkBytes but a non-empty last one,

@@ -71,7 +71,8 @@ class PathBench {
     parsed_ = std::make_shared<ParsedMessage>();
     ReceiveOptions ro;
     // ParseEnvelope, timed.
-    ro.validator = [this, v = EnvelopeValidator(expect, parsed_)](const Message& m, MessageMeta* meta) {
+    Validator parse = o_.in_place ? EnvelopeValidatorInPlace(expect, parsed_) : EnvelopeValidator(expect, parsed_);
+    ro.validator = [this, v = std::move(parse)](const Message& m, MessageMeta* meta) {
       const auto t0 = Clock::now();
       Status st = v(m, meta);
       last_parse_s_ = Seconds(t0, Clock::now());
@@ -215,7 +216,7 @@ class PathBench {
     Received r;
     const RecvResult rr = sub_->Receive(&r, 30000);
     if (rr != RecvResult::kMessage) return Status::Error(name_ + ": no delta received (" + ToString(rr) + ")");
-    if (parsed_->type() != MessageType::kDelta || parsed_->payload.size() != payload_->size()) {
+    if (parsed_->type() != MessageType::kDelta || parsed_->payload_size() != payload_->size()) {
       return Status::Error(name_ + ": received something else than the delta");
     }
     return Status::Ok();

@@ -1,6 +1,8 @@
 // `dilococtl bench transport`: one Delta with a 64 MiB fp32 payload through the full stack
 // (BuildMessage: schema + CRC32C + 4 MiB chunking -> PubChannel -> ZeroMQ -> SubChannel ->
-// ParseEnvelope: verification + reassembly + CRC check), next to raw ZeroMQ PUSH/PULL moving the
+// ParseEnvelopeInPlace: verification + CRC check of the chunks where they were received, the
+// receiver gets spans over them; with in_place = false ParseEnvelope, which also copies them into
+// one buffer), next to raw ZeroMQ PUSH/PULL moving the
 // same frames (header + 16 x 4 MiB, zero-copy, nothing checked), interleaved in the same run, over
 // tcp loopback, ipc, and tcp with CURVE on both paths.
 //
@@ -28,6 +30,7 @@ struct TransportBenchOptions {
   int stream_depth = 4;   // messages per streaming run
   bool curve = true;      // also run curve_tcp
   int io_threads = 2;     // ZeroMQ I/O threads (sender and receiver side each get one)
+  bool in_place = true;   // receive with EnvelopeValidatorInPlace (false: EnvelopeValidator, a copy)
 };
 
 struct TransportBenchPath {

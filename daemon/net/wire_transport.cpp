@@ -21,4 +21,32 @@ Validator EnvelopeValidator(ParseOptions expect, std::shared_ptr<ParsedMessage> 
   };
 }
 
+Validator EnvelopeValidatorInPlace(ParseOptions expect, std::shared_ptr<ParsedMessage> parsed) {
+  return [expect = std::move(expect), parsed = std::move(parsed)](const Message& m, MessageMeta* meta) -> Status {
+    const std::vector<std::span<const uint8_t>> frames = m.spans();
+    // The payload frames' buffers, shared (zmq_msg_copy counts references, it copies only
+    // frames small enough to live inside the message object); frame 0 is read during the call.
+    std::shared_ptr<std::vector<zmq::message_t>> owner;
+    std::vector<std::span<const uint8_t>> spans;
+    if (frames.size() > 1) {
+      owner = std::make_shared<std::vector<zmq::message_t>>(frames.size() - 1);
+      spans.reserve(frames.size());
+      spans.push_back(frames[0]);
+      for (size_t i = 1; i < frames.size(); ++i) {
+        zmq::message_t& share = (*owner)[i - 1];
+        share.copy(const_cast<zmq::message_t&>(m.frames()[i]));  // m is not modified
+        spans.emplace_back(static_cast<const uint8_t*>(share.data()), share.size());
+      }
+    } else {
+      spans = frames;
+    }
+    DL_RETURN_IF_ERROR(ParseEnvelopeInPlace(spans, expect, std::move(owner), parsed.get()));
+    meta->sender = parsed->header.sender;
+    meta->epoch = parsed->header.incarnation;
+    meta->seq = parsed->header.seq;
+    meta->sequenced = true;
+    return Status::Ok();
+  };
+}
+
 }  // namespace diloco::net

@@ -26,4 +26,10 @@ Message ToMessage(OutgoingMessage&& out, std::shared_ptr<const void> payload_own
 // message's parse, until the next Receive. The channel's thread owns *parsed.
 Validator EnvelopeValidator(ParseOptions expect, std::shared_ptr<ParsedMessage> parsed);
 
+// The same with ParseEnvelopeInPlace: the payload is not copied out of the received frames.
+// parsed->payload_chunks share the frames' buffers (ZeroMQ reference counts them), so they stay
+// valid until *parsed is overwritten or MakeContiguous() is called, also after the Received is
+// gone; parsed->payload stays empty (decode from payload_spans(), or MakeContiguous()).
+Validator EnvelopeValidatorInPlace(ParseOptions expect, std::shared_ptr<ParsedMessage> parsed);
+
 }  // namespace diloco::net

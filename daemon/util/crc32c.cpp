@@ -301,6 +301,12 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   return crc32c_detail::software(data, n, crc);
 }
 
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // Appending len_b bytes multiplies a's remainder by x^(8 len_b); the pre/post inversions of
+  // both CRCs cancel out (as in zlib).
+  return MultModP(XPowModP(8 * len_b), crc_a) ^ crc_b;
+}
+
 uint32_t Crc32cCopy(void* dst, const void* src, size_t n, uint32_t crc) {
 #ifdef DILOCO_CRC32C_X86
   if (n >= crc32c_detail::kMinClmulBytes && crc32c_detail::clmul_available()) {

@@ -19,6 +19,11 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
 // the bytes where the CPU allows: what a receiver does to reassemble and verify a payload.
 uint32_t Crc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 
+// The CRC of a followed by b from crc_a = Crc32c(a), crc_b = Crc32c(b) and b's length (as zlib's
+// crc32_combine): lets pieces be checked in any order, e.g. the most recently received first,
+// while they are still in cache.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 // The two paths, for tests and benchmarks; Crc32c picks one at run time.
 namespace crc32c_detail {
 uint32_t software(const void* data, size_t n, uint32_t crc);

@@ -43,8 +43,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.job_id = "job-7";
   o.model_params = 1 << 20;
   o.max_fragments = 64;
-  ParsedMessage p;
-  if (!ParseEnvelope(frames, o, &p).ok()) return 0;
+  ParsedMessage p, in_place;
+  const Status st = ParseEnvelope(frames, o, &p);
+  // The in-place parse runs the same checks and, made contiguous, gives the same message.
+  const Status ip = ParseEnvelopeInPlace(frames, o, nullptr, &in_place);
+  if (ip.ok() != st.ok() || ip.message() != st.message()) std::abort();
+  if (!st.ok()) return 0;
+  in_place.MakeContiguous();
+  if (!(in_place.body == p.body) || in_place.payload != p.payload) std::abort();
   OutgoingMessage again;
   if (!BuildMessage(p.header, p.body, p.payload, &again).ok()) std::abort();
   std::vector<std::span<const uint8_t>> f2 = {again.header};

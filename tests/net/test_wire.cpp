@@ -145,6 +145,77 @@ TEST_CASE("a payload over 4 MiB travels in 4 MiB chunks and is reassembled", "[n
   CHECK(st.message().find("payload frame 1 of 3 has 4194303 bytes") != std::string::npos);
 }
 
+TEST_CASE("in place, the payload stays in the received chunks and is verified there", "[net][unit]") {
+  std::mt19937_64 rng(5);
+  const uint64_t numel = (9u << 20) / 4 + 123;  // 3 chunks
+  const uint64_t first = (4u << 20) / 4 - 10;   // tensor 0 ends 40 bytes before chunk 1
+  Sample s{wire_test::Header("learner-0", 6), {}, {}};
+  DeltaMsg d;
+  d.fragment = 0;
+  d.c_steps = 3;
+  d.c_tokens = 300;
+  d.payload = wire_test::Dense(CodecKind::kFp32, 64, {{0, first}, {first, numel - first}});
+  s.body = d;
+  s.payload = wire_test::RandomBytes(rng, numel * 4);
+  OutgoingMessage m = Build(s);
+  REQUIRE(m.chunks.size() == 3);
+  ParseOptions o = SampleOptions();
+  o.model_params = numel;
+  auto frames = Frames(m);
+  auto owner = std::make_shared<int>(7);
+  ParsedMessage p;
+  Status st = ParseEnvelopeInPlace(frames, o, owner, &p);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(p.body == s.body);
+  CHECK(p.payload.empty());
+  CHECK(p.payload_size() == s.payload.size());
+  CHECK(p.payload_crc32c == Crc32c(s.payload.data(), s.payload.size()));
+  CHECK(p.payload_owner == owner);
+  REQUIRE(p.payload_chunks.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(p.payload_chunks[i].data() == frames[i + 1].data());  // no copy
+  CHECK(p.payload_spans().size() == 3);
+  // Tensor 0 lies in chunk 0: a view; tensor 1 spans chunks 0..2: empty until contiguous.
+  CHECK(p.tensor_bytes(0).data() == frames[1].data());
+  CHECK(p.tensor_bytes(0).size() == first * 4);
+  CHECK(p.tensor_bytes(1).empty());
+  p.MakeContiguous();
+  CHECK(p.payload_chunks.empty());
+  CHECK(p.payload_owner == nullptr);
+  REQUIRE(p.payload.size() == s.payload.size());
+  CHECK(std::memcmp(p.payload.data(), s.payload.data(), s.payload.size()) == 0);
+  CHECK(p.tensor_bytes(1).size() == (numel - first) * 4);
+  CHECK(p.payload_spans().size() == 1);
+
+  // A flipped bit in any chunk (the CRC is computed last chunk first and combined) and a short
+  // chunk are refused, with the messages ParseEnvelope gives.
+  for (size_t c = 1; c <= 3; ++c) {
+    std::vector<uint8_t> bad(frames[c].begin(), frames[c].end());
+    bad[bad.size() / 2] ^= 0x10;
+    auto f = frames;
+    f[c] = bad;
+    ParsedMessage q;
+    st = ParseEnvelopeInPlace(f, o, nullptr, &q);
+    CHECK_FALSE(st.ok());
+    CHECK(st.message().find("payload CRC32C mismatch") != std::string::npos);
+    CHECK(st.message() == ParseEnvelope(f, o, &q).message());
+  }
+  auto short_chunk = frames;
+  short_chunk[2] = frames[2].subspan(1);
+  st = ParseEnvelopeInPlace(short_chunk, o, nullptr, &p);
+  CHECK(st.message().find("payload frame 2 of 3 has 4194303 bytes") != std::string::npos);
+  CHECK(VerifyChunks(std::span(frames).subspan(1), s.payload.size(), p.payload_crc32c + 1, "x").message().find(
+            "CRC32C mismatch") != std::string::npos);
+
+  // A message without payload: nothing kept.
+  OutgoingMessage hb = Build({wire_test::Header("learner-0", 7), HeartbeatMsg{}, {}});
+  auto hf = Frames(hb);
+  REQUIRE(ParseEnvelopeInPlace(hf, o, owner, &p).ok());
+  CHECK(p.payload_size() == 0);
+  CHECK(p.payload_owner == nullptr);
+  CHECK(p.payload_spans().empty());
+}
+
 TEST_CASE("a header that is not 8-byte aligned in memory parses", "[net][unit]") {
   std::mt19937_64 rng(4);
   for (const Sample& s : AllSamples(rng)) {

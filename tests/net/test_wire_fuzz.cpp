@@ -130,6 +130,7 @@ struct Fuzzer {
   std::map<std::string, Tally> tally;
   std::vector<std::string> failures;
   ParsedMessage scratch;
+  ParsedMessage in_place;  // ParseEnvelopeInPlace of the same input
 
   void Fail(const std::string& what) {
     if (failures.size() < 20) failures.push_back(what);
@@ -149,6 +150,11 @@ struct Fuzzer {
       ++t.rejected;
       if (st.message().empty()) Fail(kind + ": rejected with an empty message");
     }
+    // The in-place parse runs the same checks.
+    Status ip = ParseEnvelopeInPlace(frames, o, nullptr, &in_place);
+    if (ip.ok() || ip.message() != st.message()) {
+      Fail(kind + ": in place, a different verdict: \"" + ip.message() + "\" vs \"" + st.message() + "\"");
+    }
   }
 
   // The input may be valid: when accepted, it must be self-consistent.
@@ -157,11 +163,22 @@ struct Fuzzer {
     Tally& t = tally[kind];
     ++t.tried;
     Status st = ParseEnvelope(frames, o, &scratch);
+    Status ip = ParseEnvelopeInPlace(frames, o, nullptr, &in_place);
+    if (ip.ok() != st.ok() || ip.message() != st.message()) {
+      Fail(kind + ": in place, a different verdict: \"" + ip.message() + "\" vs \"" + st.message() + "\"");
+    }
     if (!st.ok()) {
       ++t.rejected;
       return;
     }
     ++t.accepted;
+    if (ip.ok()) {
+      in_place.MakeContiguous();
+      if (!(in_place.header == scratch.header) || !(in_place.body == scratch.body) ||
+          in_place.payload != scratch.payload || in_place.tensor_payload_offsets != scratch.tensor_payload_offsets) {
+        Fail(kind + ": in place, a different parse");
+      }
+    }
     OutgoingMessage again;
     Status b = BuildMessage(scratch.header, scratch.body, scratch.payload, &again);
     if (!b.ok()) {

@@ -130,7 +130,10 @@ TEST_CASE("Envelope validator on a live SUB: corrupted envelopes rejected, good 
   auto ctx = MakeContext();
   auto parsed = std::make_shared<ParsedMessage>();
   ReceiveOptions ro;
-  ro.validator = EnvelopeValidator(Expect(), parsed);
+  // In place: the payload stays in the received frames (shared with the Received).
+  const bool in_place = GENERATE(false, true);
+  INFO((in_place ? "EnvelopeValidatorInPlace" : "EnvelopeValidator"));
+  ro.validator = in_place ? EnvelopeValidatorInPlace(Expect(), parsed) : EnvelopeValidator(Expect(), parsed);
   std::unique_ptr<SubChannel> sub;
   REQUIRE(SubChannel::Create(*ctx, Plain("syncer.uplink"), ro, &sub).ok());
   REQUIRE(sub->Bind("tcp://127.0.0.1:*").ok());
@@ -173,9 +176,16 @@ TEST_CASE("Envelope validator on a live SUB: corrupted envelopes rejected, good 
     while (sub->Receive(&r, 0) == RecvResult::kMessage) {
       REQUIRE(parsed->type() == MessageType::kDelta);
       CHECK(parsed->header.sender == "learner-0");
-      CHECK(parsed->payload.size() == deltas.payload->size());
-      CHECK(std::equal(parsed->payload.begin(), parsed->payload.end(), deltas.payload->begin()));
       if (r.meta.seq == gap_seq) CHECK(r.seq.missed == 3);
+      CHECK(parsed->payload_size() == deltas.payload->size());
+      if (in_place) {
+        CHECK(parsed->payload.empty());
+        REQUIRE(parsed->payload_chunks.size() == 2);
+        CHECK(parsed->payload_chunks[0].data() == r.message.frame(1).data());  // not copied
+        r = Received();  // the chunks outlive the Received
+        parsed->MakeContiguous();
+      }
+      CHECK(std::equal(parsed->payload.begin(), parsed->payload.end(), deltas.payload->begin()));
       ++good_got;
     }
   }

@@ -93,6 +93,23 @@ TEST_CASE("crc32c is incremental", "[unit][util]") {
   CHECK(software(buf.data() + 31000, buf.size() - 31000, b) == whole);
 }
 
+TEST_CASE("crc32c of pieces combines into the crc of the whole, in any order", "[unit][util]") {
+  const std::vector<uint8_t> buf = random_bytes(70000, 5);
+  const uint32_t whole = Crc32c(buf.data(), buf.size());
+  Rng rng(6);
+  for (int trial = 0; trial < 50; trial++) {
+    const size_t cut = rng.below(buf.size() + 1);
+    INFO("cut at " << cut);
+    const uint32_t a = Crc32c(buf.data(), cut), b = Crc32c(buf.data() + cut, buf.size() - cut);
+    REQUIRE(Crc32cCombine(a, b, buf.size() - cut) == whole);
+  }
+  CHECK(Crc32cCombine(0, Crc32c(buf.data(), 100), 100) == Crc32c(buf.data(), 100));  // empty a
+  CHECK(Crc32cCombine(whole, 0, 0) == whole);                                        // empty b
+  // A wrong piece length gives a wrong crc.
+  const uint32_t a = Crc32c(buf.data(), 1000), b = Crc32c(buf.data() + 1000, buf.size() - 1000);
+  CHECK(Crc32cCombine(a, b, buf.size() - 1001) != whole);
+}
+
 TEST_CASE("crc32c carry-less folding and copy-with-crc agree with the software path", "[unit][util]") {
   const std::vector<uint8_t> buf = random_bytes(200000, 6);
   Rng rng(7);
