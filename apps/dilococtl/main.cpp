@@ -2,7 +2,16 @@
 // Exit codes: 0 ok, 1 failed, 2 usage.
 #include <CLI/CLI.hpp>
 
+#include "apps/dilococtl/job_commands.h"
 #include "daemon/ctl/commands.h"
+
+namespace {
+// --daemon CONFIG / --socket PATH on every command that talks to the local dilocod.
+void AddDaemonOptions(CLI::App* cmd, diloco::DaemonRef* ref) {
+  cmd->add_option("--daemon", ref->config, "The local dilocod's config (default $DILOCOD_CONFIG or /etc/dilocod/dilocod.yaml)");
+  cmd->add_option("--socket", ref->socket, "The local dilocod's control socket (instead of --daemon)");
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace diloco;
@@ -25,11 +34,50 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str();
   sample_cmd->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
 
-  DemoCommand demo;
-  CLI::App* demo_cmd = app.add_subcommand("demo", "Run the default demo job (configs/demo.yaml)");
-  demo_cmd->add_option("--config", demo.config_path, "Another run config");
+  ClusterDemoCommand demo;
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo", "Start 3 dilocod on loopback (2 learner sites, 1 syncer site), run configs/demo.yaml, stop them");
+  demo_cmd->add_option("--config", demo.config_path, "Another run config (with a placement)");
   demo_cmd->add_option("--set", demo.overrides, "Override a config key (repeatable)");
+  demo_cmd->add_option("--dir", demo.dir, "Directory for the sites' configs, keys and state (default: a new temp dir)");
   demo_cmd->add_flag("--json", demo.json, "Print the summary as one JSON object on the last line");
+
+  SubmitCommand submit;
+  CLI::App* submit_cmd = app.add_subcommand("submit", "Submit a run config (with a placement) to the local dilocod");
+  submit_cmd->add_option("config", submit.config_path, "Run config (YAML)")->required()->check(CLI::ExistingFile);
+  submit_cmd->add_option("--set", submit.overrides, "Override a config key (repeatable)");
+  submit_cmd->add_flag("--json", submit.json, "Print {job, run_dir} as JSON");
+  AddDaemonOptions(submit_cmd, &submit.daemon);
+
+  ListCommand list;
+  CLI::App* list_cmd = app.add_subcommand("list", "The jobs the local dilocod knows");
+  list_cmd->add_flag("--json", list.json, "Print JSON");
+  AddDaemonOptions(list_cmd, &list.daemon);
+
+  StatusCommand status;
+  CLI::App* status_cmd = app.add_subcommand("status", "A job's learners and syncer (no JOB: the job list)");
+  status_cmd->add_option("job", status.job, "Job id");
+  status_cmd->add_flag("--watch", status.watch, "Refresh every second until the job ends");
+  status_cmd->add_flag("--json", status.json, "Print JSON (one object per refresh)");
+  AddDaemonOptions(status_cmd, &status.daemon);
+
+  StopCommand stop;
+  CLI::App* stop_cmd = app.add_subcommand("stop", "Stop a job on every site (roles save their state)");
+  stop_cmd->add_option("job", stop.job, "Job id")->required();
+  AddDaemonOptions(stop_cmd, &stop.daemon);
+
+  LogsCommand logs;
+  CLI::App* logs_cmd = app.add_subcommand("logs", "A job's log lines from every site");
+  logs_cmd->add_option("job", logs.job, "Job id")->required();
+  logs_cmd->add_option("--tail", logs.tail, "Lines per site")->capture_default_str();
+  AddDaemonOptions(logs_cmd, &logs.daemon);
+
+  ExportCommand export_;
+  CLI::App* export_cmd = app.add_subcommand("export", "Write a job's merged model as a safetensors file");
+  export_cmd->add_option("job", export_.job, "Job id")->required();
+  export_cmd->add_option("--format", export_.format, "Output format")->capture_default_str();
+  export_cmd->add_option("-o,--out", export_.out, "Output file")->required();
+  AddDaemonOptions(export_cmd, &export_.daemon);
 
   BenchEngineCommand bench_engine;
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (prints a line, or JSON with --json)");
@@ -77,7 +125,13 @@ int main(int argc, char** argv) {
   }
   if (train_cmd->parsed()) return RunTrainCommand(train);
   if (sample_cmd->parsed()) return RunSampleCommand(sample);
-  if (demo_cmd->parsed()) return RunDemoCommand(demo);
+  if (demo_cmd->parsed()) return RunClusterDemoCommand(demo);
+  if (submit_cmd->parsed()) return RunSubmitCommand(submit);
+  if (list_cmd->parsed()) return RunListCommand(list);
+  if (status_cmd->parsed()) return RunStatusCommand(status);
+  if (stop_cmd->parsed()) return RunStopCommand(stop);
+  if (logs_cmd->parsed()) return RunLogsCommand(logs);
+  if (export_cmd->parsed()) return RunExportCommand(export_);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   if (codec->parsed()) return RunBenchCodecCommand(bench_codec);

@@ -23,6 +23,7 @@
 #include "daemon/sync/syncer.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/lock_file.h"
+#include "daemon/util/proc_stats.h"
 #include "daemon/util/sd_notify.h"
 
 namespace diloco {
@@ -79,6 +80,7 @@ struct Daemon::Impl {
     RunConfig config;
     std::map<std::string, std::unique_ptr<Role>> roles;
     bool stop_requested = false;
+    bool syncer_stop_sent = false;
   };
   std::map<std::string, Job> jobs;  // jobs with roles on this site that are not done
   std::string last_status;
@@ -120,10 +122,13 @@ struct Daemon::Impl {
         .WithContext("site " + site);
   }
 
-  // Starts the roles cfg places on this site.
-  Status StartRoles(const std::string& id, const RunConfig& cfg, bool resume, JobRecord* record) {
+  // Starts the roles cfg places on this site (only those in *only when given: a restart
+  // resumes the roles that had not ended).
+  Status StartRoles(const std::string& id, const RunConfig& cfg, bool resume, JobRecord* record,
+                    const std::set<std::string>* only = nullptr) {
     Job job;
     job.config = cfg;
+    auto wanted = [&](const std::string& name) { return only == nullptr || only->count(name) > 0; };
     int n_roles = (cfg.placement.syncer == config.site);
     for (const std::string& s : cfg.placement.learners) n_roles += (s == config.site);
     if (n_roles == 0) return Status::Ok();
@@ -135,7 +140,7 @@ struct Daemon::Impl {
     ro.threads = std::max(1, cores / n_roles);
     ro.allow_plaintext = config.allow_plaintext;
     ro.resume = resume;
-    if (cfg.placement.syncer == config.site) {
+    if (cfg.placement.syncer == config.site && wanted(kSyncerName)) {
       RoleOptions so = ro;
       so.uplink = config.listen.uplink;
       so.downlink = config.listen.downlink;
@@ -156,7 +161,7 @@ struct Daemon::Impl {
       job.roles[kSyncerName] = std::move(role);
     }
     for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
-      if (cfg.placement.learners[i] != config.site) continue;
+      if (cfg.placement.learners[i] != config.site || !wanted(LearnerName((int)i))) continue;
       RoleOptions lo = ro;
       std::string server_key;
       if (cfg.placement.syncer == config.site) {
@@ -336,6 +341,12 @@ struct Daemon::Impl {
       learners.push_back(l);
     }
     out["learners"] = learners;
+    for (const auto& l : learners) {
+      if (l.value("state", "") == "failed" && out["state"] != "failed") {
+        out["state"] = "failed";
+        if (!out.contains("error")) out["error"] = "learner-" + std::to_string(l.value("learner", 0)) + " on " + l.value("site", "?") + ": " + l.value("error", "failed");
+      }
+    }
     if (ss.contains("roles") && ss["roles"].contains(kSyncerName)) {
       out["syncer"] = ss["roles"][kSyncerName];
       out["syncer"]["site"] = cfg.placement.syncer;
@@ -356,6 +367,7 @@ struct Daemon::Impl {
     double train_s = 0, loss = 0;
     uint64_t up = 0, down = 0;
     std::vector<long> learner_tokens;
+    double peak_rss = sr.value("peak_rss_mb", 0.0);
     for (const auto& l : status["learners"]) {
       if (!l.contains("result")) return nullptr;
       const nlohmann::json& r = l["result"];
@@ -366,6 +378,7 @@ struct Daemon::Impl {
       up += r.value("bytes_up", uint64_t{0});
       down += r.value("bytes_down", uint64_t{0});
       learner_tokens.push_back(r.value("tokens", 0L));
+      peak_rss = std::max(peak_rss, r.value("peak_rss_mb", 0.0));
     }
     s = {{"final_val_loss", sr.value("final_val_loss", 0.0)},
          {"initial_val_loss", sr.value("initial_val_loss", 0.0)},
@@ -384,12 +397,16 @@ struct Daemon::Impl {
          {"learner_tokens", learner_tokens},
          {"run_dir", status.value("run_dir", "")},
          {"checkpoint", sr.value("checkpoint", "")},
+         {"global_state", sr.value("global_state", "")},
+         {"wall_s", sr.value("wall_s", 0.0)},
+         {"peak_rss_mb", peak_rss},
          {"job", status.value("id", "")}};
     return s;
   }
 
   ControlArgs UnknownJob(const std::string& id) {
-    return {{"error", "unknown job id '" + id + "' on site " + config.site + "; `dilococtl list` shows the jobs"}};
+    return {{"error", "unknown job id '" + id + "' on site " + config.site + "; `dilococtl list` shows the jobs"},
+            {"usage", "1"}};
   }
 
   ControlArgs List() {
@@ -550,6 +567,54 @@ struct Daemon::Impl {
     }
   }
 
+  // The syncer of a job ends once every learner has ended, wherever it ran. Learners tell it
+  // (Heartbeat kFinished), but one that finished while this daemon was down never will: ask
+  // the learners' sites, and once all say their learner ended, stop the syncer (it merges
+  // what is pending and saves its state).
+  Clock::time_point last_learner_check = Clock::now();
+  void CheckLearnersEnded() {
+    if (Clock::now() - last_learner_check < std::chrono::seconds(3)) return;
+    last_learner_check = Clock::now();
+    for (auto& [id, job] : jobs) {
+      auto sit = job.roles.find(kSyncerName);
+      if (sit == job.roles.end() || sit->second->done() || job.syncer_stop_sent) continue;
+      bool all_ended = true;
+      std::map<std::string, nlohmann::json> views;
+      for (size_t i = 0; i < job.config.placement.learners.size() && all_ended; i++) {
+        const std::string& site = job.config.placement.learners[i];
+        const std::string name = LearnerName((int)i);
+        nlohmann::json view;
+        if (site == config.site) {
+          JobRecord rec;
+          if (job.roles.count(name) || !store->Load(id, &rec).ok()) {
+            all_ended = false;
+            break;
+          }
+          view = JobRecordToJson(rec);
+        } else if (views.count(site)) {
+          view = views[site];
+        } else {
+          ControlArgs reply;
+          if (!CallPeer(site, "peer_status", id, {}, &reply, 1000).ok()) {
+            all_ended = false;
+            break;
+          }
+          view = views[site] = nlohmann::json::parse(reply["json"], nullptr, false);
+        }
+        const std::string state = view.is_object() && view.contains("roles") && view["roles"].contains(name)
+                                      ? view["roles"][name].value("state", "")
+                                      : "";
+        JobState js;
+        all_ended = ParseJobState(state, &js) && IsFinal(js);
+      }
+      if (all_ended) {
+        JobLog(id, "every learner has ended; the syncer merges what is pending and stops");
+        sit->second->RequestStop();
+        job.syncer_stop_sent = true;
+      }
+    }
+  }
+
   void UpdateSdStatus() {
     int running = 0, done = 0, failed = 0;
     for (const std::string& id : store->List()) {
@@ -575,17 +640,11 @@ struct Daemon::Impl {
       Status st = LoadJobConfig(id, &cfg);
       // Only the roles that had not finished before the restart.
       if (st.ok()) {
-        bool any = false;
-        for (auto& [name, rr] : rec.roles) any |= !IsFinal(rr.state);
-        if (!any) continue;
-        st = StartRoles(id, cfg, true, &rec);
-        auto it = jobs.find(id);
-        if (st.ok() && it != jobs.end()) {
-          for (auto rit = it->second.roles.begin(); rit != it->second.roles.end();) {
-            // A role that already finished stays finished (its thread ends at once otherwise).
-            ++rit;
-          }
-        }
+        std::set<std::string> unfinished;
+        for (auto& [name, rr] : rec.roles)
+          if (!IsFinal(rr.state)) unfinished.insert(name);
+        if (unfinished.empty()) continue;
+        st = StartRoles(id, cfg, true, &rec, &unfinished);
       }
       if (!st.ok()) {
         rec.state = JobState::kFailed;
@@ -678,6 +737,7 @@ Status Daemon::Run() {
   net::Received r;
   while (!g_shutdown) {
     im.Reap();
+    im.CheckLearnersEnded();
     if (!net::PollReadable(sockets, 100, &ready)) continue;
     if (ready[0] && im.local->Receive(&r, 0) == net::RecvResult::kMessage) {
       const ParsedMessage& m = *im.local_parsed;
@@ -708,9 +768,18 @@ Status Daemon::Run() {
   im.Log("stopping: roles save their state");
   for (auto& [id, job] : im.jobs)
     for (auto& [name, role] : job.roles) role->RequestShutdown();
-  // Blocking socket calls in the roles return at once.
+  // Give the roles a moment to end by themselves (learners stop after their current step; a
+  // syncer whose uplink is quiet leaves); then blocking socket calls return at once.
+  auto all_done = [&] {
+    for (auto& [id, job] : im.jobs)
+      for (auto& [name, role] : job.roles)
+        if (!role->done()) return false;
+    return true;
+  };
+  const auto grace = Clock::now() + std::chrono::milliseconds(1500);
+  while (!all_done() && Clock::now() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   im.context->zmq().shutdown();
-  const auto deadline = Clock::now() + std::chrono::seconds(8);
+  const auto deadline = Clock::now() + std::chrono::seconds(7);
   for (auto& [id, job] : im.jobs) {
     for (auto& [name, role] : job.roles) {
       while (!role->done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -67,7 +67,8 @@ Status JobRecordFromJson(const nlohmann::json& j, JobRecord* out) {
     r.created_ms = j.value("created_ms", int64_t{0});
     r.updated_ms = j.value("updated_ms", int64_t{0});
     r.error = j.value("error", "");
-    for (const auto& [name, rj] : j.value("roles", nlohmann::json::object()).items()) {
+    const nlohmann::json roles = j.value("roles", nlohmann::json::object());
+    for (const auto& [name, rj] : roles.items()) {
       RoleRecord role;
       if (!ParseJobState(rj.at("state").get<std::string>(), &role.state)) return Status::Error("unknown role state");
       role.error = rj.value("error", "");

@@ -6,9 +6,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "daemon/sync/syncer.h"
+#include "daemon/sync/global_state.h"
+#include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
+#include "daemon/util/proc_stats.h"
 #include "daemon/train/learner.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
@@ -53,6 +57,31 @@ const char* StateName(LearnerState s) {
     case LearnerState::kFailed: return "failed";
   }
   return "unknown";
+}
+
+// From the syncer's events.log: the last merge, and how rounds were closed (quorum, grace
+// window, ...), which is where the syncer waited.
+void AddMergeHistory(const std::string& events_path, nlohmann::json* out) {
+  std::ifstream f(events_path);
+  std::string line, last;
+  std::map<std::string, int> reasons;
+  for (; std::getline(f, line);) {
+    const size_t at = line.find("\"reason\":\"");
+    if (at == std::string::npos) continue;
+    const size_t from = at + 10, to = line.find('"', from);
+    if (to != std::string::npos) reasons[line.substr(from, to - from)]++;
+    last = line;
+  }
+  if (last.empty()) return;
+  const nlohmann::json m = nlohmann::json::parse(last, nullptr, false);
+  if (m.is_discarded()) return;
+  (*out)["last_merge"] = {{"fragment", m.value("fragment", 0)},
+                          {"version", m.value("version", uint64_t{0})},
+                          {"reason", m.value("reason", "")},
+                          {"time_ms", m.value("time_ms", int64_t{0})},
+                          {"grace_ms", m.value("grace_ms", 0.0)},
+                          {"contributors", m.contains("contributors") ? m["contributors"].size() : 0}};
+  (*out)["merge_reasons"] = reasons;
 }
 
 std::string StepFile(const std::string& run_dir, int index) {
@@ -113,7 +142,18 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   Role* r = role.get();
   role->thread_ = std::thread([r] {
     Impl& im = *r->impl_;
+    const auto started = Clock::now();
     Status st = im.syncer->Run();
+    const std::string state_path = (fs::path(im.options.run_dir) / "global_state.bin").string();
+    if (im.crash) {
+      // The daemon is going down: Run may have ended on the closed context before its own last
+      // save, so save here what a restart resumes from (versions never go back).
+      Status saved = SaveGlobalState(state_path, im.syncer->state());
+      std::lock_guard<std::mutex> lock(r->mu_);
+      r->outcome_ = saved.ok() ? Status::Error("interrupted by the daemon's shutdown") : saved;
+      r->done_ = true;
+      return;
+    }
     nlohmann::json result;
     if (st.ok()) {
       const RunConfig& cfg = im.options.config;
@@ -124,6 +164,13 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
       std::vector<float> global(im.init.size());
       im.syncer->GlobalParams(global.data());
       const SyncerResult& sr = im.syncer->result();
+      // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
+      const std::string ckpt_path = (fs::path(im.options.run_dir) / "checkpoint.bin").string();
+      {
+        Gpt model(gc, 1);
+        std::copy(global.begin(), global.end(), model.params());
+        st = SaveCheckpoint(ckpt_path, model, AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg));
+      }
       result = {{"merges", sr.merges},
                 {"dropped_deltas", sr.dropped_deltas},
                 {"rejected_deltas", sr.rejected_deltas},
@@ -133,7 +180,10 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
                 {"versions", sr.versions},
                 {"initial_val_loss", Evaluate(gc, im.init.data(), val, cfg.eval.batches)},
                 {"final_val_loss", Evaluate(gc, global.data(), val, cfg.eval.batches)},
-                {"checkpoint", (fs::path(im.options.run_dir) / "global_state.bin").string()}};
+                {"global_state", state_path},
+                {"checkpoint", ckpt_path},
+                {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
+                {"peak_rss_mb", peak_rss_mb()}};
     }
     std::lock_guard<std::mutex> lock(r->mu_);
     r->outcome_ = st;
@@ -215,6 +265,7 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
                 {"snapshots_installed", res.snapshots_installed},
                 {"wait_s", res.wait_s},
                 {"crashed", res.crashed},
+                {"peak_rss_mb", peak_rss_mb()},
                 {"stopped", res.stopped}};
     }
     std::lock_guard<std::mutex> lock(r->mu_);
@@ -260,7 +311,7 @@ nlohmann::json Role::Progress() const {
                           {"dropped", l.ledger.dropped},
                           {"rejected", l.ledger.rejected}});
     }
-    return {{"role", "syncer"},
+    nlohmann::json out = {{"role", "syncer"},
             {"running", s.running},
             {"versions", s.versions},
             {"merges", s.merges},
@@ -270,6 +321,8 @@ nlohmann::json Role::Progress() const {
             {"bytes_received", s.bytes_received},
             {"bytes_published", s.bytes_published},
             {"learners", learners}};
+    AddMergeHistory((fs::path(im.options.run_dir) / "events.log").string(), &out);
+    return out;
   }
   LearnerProgress p;
   {

@@ -1,0 +1,227 @@
+#include "apps/dilococtl/job_commands.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "daemon/config/run_config.h"
+#include "daemon/control/client.h"
+
+namespace diloco {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Prints "dilococtl <cmd>: <message>" and returns the exit code for the failure: 2 when the
+// daemon said the request itself was wrong (bad config, unknown job), else 1.
+int Fail(const char* cmd, const Status& st, const ControlArgs& reply = {}) {
+  std::fprintf(stderr, "dilococtl %s: %s\n", cmd, st.message().c_str());
+  return reply.count("usage") ? 2 : 1;
+}
+
+bool Socket(const char* cmd, const DaemonRef& d, std::string* path) {
+  Status st = ResolveControlSocket(d.config, d.socket, path);
+  if (!st.ok()) std::fprintf(stderr, "dilococtl %s: %s\n", cmd, st.message().c_str());
+  return st.ok();
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string Bar(double fraction, int width) {
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int full = (int)(fraction * width + 0.5);
+  return "[" + std::string(full, '#') + std::string(width - full, '.') + "]";
+}
+
+std::string Pad(std::string s, size_t width) {
+  if (s.size() < width) s += std::string(width - s.size(), ' ');
+  return s;
+}
+
+std::string VersionsText(const nlohmann::json& v) {
+  if (!v.is_array()) return "-";
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + std::to_string(x.get<uint64_t>());
+  return s.empty() ? "-" : s;
+}
+
+std::string AgeText(int64_t unix_ms) {
+  if (unix_ms <= 0) return "never";
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  return Fixed(std::max<int64_t>(0, now - unix_ms) / 1000.0, 1) + " s ago";
+}
+
+}  // namespace
+
+std::string RenderJobStatus(const nlohmann::json& s, bool color) {
+  std::ostringstream out;
+  const std::string state = s.value("state", "?");
+  const char* on = !color ? "" : state == "failed" ? "\033[31m" : state == "completed" ? "\033[32m" : "\033[33m";
+  const char* off = color ? "\033[0m" : "";
+  out << "job " << s.value("id", "?") << "  " << on << state << off << "  syncer on " << s.value("syncer_site", "?")
+      << "  run dir " << s.value("run_dir", "") << "\n";
+  if (s.contains("error")) out << "  error: " << s["error"].get<std::string>() << "\n";
+  const nlohmann::json syncer = s.value("syncer", nlohmann::json::object());
+  const nlohmann::json sp = syncer.value("progress", nlohmann::json::object());
+  const nlohmann::json versions = sp.contains("versions") ? sp["versions"]
+                                  : syncer.contains("result") ? syncer["result"].value("versions", nlohmann::json())
+                                                              : nlohmann::json();
+  out << "syncer   " << Pad(syncer.value("state", "unknown"), 10) << " versions " << VersionsText(versions);
+  if (!sp.empty()) {
+    out << "  merges " << sp.value("merges", 0) << "  dropped " << sp.value("dropped_deltas", 0) << "  rejected "
+        << sp.value("rejected_deltas", 0) << "  snapshots " << sp.value("snapshots_served", 0);
+  } else if (syncer.contains("result")) {
+    out << "  merges " << syncer["result"].value("merges", 0) << "  final val loss "
+        << Fixed(syncer["result"].value("final_val_loss", 0.0), 4);
+  }
+  out << "\n";
+  if (sp.contains("last_merge")) {
+    const nlohmann::json& m = sp["last_merge"];
+    out << "         last merge: fragment " << m.value("fragment", 0) << " -> v" << m.value("version", 0) << " ("
+        << m.value("reason", "?") << ", " << m.value("contributors", 0) << " deltas) " << AgeText(m.value("time_ms", int64_t{0}));
+    if (sp.contains("merge_reasons")) {
+      out << "; rounds closed by:";
+      for (const auto& [reason, n] : sp["merge_reasons"].items()) out << " " << reason << " " << n.get<int>();
+    }
+    out << "\n";
+  }
+  out << "learner  site         state       progress                       step   tok/s    loss  sent/folded  staleness\n";
+  const long steps = s.value("steps", 0L);
+  for (const auto& l : s.value("learners", nlohmann::json::array())) {
+    const nlohmann::json p = l.value("progress", nlohmann::json::object());
+    const nlohmann::json r = l.value("result", nlohmann::json::object());
+    std::string st = l.value("state", "?");
+    if (!p.empty() && st == "running") st = p.value("state", st);
+    const long step = !p.empty() ? p.value("step", 0L) : r.value("steps", 0L);
+    out << Pad(std::to_string(l.value("learner", 0)), 9) << Pad(l.value("site", "?"), 13) << Pad(st, 12)
+        << Bar(steps > 0 ? (double)step / steps : 0, 28) << " " << Pad(std::to_string(step), 7);
+    if (!p.empty()) {
+      // Staleness: how many versions the learner's base is behind the syncer's, worst fragment.
+      long stale = 0;
+      const nlohmann::json base = p.value("base_versions", nlohmann::json::array());
+      if (versions.is_array()) {
+        for (size_t f = 0; f < base.size() && f < versions.size(); f++)
+          stale = std::max(stale, (long)versions[f].get<uint64_t>() - (long)base[f].get<uint64_t>());
+      }
+      const int sent = p.value("last_fragment_sent", -1), folded = p.value("last_fragment_folded", -1);
+      out << Pad(Fixed(p.value("tokens_per_s", 0.0), 0), 8) << Pad(Fixed(p.value("loss", 0.0), 3), 7) << "  "
+          << Pad((sent < 0 ? "-" : std::to_string(sent)) + "/" + (folded < 0 ? "-" : std::to_string(folded)), 13)
+          << stale;
+    } else if (!r.empty()) {
+      out << Pad("-", 8) << Pad(Fixed(r.value("final_train_loss", 0.0), 3), 7);
+    }
+    if (l.contains("error")) out << "  " << l["error"].get<std::string>();
+    out << "\n";
+  }
+  return out.str();
+}
+
+int RunSubmitCommand(const SubmitCommand& cmd) {
+  std::string socket;
+  if (!Socket("submit", cmd.daemon, &socket)) return 2;
+  // Validate here first: the same checks the daemon makes, with file:line in the message.
+  RunConfig cfg;
+  if (Status st = LoadRunConfig(cmd.config_path, cmd.overrides, &cfg); !st.ok()) return Fail("submit", st, {{"usage", "1"}});
+  std::ifstream f(cmd.config_path, std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  std::string overrides;
+  for (const std::string& o : cmd.overrides) overrides += o + "\n";
+  const std::string base_dir = fs::absolute(cmd.config_path).parent_path().string();
+  ControlArgs reply;
+  Status st = CallDaemon(socket, "submit", kNoJob,
+                         {{"config_yaml", text.str()}, {"source", cmd.config_path}, {"base_dir", base_dir},
+                          {"overrides", overrides}},
+                         &reply, 30000);
+  if (!st.ok()) return Fail("submit", st, reply);
+  if (cmd.json) {
+    std::printf("%s\n", nlohmann::json({{"job", reply["job"]}, {"run_dir", reply["run_dir"]}}).dump().c_str());
+  } else {
+    std::printf("%s\n", reply["job"].c_str());
+    std::fprintf(stderr, "submitted job %s; watch it with `dilococtl status %s --watch`\n", reply["job"].c_str(),
+                 reply["job"].c_str());
+  }
+  return 0;
+}
+
+int RunListCommand(const ListCommand& cmd) {
+  std::string socket;
+  if (!Socket("list", cmd.daemon, &socket)) return 2;
+  nlohmann::json jobs;
+  if (Status st = CallDaemonJson(socket, "list", kNoJob, {}, &jobs); !st.ok()) return Fail("list", st);
+  if (cmd.json) {
+    std::printf("%s\n", jobs.dump().c_str());
+    return 0;
+  }
+  std::printf("%-22s %-10s %-9s %-22s %s\n", "JOB", "STATE", "SYNCER", "ROLES HERE", "SUBMITTED TO");
+  for (const auto& j : jobs) {
+    std::string roles;
+    const nlohmann::json here = j.value("roles", nlohmann::json::object());
+    for (const auto& [name, r] : here.items()) roles += (roles.empty() ? "" : ",") + name;
+    const nlohmann::json placement = j.value("placement", nlohmann::json::object());
+    std::printf("%-22s %-10s %-9s %-22s %s\n", j.value("id", "?").c_str(), j.value("state", "?").c_str(),
+                placement.value("syncer", "-").c_str(), roles.empty() ? "-" : roles.c_str(),
+                j.value("submitted_to", "?").c_str());
+  }
+  return 0;
+}
+
+int RunStatusCommand(const StatusCommand& cmd) {
+  if (cmd.job.empty()) return RunListCommand({cmd.daemon, cmd.json});
+  std::string socket;
+  if (!Socket("status", cmd.daemon, &socket)) return 2;
+  const bool tty = isatty(STDOUT_FILENO);
+  for (;;) {
+    nlohmann::json status;
+    ControlArgs reply;
+    Status st = CallDaemon(socket, "status", cmd.job, {}, &reply);
+    if (st.ok()) {
+      status = nlohmann::json::parse(reply["json"], nullptr, false);
+      if (status.is_discarded()) st = Status::Error("the daemon's status reply is not JSON");
+    }
+    if (!st.ok()) return Fail("status", st, reply);
+    if (cmd.json) {
+      std::printf("%s\n", status.dump().c_str());
+    } else {
+      if (cmd.watch && tty) std::printf("\033[H\033[2J");
+      std::printf("%s", RenderJobStatus(status, tty).c_str());
+    }
+    std::fflush(stdout);
+    const std::string state = status.value("state", "");
+    const bool final = state == "completed" || state == "failed" || state == "stopped";
+    if (!cmd.watch || final) return state == "failed" && cmd.watch ? 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(cmd.interval_ms));
+  }
+}
+
+int RunStopCommand(const StopCommand& cmd) {
+  std::string socket;
+  if (!Socket("stop", cmd.daemon, &socket)) return 2;
+  ControlArgs reply;
+  if (Status st = CallDaemon(socket, "stop", cmd.job, {}, &reply, 20000); !st.ok()) return Fail("stop", st, reply);
+  if (reply.count("warning")) std::fprintf(stderr, "dilococtl stop: %s\n", reply["warning"].c_str());
+  std::fprintf(stderr, "stopping job %s (its roles send their pending work and save their state)\n", cmd.job.c_str());
+  return 0;
+}
+
+int RunLogsCommand(const LogsCommand& cmd) {
+  std::string socket;
+  if (!Socket("logs", cmd.daemon, &socket)) return 2;
+  ControlArgs reply;
+  if (Status st = CallDaemon(socket, "logs", cmd.job, {{"tail", std::to_string(cmd.tail)}}, &reply); !st.ok())
+    return Fail("logs", st, reply);
+  std::printf("%s", reply["text"].c_str());
+  return 0;
+}
+
+}  // namespace diloco

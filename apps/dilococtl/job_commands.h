@@ -1,0 +1,75 @@
+// dilococtl's commands that drive dilocod: submit, list, status, stop, logs, export, and the
+// 3-daemon demo. They talk to the local daemon over its ipc control socket (control/client.h).
+// Each returns the exit code: 0 ok, 1 failed, 2 usage (bad flags, bad config, unknown job).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace diloco {
+
+// Which daemon: --daemon CONFIG (its control_socket) or --socket PATH.
+struct DaemonRef {
+  std::string config;
+  std::string socket;
+};
+
+struct SubmitCommand {
+  DaemonRef daemon;
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool json = false;  // print {"job", "run_dir"}
+};
+int RunSubmitCommand(const SubmitCommand& cmd);
+
+struct ListCommand {
+  DaemonRef daemon;
+  bool json = false;
+};
+int RunListCommand(const ListCommand& cmd);
+
+struct StatusCommand {
+  DaemonRef daemon;
+  std::string job;  // empty: the list
+  bool watch = false;  // redraw every second until the job ends
+  bool json = false;   // one JSON object (per refresh with --watch)
+  int interval_ms = 1000;
+};
+int RunStatusCommand(const StatusCommand& cmd);
+
+struct StopCommand {
+  DaemonRef daemon;
+  std::string job;
+};
+int RunStopCommand(const StopCommand& cmd);
+
+struct LogsCommand {
+  DaemonRef daemon;
+  std::string job;
+  int tail = 50;
+};
+int RunLogsCommand(const LogsCommand& cmd);
+
+struct ExportCommand {
+  DaemonRef daemon;
+  std::string job;
+  std::string format = "safetensors";
+  std::string out;
+};
+int RunExportCommand(const ExportCommand& cmd);
+
+struct ClusterDemoCommand {
+  std::string config_path;  // empty: configs/demo.yaml of the source tree
+  std::vector<std::string> overrides;
+  std::string dir;  // empty: a fresh temp directory
+  bool json = false;
+  bool keep = false;  // (unused) the directory is always kept: it holds the run
+};
+int RunClusterDemoCommand(const ClusterDemoCommand& cmd);
+
+// The status screen of one job (the daemon's status JSON) as text.
+std::string RenderJobStatus(const nlohmann::json& status, bool color);
+
+}  // namespace diloco
