@@ -840,6 +840,20 @@ Status ReadBody(const w::Envelope* env, MessageType type, const ParseOptions& o,
   return Status::Error(std::string(who) + ": unknown body");
 }
 
+// CRC32C of a payload, one chunk at a time from the last: a payload just written by an encoder
+// (or just sent) has its end in cache, which a forward pass would evict before reaching it.
+uint32_t PayloadCrc32c(std::span<const uint8_t> payload) {
+  uint32_t crc = 0;
+  uint64_t tail = 0;
+  for (size_t end = payload.size(); end > 0;) {
+    const size_t begin = end > kChunkBytes ? end - kChunkBytes : 0;
+    crc = Crc32cCombine(Crc32c(payload.data() + begin, end - begin), crc, tail);
+    tail += end - begin;
+    end = begin;
+  }
+  return crc;
+}
+
 // For every payload message: tensors' byte offsets in the payload.
 void FillTensorOffsets(const PayloadInfo* p, std::vector<uint64_t>* offsets) {
   offsets->clear();
@@ -948,7 +962,7 @@ Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
   }
   PayloadFrame f;
   f.bytes = payload.size();
-  f.crc = payload.empty() ? 0 : Crc32c(payload.data(), payload.size());
+  f.crc = PayloadCrc32c(payload);
   f.chunks = static_cast<uint32_t>(CeilDiv(payload.size(), kChunkBytes));
   if (const auto* s = std::get_if<SnapshotMsg>(&body); s && s->fragment_crc32c != f.crc) {
     return Status::Error(who + ": fragment CRC32C " + Str(s->fragment_crc32c) +
