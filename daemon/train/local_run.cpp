@@ -13,6 +13,7 @@
 #include "daemon/net/context.h"
 #include "daemon/net/link_shaper.h"
 #include "daemon/sync/syncer.h"
+#include "daemon/train/ddp_run.h"
 #include "daemon/train/data.h"
 #include "daemon/train/learner.h"
 #include "daemon/util/jsonl_writer.h"
@@ -27,6 +28,12 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+bool HasLink(const LinkConfig& l) {
+  return l.bandwidth_mbps > 0 || l.latency_ms > 0 || l.jitter_ms > 0 || l.loss > 0;
+}
+
+}  // namespace
+
 double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
   Gpt model(gc, val.batch_size());
   std::copy(params, params + model.num_params(), model.params());
@@ -40,11 +47,6 @@ double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampl
   return sum / batches;
 }
 
-bool HasLink(const LinkConfig& l) {
-  return l.bandwidth_mbps > 0 || l.latency_ms > 0 || l.jitter_ms > 0 || l.loss > 0;
-}
-
-}  // namespace
 
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks,
                 LocalRunDetails* details) {
@@ -52,9 +54,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const RunConfig& cfg = options.config;
   const SyncConfig& sc = cfg.sync;
   const int M = sc.learners;
-  if (sc.mode == SyncMode::kDdp)
-    return Status::Error("sync.mode ddp is not implemented yet in local mode (sync.learners > 1): use "
-                         "decoupled, diloco or streaming, or sync.learners: 1");
+  if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details);
   if (options.resume)
     return Status::Error("--resume is not implemented yet for runs with sync.learners > 1: start a new run");
 

@@ -4,14 +4,17 @@
 // The run directory gets config.yaml, metrics.jsonl (per-learner lines carry "learner"),
 // events.log (the syncer's merge tape) and global_state.bin; the final validation loss is that
 // of the syncer's global model.
-// Modes: decoupled, diloco and streaming; ddp is rejected (not implemented in local mode yet).
+// Modes: decoupled, diloco and streaming here; ddp runs in ddp_run.h (threads averaging gradients,
+// no syncer).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "daemon/train/data.h"
 #include "daemon/train/trainer.h"
 #include "daemon/util/status.h"
+#include "kernels/gpt.h"
 
 namespace diloco {
 
@@ -39,7 +42,11 @@ struct LocalRunDetails {
   std::vector<uint64_t> crc_mismatches;
   std::vector<uint64_t> gaps;
   std::vector<int> incarnations;
+  std::vector<uint32_t> param_crc32c;  // ddp: CRC32C of each learner's final parameters
 };
+
+// Mean validation loss of a parameter vector over the first `batches` batches of val.
+double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches);
 
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks = {},
                 LocalRunDetails* details = nullptr);

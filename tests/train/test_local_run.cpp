@@ -10,6 +10,11 @@
 #include <set>
 #include <string>
 
+#include "daemon/train/data.h"
+#include "kernels/gpt.h"
+#include "kernels/lr_schedule.h"
+#include "kernels/rng.h"
+#include "kernels/train_step.h"
 #include "tests/temp_dir.h"
 
 namespace diloco {
@@ -222,16 +227,101 @@ TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 
-TEST_CASE("local run: ddp is rejected with a clear error", "[e2e]") {
+// ddp: two learner threads average gradients every step. The same run as one model trained on
+// both learners' batches stacked (B = 8): the same gradient up to float rounding, so the same
+// trajectory; and both copies end bitwise equal.
+TEST_CASE("local run: ddp with 2 learners matches one learner with twice the batch", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
   o.config.sync.mode = SyncMode::kDdp;
   TrainSummary s;
-  const Status st = RunLocal(o, &s);
-  REQUIRE_FALSE(st.ok());
-  CHECK_THAT(st.message(), Catch::Contains("sync.mode ddp is not implemented yet in local mode"));
+  LocalRunDetails d;
+  const Status st = RunLocal(o, &s, {}, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  REQUIRE(d.param_crc32c.size() == 2);
+  CHECK(d.param_crc32c[0] == d.param_crc32c[1]);
+  CHECK(s.learner_tokens == std::vector<long>{60 * 4 * 16, 60 * 4 * 16});
+  CHECK(s.outer_steps == 60);
+
+  const RunConfig& c = o.config;
+  GptConfig gc;
+  gc.block_size = c.model.block_size;
+  gc.n_layer = c.model.n_layer;
+  gc.n_embd = c.model.n_embd;
+  gc.n_head = c.model.n_head;
+  const int B = c.train.batch_size, T = c.model.block_size;
+  // Ring all-reduce bytes of fp32 gradients: 2 (M-1)/M x 4 x params per learner per step.
+  const uint64_t N = gpt_tensor_table(gc).total_numel();
+  CHECK(s.bytes_up == 2 * 60 * (uint64_t)(2.0 * 1 / 2 * 4 * N));
+  CHECK(s.bytes_down == 0);
+
+  std::unique_ptr<Corpus> shard0, shard1;
+  REQUIRE(Corpus::Load(c.data.corpus, {c.data.val_fraction, T, 0, 2}, &shard0).ok());
+  REQUIRE(Corpus::Load(c.data.corpus, {c.data.val_fraction, T, 1, 2}, &shard1).ok());
+  const BatchSampler s0(shard0->train(), B, T, mix_seed(c.train.seed, 0));
+  const BatchSampler s1(shard1->train(), B, T, mix_seed(c.train.seed, 1));
+  Gpt ref(gc, 2 * B);
+  gpt_init_params(gc, c.train.seed, ref.params());
+  AdamWState opt;
+  const LrSchedule schedule{(float)c.train.lr, (float)c.train.min_lr, c.train.warmup_steps, c.train.steps};
+  AdamWHyper hp{.lr = (float)c.train.lr,
+                .beta1 = (float)c.train.beta1,
+                .beta2 = (float)c.train.beta2,
+                .eps = (float)c.train.eps,
+                .weight_decay = (float)c.train.weight_decay};
+  std::vector<int> in(2 * B * T), tg(2 * B * T);
+  double last_loss = 0;
+  for (long step = 0; step < c.train.steps; step++) {
+    s0.Sample(step, in.data(), tg.data());
+    s1.Sample(step, in.data() + B * T, tg.data() + B * T);
+    hp.lr = lr_at(schedule, (int)step);
+    const StepStats r = train_step(ref, opt, in.data(), tg.data(), 2 * B, T, hp, c.train.grad_clip);
+    REQUIRE(r.applied);
+    last_loss = r.loss;
+  }
+  const BatchSampler val(shard0->val(), B, T, mix_seed(c.train.seed, ~0ULL));
+  const double ref_val = EvaluateParams(gc, ref.params(), val, c.eval.batches);
+  INFO("ddp val " << s.final_val_loss << ", reference val " << ref_val << ", last reference loss " << last_loss);
+  CHECK(s.final_val_loss == Approx(ref_val).epsilon(1e-5));
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+  // The per-learner train losses of the last logged step average to the reference's batch loss.
+  double loss_sum = 0;
+  int n = 0;
+  for (const auto& m : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
+    if (m.contains("learner") && m.contains("loss") && m["step"] == 60) {
+      loss_sum += m["loss"].get<double>();
+      n++;
+    }
+  REQUIRE(n == 2);
+  CHECK(loss_sum / 2 == Approx(last_loss).epsilon(1e-5));
 }
 
+// ddp resumes from checkpoint.bin: 30 steps, then --resume to 60, ends bitwise where a straight
+// 60-step run ends.
+TEST_CASE("local run: ddp resumes from its checkpoint", "[e2e]") {
+  TempDir tmp;
+  TrainOptions straight = TinyRun(tmp, 2);
+  straight.config.sync.mode = SyncMode::kDdp;
+  straight.config.train.lr_decay_steps = 60;
+  TrainSummary s;
+  LocalRunDetails whole, resumed;
+  REQUIRE(RunLocal(straight, &s, {}, &whole).ok());
+
+  TrainOptions part = straight;
+  part.run_dir = (tmp.path() / "parts").string();
+  part.config.train.steps = 30;
+  REQUIRE(RunLocal(part, &s, {}, nullptr).ok());
+  part.config.train.steps = 60;
+  Status st = RunLocal(part, &s, {}, nullptr);
+  CHECK_THAT(st.message(), Catch::Contains("already holds a checkpoint"));
+  part.resume = true;
+  st = RunLocal(part, &s, {}, &resumed);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.learner_tokens == std::vector<long>{30 * 4 * 16, 30 * 4 * 16});
+  CHECK(resumed.param_crc32c == whole.param_crc32c);
+}
 }  // namespace
 }  // namespace diloco
 
