@@ -45,7 +45,11 @@ bool IsSiteName(const std::string& name) {
 class Section {
  public:
   Section(const YAML::Node& node, std::string path, const std::string& source, std::vector<std::string> keys)
-      : node_(node), path_(std::move(path)), source_(source), keys_(std::move(keys)) {}
+      // A missing section (an invalid node: yaml-cpp throws on most calls) reads as empty.
+      : node_(node.IsDefined() ? node : YAML::Node(YAML::NodeType::Null)),
+        path_(std::move(path)),
+        source_(source),
+        keys_(std::move(keys)) {}
 
   Status CheckKeys() const {
     if (node_.IsNull()) return Status::Ok();
@@ -70,8 +74,9 @@ class Section {
   }
 
   YAML::Node Get(const std::string& key) const {
-    if (!node_.IsMap()) return YAML::Node();
-    return node_[key];
+    if (!node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& map = node_;  // const []: no insertion, an invalid node when missing
+    return map[key];
   }
   std::string WhereOf(const std::string& key) const {
     const YAML::Node n = Get(key);
@@ -203,7 +208,8 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
     return Status::Error(top.WhereOf("metrics_port") + ": metrics_port: must be in [0, 65535] (0 = off)");
   }
 
-  const YAML::Node peers = top.Get("peers");
+  const YAML::Node found_peers = top.Get("peers");
+  const YAML::Node peers = found_peers.IsDefined() ? found_peers : YAML::Node(YAML::NodeType::Null);
   if (peers.IsDefined() && !peers.IsNull() && !peers.IsSequence()) {
     return Status::Error(top.WhereOf("peers") + ": peers: expected a list of peers ({site, control, uplink, "
                                                 "downlink, snapshot, public_key}), got " + Describe(peers));

@@ -1,0 +1,111 @@
+// The daemon config (daemon/config/daemon_config.h): what it accepts, its defaults, and that
+// each mistake is refused with file:line and the key.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "daemon/config/daemon_config.h"
+#include "tests/temp_dir.h"
+
+namespace diloco {
+namespace {
+
+const char* const kKey = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
+
+Status Parse(const std::string& text, DaemonConfig* c) { return ParseDaemonConfig(text, "d.yaml", "/etc/dilocod", c); }
+
+std::string ErrorOf(const std::string& text) {
+  DaemonConfig c;
+  Status st = Parse(text, &c);
+  INFO(text);
+  REQUIRE_FALSE(st.ok());
+  return st.message();
+}
+
+}  // namespace
+
+TEST_CASE("a full daemon config parses, relative paths against the file's directory", "[unit]") {
+  DaemonConfig c;
+  const std::string text = std::string(
+                               "site: site-a\n"
+                               "state_dir: state\n"
+                               "listen: {control: tcp://0.0.0.0:7100, uplink: tcp://0.0.0.0:7101, downlink: "
+                               "tcp://0.0.0.0:7102, snapshot: tcp://0.0.0.0:7103}\n"
+                               "keys: keys\n"
+                               "threads: 2\n"
+                               "metrics_port: 9100\n"
+                               "peers:\n"
+                               "  - {site: site-s, control: tcp://10.0.0.2:7100, uplink: tcp://10.0.0.2:7101, "
+                               "downlink: tcp://10.0.0.2:7102, snapshot: tcp://10.0.0.2:7103, public_key: \"") +
+                           kKey + "\"}\n";
+  REQUIRE(Parse(text, &c).ok());
+  CHECK(c.site == "site-a");
+  CHECK(c.state_dir == "/etc/dilocod/state");
+  CHECK(c.control_socket == "/etc/dilocod/state/control.sock");
+  CHECK(c.keys_dir == "/etc/dilocod/keys");
+  CHECK(c.threads == 2);
+  CHECK(c.metrics_port == 9100);
+  CHECK_FALSE(c.allow_plaintext);
+  REQUIRE(c.peers.size() == 1);
+  CHECK(c.FindPeer("site-s") != nullptr);
+  CHECK(c.FindPeer("site-s")->public_key == kKey);
+  CHECK(c.FindPeer("site-s")->endpoints.uplink == "tcp://10.0.0.2:7101");
+  CHECK(c.FindPeer("site-x") == nullptr);
+  CHECK(ConnectableEndpoint(c.listen.uplink) == "tcp://127.0.0.1:7101");
+  CHECK(ConnectableEndpoint("tcp://10.0.0.2:7101") == "tcp://10.0.0.2:7101");
+}
+
+TEST_CASE("daemon config mistakes are refused with file:line and the key", "[unit]") {
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nstate_dri: x\n"),
+             Catch::Contains("d.yaml:4:1") && Catch::Contains("unknown key 'state_dri'") &&
+                 Catch::Contains("did you mean 'state_dir'"));
+  CHECK_THAT(ErrorOf("state_dir: s\nallow_plaintext: true\n"), Catch::Contains("site: is required"));
+  CHECK_THAT(ErrorOf("site: 'a b'\nstate_dir: s\nallow_plaintext: true\n"), Catch::Contains("not a site name"));
+  CHECK_THAT(ErrorOf("site: a\nallow_plaintext: true\n"), Catch::Contains("state_dir: is required"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\n"), Catch::Contains("keys: is required") && Catch::Contains("keygen"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: yes\n"), Catch::Contains("expected true or false"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nthreads: -1\n"), Catch::Contains("threads"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nlisten: {control: http://x:1}\n"),
+             Catch::Contains("d.yaml:4:") && Catch::Contains("not a tcp endpoint"));
+  // Peers: a key for each (unless plaintext), no duplicates, not the site itself, control needed.
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nkeys: k\nlisten: {control: tcp://*:1}\npeers:\n  - {site: b, control: "
+                     "tcp://h:1}\n"),
+             Catch::Contains("d.yaml:6:") && Catch::Contains("public_key"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nkeys: k\nlisten: {control: tcp://*:1}\npeers:\n  - {site: b, control: "
+                     "tcp://h:1, public_key: short}\n"),
+             Catch::Contains("40-character"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://*:1}\npeers:\n"
+                     "  - {site: a, control: tcp://h:1}\n"),
+             Catch::Contains("this site itself"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://*:1}\npeers:\n"
+                     "  - {site: b, control: tcp://h:1}\n  - {site: b, control: tcp://h:2}\n"),
+             Catch::Contains("listed twice"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://*:1}\npeers:\n"
+                     "  - {site: b}\n"),
+             Catch::Contains("peers.0.control: is required"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\npeers:\n  - {site: b, control: tcp://h:1}\n"),
+             Catch::Contains("listen.control: is required"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\npeers: {site: b}\n"),
+             Catch::Contains("expected a list of peers"));
+  CHECK_THAT(ErrorOf("site: [a\n"), Catch::Contains("d.yaml:") && Catch::Contains("invalid YAML"));
+}
+
+TEST_CASE("a peer's public key can come from a file", "[unit]") {
+  testing::TempDir dir;
+  dir.Write("peer.public", std::string(kKey) + "\n");
+  const std::string path = dir.Write("d.yaml",
+                                     "site: a\nstate_dir: s\nkeys: k\nlisten: {control: tcp://*:1}\n"
+                                     "peers:\n  - {site: b, control: tcp://h:1, public_key_file: peer.public}\n");
+  DaemonConfig c;
+  REQUIRE(LoadDaemonConfig(path, &c).ok());
+  CHECK(c.peers.at(0).public_key == kKey);
+  CHECK(c.source == path);
+
+  dir.Write("d2.yaml", "site: a\nstate_dir: s\nkeys: k\nlisten: {control: tcp://*:1}\n"
+                       "peers:\n  - {site: b, control: tcp://h:1, public_key_file: missing.public}\n");
+  Status st = LoadDaemonConfig(dir.file("d2.yaml"), &c);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("missing.public") && Catch::Contains("d2.yaml:6:"));
+  CHECK_THAT(LoadDaemonConfig(dir.file("nope.yaml"), &c).message(), Catch::Contains("cannot read daemon config"));
+}
+
+}  // namespace diloco

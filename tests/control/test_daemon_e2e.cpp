@@ -1,0 +1,337 @@
+// End-to-end: real dilocod processes on loopback (LocalCluster: free ports, CURVE keys made on
+// the fly), driven by the real dilococtl binary and the control protocol. A tiny model keeps each
+// case to seconds; every wait is for a condition, with a generous deadline.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "daemon/config/daemon_config.h"
+#include "daemon/control/client.h"
+#include "daemon/control/local_cluster.h"
+#include "daemon/net/curve.h"
+#include "daemon/sync/global_state.h"
+#include "tests/temp_dir.h"
+
+namespace diloco {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const std::string kBin = DILOCO_BINARY_DIR "/bin/";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct CtlResult {
+  int exit_code;
+  std::string out, err;
+};
+
+// Runs dilococtl with args (already shell-quoted).
+CtlResult Ctl(const testing::TempDir& dir, const std::string& args) {
+  const std::string cmd =
+      kBin + "dilococtl " + args + " > '" + dir.file("ctl.out") + "' 2> '" + dir.file("ctl.err") + "'";
+  const int rc = std::system(cmd.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(dir.file("ctl.out")), ReadFile(dir.file("ctl.err"))};
+}
+
+// A tiny two-learner job: learners on site-a and site-b, the syncer on site-s.
+std::string JobYaml(int steps) {
+  return "model: {n_layer: 2, n_embd: 32, n_head: 4, block_size: 32}\n"
+         "data: {corpus: " DILOCO_SOURCE_DIR "/../shared/data/tinyshakespeare.txt}\n"
+         "train: {batch_size: 4, steps: " +
+         std::to_string(steps) +
+         ", lr: 1.0e-3, warmup_steps: 5, seed: 1337, log_every: 50}\n"
+         "eval: {batches: 2}\n"
+         "sync: {mode: decoupled, learners: 2, fragments: 4, inner_steps: 10, quorum: 1, checkpoint_every: 1}\n"
+         "placement: {syncer: site-s, learners: [site-a, site-b]}\n";
+}
+
+bool IsJobIdLike(const std::string& id) { return !id.empty() && id.find(' ') == std::string::npos; }
+
+std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir) {
+  LocalClusterOptions o;
+  o.dir = dir.file("cluster");
+  o.sites = {"site-s", "site-a", "site-b"};
+  o.dilocod_path = kBin + "dilocod";
+  std::unique_ptr<LocalCluster> c;
+  REQUIRE(LocalCluster::Create(o, &c).ok());
+  const Status st = c->StartAll();
+  INFO(st.message());
+  REQUIRE(st.ok());
+  return c;
+}
+
+std::string Submit(const testing::TempDir& dir, LocalCluster& c, int steps) {
+  const std::string job = dir.Write("job.yaml", JobYaml(steps));
+  const CtlResult r = Ctl(dir, "submit '" + job + "' --socket '" + c.SocketPath("site-a") + "'");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  std::string id = r.out.substr(0, r.out.find('\n'));
+  REQUIRE(IsJobIdLike(id));
+  return id;
+}
+
+// Polls the job's status (through site's daemon) until pred holds; fails after timeout_s.
+nlohmann::json WaitStatus(LocalCluster& c, const std::string& site, const std::string& job,
+                          const std::function<bool(const nlohmann::json&)>& pred, double timeout_s,
+                          const std::string& what) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds((int64_t)(timeout_s * 1000));
+  nlohmann::json s;
+  for (;;) {
+    Status st = CallDaemonJson(c.SocketPath(site), "status", job, {}, &s, 5000);
+    if (st.ok() && pred(s)) return s;
+    if (Clock::now() > deadline) {
+      FAIL("timed out waiting for " << what << "; last status: " << (st.ok() ? s.dump() : st.message())
+                                    << "\nsite-s log:\n" << TailFile(c.LogPath("site-s"), 15));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+long LearnerStep(const nlohmann::json& s, int i) {
+  const nlohmann::json& l = s["learners"][i];
+  if (l.contains("progress")) return l["progress"].value("step", 0L);
+  if (l.contains("result")) return l["result"].value("steps", 0L);
+  return -1;
+}
+
+std::vector<uint64_t> Versions(const nlohmann::json& s) {
+  if (!s.contains("syncer") || !s["syncer"].contains("progress")) return {};
+  return s["syncer"]["progress"]["versions"].get<std::vector<uint64_t>>();
+}
+
+bool Completed(const nlohmann::json& s) { return s.value("state", "") == "completed" && s.contains("summary"); }
+
+// Merge events in the syncer's events.log.
+std::vector<nlohmann::json> Merges(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(run_dir + "/events.log");
+  for (std::string line; std::getline(f, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "merge") out.push_back(j);
+  }
+  return out;
+}
+
+bool MergedFrom(const nlohmann::json& merge, int learner) {
+  for (const auto& c : merge.value("contributors", nlohmann::json::array()))
+    if (c.value("learner", -1) == learner) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("three daemons run a submitted job; status shows both learners; SIGTERM exits cleanly", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 1500);
+
+  // `dilococtl status --json` (through site-a, which asks the other sites) shows both learners
+  // progressing while the job runs.
+  const auto deadline = Clock::now() + std::chrono::seconds(40);
+  bool seen_both = false;
+  while (!seen_both && Clock::now() < deadline) {
+    const CtlResult r = Ctl(dir, "status " + job + " --json --socket '" + c->SocketPath("site-a") + "'");
+    REQUIRE(r.exit_code == 0);
+    const nlohmann::json s = nlohmann::json::parse(r.out);
+    if (s["state"] != "running") break;
+    seen_both = LearnerStep(s, 0) > 0 && LearnerStep(s, 1) > 0 && s["learners"][0]["site"] == "site-a" &&
+                s["learners"][1]["site"] == "site-b" && s["learners"][0].contains("progress") &&
+                s["learners"][1].contains("progress");
+    if (seen_both) {
+      CHECK(s["syncer"]["site"] == "site-s");
+      CHECK(s["learners"][1]["progress"].contains("tokens_per_s"));
+      CHECK(s["learners"][1]["progress"].contains("last_fragment_sent"));
+    }
+  }
+  CHECK(seen_both);
+
+  const nlohmann::json s = WaitStatus(*c, "site-b", job, Completed, 60, "the job to complete");
+  const nlohmann::json& sum = s["summary"];
+  CHECK(sum["learners"] == 2);
+  CHECK(sum["steps"] == 3000);
+  CHECK(sum["outer_steps"].get<int>() > 0);
+  CHECK(sum["final_val_loss"].get<double>() < sum["initial_val_loss"].get<double>());
+  CHECK(fs::exists(sum["checkpoint"].get<std::string>()));
+  CHECK(fs::exists(s["run_dir"].get<std::string>() + "/global_state.bin"));
+  // Every site recorded the job as completed.
+  const CtlResult list = Ctl(dir, "list --json --socket '" + c->SocketPath("site-s") + "'");
+  REQUIRE(list.exit_code == 0);
+  CHECK(nlohmann::json::parse(list.out).at(0)["state"] == "completed");
+  const CtlResult logs = Ctl(dir, "logs " + job + " --socket '" + c->SocketPath("site-a") + "'");
+  CHECK(logs.exit_code == 0);
+  CHECK_THAT(logs.out, Catch::Contains("[site-s] syncer completed") && Catch::Contains("[site-b] learner-1 completed"));
+
+  // SIGTERM: each daemon exits 0 well within 10 s.
+  for (const std::string& site : c->sites()) {
+    const auto t0 = Clock::now();
+    int code = -1;
+    CHECK(c->Stop(site, 10000, &code).ok());
+    CHECK(code == 0);
+    CHECK(Clock::now() - t0 < std::chrono::seconds(10));
+  }
+}
+
+TEST_CASE("a learner daemon killed with -9 and started again rejoins; the job completes", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 2500);
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 300; }, 40,
+             "learner-1 to reach step 300");
+  c->Kill("site-b", SIGKILL);
+  const int64_t restarted_ms = UnixMs();
+  REQUIRE(c->Start("site-b").ok());
+
+  const nlohmann::json s = WaitStatus(*c, "site-a", job, Completed, 60, "the job to complete after the restart");
+  // learner-1 continued from its recorded step (not from 0) and joined from the syncer's snapshot.
+  const nlohmann::json& r1 = s["learners"][1]["result"];
+  CHECK(r1["start_step"].get<long>() >= 300);
+  CHECK(r1["snapshots_installed"].get<int>() >= 1);
+  CHECK(r1["steps"] == 2500);
+  // Its deltas were merged again after the restart (the syncer's event log).
+  int merged_after = 0;
+  for (const auto& m : Merges(s["run_dir"])) merged_after += m["time_ms"].get<int64_t>() > restarted_ms && MergedFrom(m, 1);
+  CHECK(merged_after > 0);
+  CHECK_THAT(ReadFile(c->StateDir("site-b") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: learner-1"));
+}
+
+TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint; versions never go back", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 3000);
+  const nlohmann::json before = WaitStatus(
+      *c, "site-a", job,
+      [](const nlohmann::json& s) {
+        uint64_t sum = 0;
+        for (uint64_t v : Versions(s)) sum += v;
+        return sum >= 8 && LearnerStep(s, 0) < 1500 && LearnerStep(s, 1) < 1500;
+      },
+      40, "8 merges");
+  c->Kill("site-s", SIGKILL);
+  GlobalState checkpoint;
+  const std::string run_dir = before["run_dir"];
+  REQUIRE(LoadGlobalState(run_dir + "/global_state.bin", &checkpoint).ok());
+
+  // The learners keep training while their syncer is gone.
+  const long a0 = LearnerStep(before, 0), b0 = LearnerStep(before, 1);
+  WaitStatus(*c, "site-a", job,
+             [&](const nlohmann::json& s) { return LearnerStep(s, 0) > a0 + 50 && LearnerStep(s, 1) > b0 + 50; }, 30,
+             "the learners to train on without the syncer");
+  const int64_t restarted_ms = UnixMs();
+  REQUIRE(c->Start("site-s").ok());
+
+  // From its checkpoint on, versions only go up.
+  std::vector<uint64_t> last(checkpoint.fragments.size());
+  for (size_t p = 0; p < last.size(); p++) last[p] = checkpoint.fragments[p].version;
+  bool went_back = false;
+  const nlohmann::json done = WaitStatus(
+      *c, "site-a", job,
+      [&](const nlohmann::json& s) {
+        const std::vector<uint64_t> v = Versions(s);
+        for (size_t p = 0; p < v.size() && p < last.size(); p++) {
+          went_back |= v[p] < last[p];
+          last[p] = std::max(last[p], v[p]);
+        }
+        return Completed(s);
+      },
+      60, "the job to complete after the syncer's restart");
+  CHECK_FALSE(went_back);
+  const auto final_versions = done["summary"]["versions"].get<std::vector<uint64_t>>();
+  for (size_t p = 0; p < final_versions.size(); p++) CHECK(final_versions[p] >= checkpoint.fragments[p].version);
+  // It merged again after the restart, with versions above the checkpoint's.
+  int merges_after = 0;
+  for (const auto& m : Merges(run_dir)) {
+    if (m["time_ms"].get<int64_t>() <= restarted_ms) continue;
+    merges_after++;
+    CHECK(m["version"].get<uint64_t>() > checkpoint.fragments[m["fragment"].get<int>()].version);
+  }
+  CHECK(merges_after > 0);
+  CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: syncer"));
+}
+
+TEST_CASE("bad input is refused clearly: config, job id, unknown peer key, second daemon", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
+
+  // A run config with an unknown key: refused with file:line, exit 2, nothing submitted.
+  const std::string bad = dir.Write("bad.yaml", JobYaml(10) + "trian: {steps: 5}\n");
+  CtlResult r = Ctl(dir, "submit '" + bad + "'" + sock);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("bad.yaml:7:1") && Catch::Contains("trian"));
+  // A config without a placement is for local mode only.
+  const std::string local = dir.Write("local.yaml", "data: {corpus: x.txt}\n");
+  r = Ctl(dir, "submit '" + local + "'" + sock);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("placement"));
+  // A placement naming a site the daemon does not know.
+  std::string unknown_site = JobYaml(10);
+  unknown_site.replace(unknown_site.find("site-b]"), 6, "site-z");
+  r = Ctl(dir, "submit '" + dir.Write("z.yaml", unknown_site) + "'" + sock);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("site-z"));
+  r = Ctl(dir, "list --json" + sock);
+  CHECK(nlohmann::json::parse(r.out).empty());
+
+  // An unknown job id.
+  r = Ctl(dir, "status no-such-job" + sock);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("unknown job id 'no-such-job'"));
+  r = Ctl(dir, "stop no-such-job" + sock);
+  CHECK(r.exit_code == 2);
+  // No daemon at all.
+  r = Ctl(dir, "list --socket '" + dir.file("nothing.sock") + "'");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("is the daemon running"));
+
+  // A peer whose key is not on site-s's allowlist gets no answer, and site-s logs the refusal.
+  DaemonConfig site_s;
+  REQUIRE(LoadDaemonConfig(c->ConfigPath("site-s"), &site_s).ok());
+  net::CurveKeyPair server, stranger;
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-s") + "/keys", &server).ok());
+  REQUIRE(net::GenerateCurveKeyPair(&stranger).ok());
+  std::unique_ptr<net::NetContext> context;
+  REQUIRE(net::NetContext::Create({}, &context).ok());
+  ControlTarget target;
+  target.endpoint = site_s.listen.control;
+  target.sender = "site-a";
+  target.timeout_ms = 1500;
+  target.curve = net::CurveOptions{stranger.public_z85, stranger.secret_z85, false, "dilocod", server.public_z85};
+  ControlArgs reply;
+  const Status st = CallControl(*context, target, "peer_status", "x", {}, &reply);
+  CHECK_FALSE(st.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK_THAT(TailFile(c->LogPath("site-s"), 20), Catch::Contains("refused") && Catch::Contains(stranger.public_z85));
+
+  // A second daemon on the same state directory refuses to start (the lock file).
+  const std::string cmd = kBin + "dilocod --config '" + c->ConfigPath("site-a") + "' 2> '" + dir.file("second.err") + "'";
+  const int rc = std::system(cmd.c_str());
+  CHECK(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 1);
+  CHECK_THAT(ReadFile(dir.file("second.err")), Catch::Contains("dilocod.lock"));
+  CHECK(c->Running("site-a"));
+  // ... and --check-config only validates.
+  CHECK(std::system((kBin + "dilocod --check-config --config '" + c->ConfigPath("site-a") + "' > /dev/null").c_str()) == 0);
+}
+
+}  // namespace diloco
