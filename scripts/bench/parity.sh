@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Parity table: configs/shakespeare-m4.yaml (M=4 learners, equal tokens) in ddp, diloco,
+# streaming and decoupled mode, one row each: final val loss and its ratio to ddp, tokens, wire
+# bytes (bytes_up + bytes_down) and how many times fewer than ddp, wall time, outer steps.
+# Rows are means over the seeds. ddp's wire bytes are what a ring all-reduce of fp32 gradients
+# would send (see daemon/train/ddp_run.h); the others count every learner<->syncer message.
+#
+#   scripts/bench/parity.sh                          # the four modes, seed 1337 (the config's)
+#   scripts/bench/parity.sh --seeds "1 2"            # means over seeds 1 and 2
+#   scripts/bench/parity.sh --sweep                  # + decoupled over H and uplink codecs
+#   scripts/bench/parity.sh --modes "ddp decoupled" --set learners.3.slowdown=3
+#   scripts/bench/parity.sh --set train.steps=20     # a smoke run of the script itself
+#   scripts/bench/parity.sh --table DIR              # print the table of an earlier run again
+#
+# Options: --seeds LIST, --modes LIST, --sweep, --hs LIST (sweep H, default "10 25 50 100"),
+# --codecs LIST (sweep uplink codecs, default "fp32 int8 int4"), --set K=V (repeatable, passed to
+# every run), --out DIR (results.jsonl and logs; default a new /tmp/parity-*), --keep (keep the
+# run directories), --table DIR.
+# Environment: DILOCOCTL (default build/bin/dilococtl), CONFIG (default
+# configs/shakespeare-m4.yaml), NICE (niceness of the runs, default 10).
+# A full run is long on a small CPU (each of the four modes trains 4 x 500 steps); the sweep adds
+# seven more runs per seed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${DILOCOCTL:-build/bin/dilococtl}
+config=${CONFIG:-configs/shakespeare-m4.yaml}
+niceness=${NICE:-10}
+seeds=""
+modes="ddp diloco streaming decoupled"
+sweep=0
+hs="10 25 50 100"
+codecs="fp32 int8 int4"
+sets=()
+out=""
+keep=0
+table_only=""
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --seeds) seeds=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --sweep) sweep=1; shift ;;
+    --hs) hs=$2; shift 2 ;;
+    --codecs) codecs=$2; shift 2 ;;
+    --set) sets+=(--set "$2"); shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    --table) table_only=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "parity.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+print_table() {
+  /usr/bin/env python3 - "$1/results.jsonl" <<'PY'
+import json, sys
+from collections import OrderedDict
+rows = OrderedDict()
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows.setdefault(r["row"], []).append(r)
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+stats = OrderedDict()
+for name, rs in rows.items():
+    ok = [r for r in rs if r.get("ok")]
+    s = {"name": name, "runs": len(rs), "failed": len(rs) - len(ok), "seeds": " ".join(str(r["seed"]) for r in ok)}
+    if ok:
+        s["val"] = mean([r["summary"]["final_val_loss"] for r in ok])
+        s["tokens"] = mean([r["summary"]["tokens"] for r in ok])
+        s["bytes"] = mean([r["summary"]["bytes_up"] + r["summary"]["bytes_down"] for r in ok])
+        s["wall"] = mean([r["summary"]["wall_s"] for r in ok])
+        s["outer"] = mean([r["summary"].get("outer_steps", 0) for r in ok])
+        s["dropped"] = mean([r["summary"].get("dropped_deltas", 0) for r in ok])
+    stats[name] = s
+ddp = stats.get("ddp")
+def fmt_bytes(b):
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if b < 1000 or unit == "TB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1000
+hdr = (f"{'run':34} {'seeds':>9} {'val loss':>8} {'/ddp':>6} {'tokens':>9} {'wire bytes':>10} "
+       f"{'ddp/x':>7} {'wall s':>7} {'outer':>6} {'dropped':>7}")
+print(hdr)
+print("-" * len(hdr))
+for s in stats.values():
+    if "val" not in s:
+        print(f"{s['name']:34} failed ({s['failed']} of {s['runs']} runs; see the logs)")
+        continue
+    have_ddp = ddp is not None and "val" in ddp
+    ratio = f"{s['val'] / ddp['val']:.3f}" if have_ddp else "-"
+    fewer = f"{ddp['bytes'] / s['bytes']:.0f}x" if have_ddp and s["bytes"] > 0 else "-"
+    note = f"  ({s['failed']} failed)" if s["failed"] else ""
+    print(f"{s['name']:34} {s['seeds']:>9} {s['val']:>8.4f} {ratio:>6} {s['tokens']:>9.0f} {fmt_bytes(s['bytes']):>10} "
+          f"{fewer:>7} {s['wall']:>7.1f} {s['outer']:>6.0f} {s['dropped']:>7.0f}{note}")
+PY
+}
+
+if [[ -n $table_only ]]; then
+  [[ -f $table_only/results.jsonl ]] || { echo "parity.sh: no results.jsonl in '$table_only'" >&2; exit 2; }
+  print_table "$table_only"
+  exit 0
+fi
+[[ -x $bin ]] || { echo "parity.sh: $bin not found or not executable: build dilococtl, or set DILOCOCTL" >&2; exit 2; }
+[[ -f $config ]] || { echo "parity.sh: config '$config' not found: set CONFIG" >&2; exit 2; }
+if [[ -z $seeds ]]; then
+  seeds=$(sed -n 's/^ *seed: *\([0-9]*\).*/\1/p' "$config" | head -n1)
+  seeds=${seeds:-1337}
+fi
+if [[ -z $out ]]; then out=$(mktemp -d /tmp/parity-XXXXXX); fi
+mkdir -p "$out"
+: > "$out/results.jsonl"
+
+# run NAME SEED [--set K=V ...]: one training run, its summary appended to results.jsonl.
+run() {
+  local name=$1 seed=$2
+  shift 2
+  local tag
+  tag=$(echo "$name-s$seed" | tr ' =/' '_-_')
+  local dir="$out/runs/$tag" log="$out/logs/$tag.log"
+  mkdir -p "$out/logs"
+  rm -rf "$dir"
+  echo "parity.sh: $name, seed $seed" >&2
+  local last rc=0
+  nice -n "$niceness" "$bin" train "$config" --set "train.seed=$seed" "$@" ${sets[@]+"${sets[@]}"} \
+    --out "$dir" --json > "$log.out" 2> "$log" || rc=$?
+  last=$(tail -n1 "$log.out" 2>/dev/null || true)
+  if [[ $rc -eq 0 ]] && jq -e . > /dev/null 2>&1 <<< "$last"; then
+    jq -c --arg row "$name" --argjson seed "$seed" '{row: $row, seed: $seed, ok: true, summary: .}' <<< "$last" \
+      >> "$out/results.jsonl"
+  else
+    echo "parity.sh: $name, seed $seed failed (exit $rc): $(tail -n2 "$log" | tr '\n' ' ')" >&2
+    jq -nc --arg row "$name" --argjson seed "$seed" --arg log "$log" '{row: $row, seed: $seed, ok: false, log: $log}' \
+      >> "$out/results.jsonl"
+  fi
+  [[ $keep -eq 1 ]] || rm -rf "$dir"
+}
+
+for seed in $seeds; do
+  for mode in $modes; do
+    run "$mode" "$seed" --set "sync.mode=$mode"
+  done
+  if [[ $sweep -eq 1 ]]; then
+    for h in $hs; do
+      run "decoupled H=$h" "$seed" --set sync.mode=decoupled --set "sync.inner_steps=$h"
+    done
+    for codec in $codecs; do
+      run "decoupled up=$codec" "$seed" --set sync.mode=decoupled --set "sync.codec.up=$codec"
+    done
+  fi
+done
+echo "parity.sh: results in $out/results.jsonl (print again: scripts/bench/parity.sh --table $out)" >&2
+print_table "$out"
