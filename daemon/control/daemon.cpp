@@ -192,7 +192,10 @@ struct Daemon::Impl {
       for (auto& [name, r] : job.roles) s += (s.empty() ? "" : ", ") + name;
       return s;
     }());
-    jobs[id] = std::move(job);
+    // Into the job's entry (a rejoin restarts some roles of a job whose others keep running).
+    Job& entry = jobs[id];
+    entry.config = cfg;
+    for (auto& [name, role] : job.roles) entry.roles[name] = std::move(role);
     return Status::Ok();
   }
 
@@ -499,6 +502,10 @@ struct Daemon::Impl {
       if (Status st = StopLocal(job); !st.ok()) return {{"error", st.message()}};
       return {{"ok", "1"}};
     }
+    if (c->name == "peer_rejoin") {
+      if (Status st = RejoinLearners(job); !st.ok()) return {{"error", st.message()}};
+      return {{"ok", "1"}};
+    }
     if (c->name == "peer_logs") {
       auto it = a.find("tail");
       return {{"ok", "1"}, {"text", Tail(store->LogPath(job), it == a.end() ? 50 : std::atoi(it->second.c_str()))}};
@@ -512,6 +519,40 @@ struct Daemon::Impl {
     if (!BuildControlReply(config.site, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0, args, &out).ok())
       return;
     (void)ch.SendTo(r.peer, out, 100);
+  }
+
+  // The job's syncer restarted from its checkpoint: learners that were running here may hold
+  // deltas the old syncer never merged (and will not send those fragments again until their
+  // Globals come), or a base newer than the checkpoint. Restart them as after a crash of this
+  // daemon: they join from the new syncer's snapshot at their recorded step.
+  Status RejoinLearners(const std::string& id) {
+    auto it = jobs.find(id);
+    if (it == jobs.end()) return Status::Ok();
+    std::set<std::string> names;
+    for (auto& [name, role] : it->second.roles) {
+      if (name == kSyncerName || role->done()) continue;
+      role->RequestShutdown();
+      role->Join();
+      names.insert(name);
+    }
+    if (names.empty()) return Status::Ok();
+    for (const std::string& name : names) it->second.roles.erase(name);
+    JobRecord rec;
+    DL_RETURN_IF_ERROR(store->Load(id, &rec));
+    DL_RETURN_IF_ERROR(StartRoles(id, it->second.config, true, &rec, &names));
+    JobLog(id, "the syncer restarted: learners rejoin from its snapshot");
+    return store->Save(rec);
+  }
+
+  // After this daemon resumed a job's syncer: ask the learners' sites to rejoin.
+  void AskLearnersToRejoin(const std::string& id, const RunConfig& cfg) {
+    std::set<std::string> sites(cfg.placement.learners.begin(), cfg.placement.learners.end());
+    sites.erase(config.site);  // learners here were resumed with this daemon
+    for (const std::string& site : sites) {
+      ControlArgs reply;
+      Status st = CallPeer(site, "peer_rejoin", id, {}, &reply, 5000);
+      JobLog(id, st.ok() ? "asked " + site + " to rejoin its learners" : "could not ask " + site + " to rejoin: " + st.message());
+    }
   }
 
   // Roles that ended: record how, and the job's state on this site.
@@ -645,6 +686,7 @@ struct Daemon::Impl {
           if (!IsFinal(rr.state)) unfinished.insert(name);
         if (unfinished.empty()) continue;
         st = StartRoles(id, cfg, true, &rec, &unfinished);
+        if (st.ok() && unfinished.count(kSyncerName)) AskLearnersToRejoin(id, cfg);
       }
       if (!st.ok()) {
         rec.state = JobState::kFailed;

@@ -199,13 +199,17 @@ TEST_CASE("a learner daemon killed with -9 and started again rejoins; the job co
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 300; }, 40,
              "learner-1 to reach step 300");
   c->Kill("site-b", SIGKILL);
+  // The step learner-1 had recorded when it died.
+  const std::string run_b = c->StateDir("site-b") + "/jobs/" + job + "/run";
+  const long recorded = std::atol(ReadFile(run_b + "/learner-1.step").c_str());
+  CHECK(recorded > 0);
   const int64_t restarted_ms = UnixMs();
   REQUIRE(c->Start("site-b").ok());
 
   const nlohmann::json s = WaitStatus(*c, "site-a", job, Completed, 60, "the job to complete after the restart");
   // learner-1 continued from its recorded step (not from 0) and joined from the syncer's snapshot.
   const nlohmann::json& r1 = s["learners"][1]["result"];
-  CHECK(r1["start_step"].get<long>() >= 300);
+  CHECK(r1["start_step"].get<long>() == recorded);
   CHECK(r1["snapshots_installed"].get<int>() >= 1);
   CHECK(r1["steps"] == 2500);
   // Its deltas were merged again after the restart (the syncer's event log).
@@ -265,6 +269,7 @@ TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint; version
     merges_after++;
     CHECK(m["version"].get<uint64_t>() > checkpoint.fragments[m["fragment"].get<int>()].version);
   }
+  INFO("site-s log:\n" << TailFile(c->LogPath("site-s"), 30) << "site-a log:\n" << TailFile(c->LogPath("site-a"), 30));
   CHECK(merges_after > 0);
   CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: syncer"));
 }
