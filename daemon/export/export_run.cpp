@@ -1,5 +1,6 @@
 #include "daemon/export/export_run.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -75,6 +76,28 @@ Status ParamsFromCheckpoint(const std::string& path, const GptConfig& model, std
 }
 
 }  // namespace
+
+nlohmann::json ExportSummaryObject(const ExportSummary& s) {
+  nlohmann::json j = {{"out", s.out_path},         {"job", s.job_id},         {"source", s.source},
+                      {"source_kind", s.source_kind}, {"tensors", s.tensors}, {"num_params", s.num_params},
+                      {"file_bytes", s.file_bytes}, {"step", s.step}};
+  if (!s.versions.empty()) j["versions"] = s.versions;
+  return j;
+}
+
+std::string ExportSummaryLine(const ExportSummary& s) {
+  std::string from = s.source_kind;
+  if (s.source_kind == "global_state") {
+    from += ", " + std::to_string(s.step) + " merges, versions ";
+    for (size_t i = 0; i < s.versions.size(); i++) from += (i ? "/" : "") + std::to_string(s.versions[i]);
+  } else {
+    from += ", step " + std::to_string(s.step);
+  }
+  char sizes[96];
+  std::snprintf(sizes, sizeof(sizes), "%d tensors, %.2f M parameters, %.1f MB", s.tensors, s.num_params / 1e6,
+                s.file_bytes / 1e6);
+  return "exported job " + s.job_id + " (" + from + "): " + sizes + " -> " + s.out_path;
+}
 
 Status ExportRunDir(const std::string& run_dir, const std::string& out_path, const ExportOptions& options,
                     ExportSummary* out) {

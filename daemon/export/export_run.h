@@ -45,6 +45,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "daemon/util/status.h"
 
 namespace diloco {
@@ -66,6 +68,13 @@ struct ExportSummary {
   uint64_t step = 0;               // see "step" above
   std::vector<uint64_t> versions;  // global state only
 };
+
+// The summary for `dilococtl export --json`: {"out", "job", "source",
+// "source_kind", "tensors", "num_params", "file_bytes", "step"[, "versions"]}.
+nlohmann::json ExportSummaryObject(const ExportSummary& s);
+// One line for a terminal, e.g. "exported job j-1 (global_state, 12 merges,
+// versions 6/6): 28 tensors, 0.1 M parameters, 0.4 MB -> model.safetensors".
+std::string ExportSummaryLine(const ExportSummary& s);
 
 // Writes out_path atomically, then reads its header back and checks it
 // against the model's tensor table before returning.

@@ -49,7 +49,7 @@ Status MetricsServer::Start(const MetricsServerOptions& options, const MetricsRe
   const std::string where = options.host + ":" + std::to_string(options.port);
   if (options.port < 0 || options.port > 65535)
     return Status::Error("metrics port " + std::to_string(options.port) +
-                         " is out of range: use 1..65535, or 0 for any free port");
+                         " is out of range: use 1..65535");
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->host_ = options.host;
   s->server_ = std::make_unique<httplib::Server>();
@@ -78,8 +78,8 @@ Status MetricsServer::Start(const MetricsServerOptions& options, const MetricsRe
     if (!http.bind_to_port(options.host, options.port))
       return Status::Error("cannot listen for metrics on " + where + ": " +
                            BindFailureReason(options.host, options.port) +
-                           ": another process holds port " + std::to_string(options.port) +
-                           "? choose another metrics_port, or 0 for any free port");
+                           ": is another dilocod or exporter using port " + std::to_string(options.port) +
+                           "? choose another metrics_port");
     s->port_ = options.port;
   }
   auto done = std::make_shared<std::atomic<bool>>(false);

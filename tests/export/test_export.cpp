@@ -199,6 +199,8 @@ TEST_CASE("export: a single-learner run's checkpoint becomes a safetensors file"
   CHECK(s.source_kind == "checkpoint");
   CHECK(s.source == o.run_dir + "/checkpoint.bin");
   CHECK(s.job_id == "j-ckpt");  // jobs/<id>/run
+  CHECK_THAT(ExportSummaryLine(s), Catch::Contains("(checkpoint, step 3): 28 tensors"));
+  CHECK_FALSE(ExportSummaryObject(s).contains("versions"));
   CHECK(s.step == 3);
   CHECK(s.num_params == ckpt.params.size());
   CHECK(s.tensors == 4 + 12 * 2);
@@ -260,6 +262,14 @@ TEST_CASE("export: a 2-learner run exports the syncer's merged model from global
   SafetensorsIndex idx;
   REQUIRE(ReadSafetensorsIndex(out, &idx).ok());
   CHECK(nlohmann::json::parse(idx.metadata.at("versions")) == nlohmann::json(s.versions));
+  const nlohmann::json j = ExportSummaryObject(s);
+  CHECK(j["out"] == out);
+  CHECK(j["source_kind"] == "global_state");
+  CHECK(j["versions"] == nlohmann::json(s.versions));
+  CHECK(j["num_params"] == table.total_numel());
+  CHECK_THAT(ExportSummaryLine(s), Catch::StartsWith("exported job run2 (global_state, " + std::to_string(s.step) +
+                                                     " merges, versions ") &&
+                                       Catch::EndsWith(" -> " + out));
 
   // global_state.bin is preferred over a checkpoint.bin in the same directory.
   fs::copy_file(o.run_dir + "/global_state.bin", o.run_dir + "/checkpoint.bin");
