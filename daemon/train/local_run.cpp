@@ -12,6 +12,7 @@
 
 #include "daemon/net/context.h"
 #include "daemon/net/link_shaper.h"
+#include "daemon/sync/global_state.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/train/ddp_run.h"
 #include "daemon/train/data.h"
@@ -30,6 +31,30 @@ using Clock = std::chrono::steady_clock;
 
 bool HasLink(const LinkConfig& l) {
   return l.bandwidth_mbps > 0 || l.latency_ms > 0 || l.jitter_ms > 0 || l.loss > 0;
+}
+
+// Where each learner of an earlier run got to: the last step its metrics.jsonl lines show
+// (logged every train.log_every steps and at the end; the steps after that are trained again).
+Status ResumeSteps(const std::string& metrics_path, std::vector<long>* steps) {
+  std::ifstream f(metrics_path);
+  if (!f) return Status::Error("cannot resume: cannot read '" + metrics_path + "'");
+  int line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    line_no++;
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      // A run killed mid-write leaves a torn last line; anything else is a damaged file.
+      if (f.peek() == EOF) break;
+      return Status::Error("cannot resume: '" + metrics_path + "' line " + std::to_string(line_no) + " is not JSON");
+    }
+    if (!j.is_object() || !j.contains("learner") || !j["learner"].is_number_integer()) continue;
+    const int i = j["learner"].get<int>();
+    if (i < 0 || i >= (int)steps->size()) continue;
+    for (const char* key : {"step", "steps"})
+      if (j.contains(key) && j[key].is_number_integer()) (*steps)[i] = std::max((*steps)[i], j[key].get<long>());
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -55,14 +80,21 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const SyncConfig& sc = cfg.sync;
   const int M = sc.learners;
   if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details);
-  if (options.resume)
-    return Status::Error("--resume is not implemented yet for runs with sync.learners > 1: start a new run");
 
   std::error_code ec;
   fs::create_directories(options.run_dir, ec);
   if (ec) return Status::Error("cannot create run directory '" + options.run_dir + "': " + ec.message());
-  if (fs::exists(fs::path(options.run_dir) / "global_state.bin"))
-    return Status::Error("run directory '" + options.run_dir + "' already holds a run (global_state.bin): choose another --out");
+  const fs::path state_path = fs::path(options.run_dir) / "global_state.bin";
+  std::vector<long> start_steps(M, 0);
+  if (options.resume) {
+    if (!fs::exists(state_path))
+      return Status::Error("cannot resume: run directory '" + options.run_dir +
+                           "' holds no global_state.bin (was it a run with sync.learners > 1 in a syncer mode?)");
+    DL_RETURN_IF_ERROR(ResumeSteps((fs::path(options.run_dir) / "metrics.jsonl").string(), &start_steps));
+  } else if (fs::exists(state_path)) {
+    return Status::Error("run directory '" + options.run_dir +
+                         "' already holds a run (global_state.bin): pass --resume to continue it, or choose another --out");
+  }
   {
     std::ofstream f(fs::path(options.run_dir) / "config.yaml", std::ios::binary | std::ios::trunc);
     f << RunConfigToYaml(cfg);
@@ -89,8 +121,19 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   TrainSummary s;
   s.learners = M;
   s.run_dir = options.run_dir;
+  if (options.resume) {
+    // The model to start from is the syncer's global state; init only feeds the evaluation.
+    GlobalState gs;
+    DL_RETURN_IF_ERROR(LoadGlobalState(state_path.string(), &gs).WithContext("cannot resume"));
+    std::vector<Fragment> frags;
+    DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(sc), &frags));
+    DL_RETURN_IF_ERROR(CheckGlobalStateFits(gs, table, frags)
+                           .WithContext("cannot resume from '" + state_path.string() + "' with this config"));
+    for (size_t p = 0; p < frags.size(); p++) ScatterFragment(frags[p], gs.fragments[p].theta.data(), init.data());
+  }
   s.initial_val_loss = EvaluateParams(gc, init.data(), val, cfg.eval.batches);
-  DL_RETURN_IF_ERROR(metrics.Write({{"event", "start"},
+  DL_RETURN_IF_ERROR(metrics.Write({{"event", options.resume ? "resume" : "start"},
+                                    {"start_steps", start_steps},
                                     {"step", 0},
                                     {"params", table.total_numel()},
                                     {"learners", M},
@@ -112,6 +155,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       return fragment == f && version == v;
     };
   so.run_dir = options.run_dir;
+  so.resume = options.resume;
   so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
   std::unique_ptr<Syncer> syncer;
   DL_RETURN_IF_ERROR(Syncer::Create(*ctx, so, table, init.data(), &syncer));
@@ -159,6 +203,13 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     lo.snapshot_endpoint = so.snapshot_endpoint;
     lo.link = links[i];
     lo.init_params = init.data();
+    if (options.resume) {
+      // Resumed learners take the global model from a snapshot and go on from the step they had
+      // logged; their AdamW moments start again at zero (only the syncer's state is on disk).
+      lo.init_params = nullptr;
+      lo.join_from_snapshot = true;
+      lo.start_step = std::min<long>(start_steps[i], cfg.train.steps);
+    }
     lo.threads = std::max(1, total_threads / M);
     lo.metrics = &metrics;
     lo.metrics_mu = &metrics_mu;

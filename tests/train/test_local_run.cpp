@@ -349,3 +349,51 @@ TEST_CASE("local run: streaming mode over an emulated WAN link", "[e2e]") {
 
 }  // namespace
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+// --resume with several learners: the syncer continues from global_state.bin (versions go on
+// from where they were), the learners join from a snapshot at the step they had logged.
+TEST_CASE("local run: a decoupled run resumes from its global state", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.train.lr_decay_steps = 60;
+  o.config.train.steps = 30;
+  TrainSummary first;
+  Status st = RunLocal(o, &first);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  uint64_t first_max = 0;
+  for (uint64_t v : first.versions) first_max = std::max(first_max, v);
+  REQUIRE(first_max >= 1);
+
+  o.config.train.steps = 60;
+  st = RunLocal(o, &first);
+  CHECK_THAT(st.message(), Catch::Contains("already holds a run (global_state.bin): pass --resume"));
+  o.resume = true;
+  TrainSummary s;
+  LocalRunDetails d;
+  st = RunLocal(o, &s, {}, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.learner_tokens == std::vector<long>{30 * 4 * 16, 30 * 4 * 16});  // steps 30 .. 60 only
+  CHECK(d.snapshots_installed == std::vector<uint64_t>{1, 1});
+  // The resumed run starts from the first run's model, and the versions went on.
+  CHECK(s.initial_val_loss == Approx(first.final_val_loss).epsilon(1e-6));
+  REQUIRE(s.versions.size() == first.versions.size());
+  for (size_t p = 0; p < s.versions.size(); p++) CHECK(s.versions[p] > first.versions[p]);
+  std::set<std::pair<int, int>> versions;
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log"))
+    CHECK(versions.insert({ev["fragment"].get<int>(), ev["version"].get<int>()}).second);
+  CHECK(s.final_val_loss < first.initial_val_loss - 0.5);
+
+  TrainOptions fresh = TinyRun(tmp, 2);
+  fresh.run_dir = (tmp.path() / "empty").string();
+  fresh.resume = true;
+  st = RunLocal(fresh, &s);
+  CHECK_THAT(st.message(), Catch::Contains("holds no global_state.bin"));
+}
+
+}  // namespace
+}  // namespace diloco
