@@ -81,6 +81,14 @@ Status LocalCluster::Create(const LocalClusterOptions& options, std::unique_ptr<
       } while (std::find(taken.begin(), taken.end(), *port) != taken.end());
       taken.push_back(*port);
     }
+    if (options.metrics) {
+      int port = 0;
+      do {
+        DL_RETURN_IF_ERROR(FreeTcpPort(&port));
+      } while (std::find(taken.begin(), taken.end(), port) != taken.end());
+      taken.push_back(port);
+      c->metrics_ports_[site] = port;
+    }
     fs::create_directories(c->StateDir(site), ec);
     if (ec) return Status::Error("cannot create " + c->StateDir(site) + ": " + ec.message());
     if (options.curve) {
@@ -99,6 +107,7 @@ Status LocalCluster::Create(const LocalClusterOptions& options, std::unique_ptr<
       << "listen: {control: " << Tcp(p.control) << ", uplink: " << Tcp(p.uplink) << ", downlink: "
       << Tcp(p.downlink) << ", snapshot: " << Tcp(p.snapshot) << "}\n"
       << "threads: " << options.threads_per_site << "\n";
+    if (options.metrics) f << "metrics_port: " << c->metrics_ports_[site] << "\n";
     if (options.curve) {
       f << "keys: keys\n";
     } else {
@@ -124,6 +133,11 @@ LocalCluster::~LocalCluster() { (void)StopAll(5000); }
 pid_t LocalCluster::pid(const std::string& site) const {
   auto it = pids_.find(site);
   return it == pids_.end() ? -1 : it->second;
+}
+
+int LocalCluster::MetricsPort(const std::string& site) const {
+  auto it = metrics_ports_.find(site);
+  return it == metrics_ports_.end() ? 0 : it->second;
 }
 
 bool LocalCluster::Running(const std::string& site) {

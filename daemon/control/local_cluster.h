@@ -24,6 +24,7 @@ struct LocalClusterOptions {
   std::string dilocod_path;        // the dilocod binary
   bool curve = true;               // false: allow_plaintext and no keys
   int threads_per_site = 1;        // daemon config `threads`
+  bool metrics = false;            // give each site a free metrics_port (MetricsPort)
 };
 
 class LocalCluster {
@@ -49,6 +50,7 @@ class LocalCluster {
   std::string StateDir(const std::string& site) const { return SiteDir(site) + "/state"; }
   std::string LogPath(const std::string& site) const { return SiteDir(site) + "/dilocod.log"; }
   pid_t pid(const std::string& site) const;
+  int MetricsPort(const std::string& site) const;  // 0 without options.metrics
   const std::vector<std::string>& sites() const { return options_.sites; }
 
  private:
@@ -56,6 +58,7 @@ class LocalCluster {
   LocalClusterOptions options_;
   std::string dir_;
   std::map<std::string, pid_t> pids_;
+  std::map<std::string, int> metrics_ports_;
 };
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).

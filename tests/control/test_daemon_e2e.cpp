@@ -1,7 +1,11 @@
 // End-to-end: real dilocod processes on loopback (LocalCluster: free ports, CURVE keys made on
 // the fly), driven by the real dilococtl binary and the control protocol. A tiny model keeps each
 // case to seconds; every wait is for a condition, with a generous deadline.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -68,8 +72,28 @@ std::string JobYaml(int steps) {
 
 bool IsJobIdLike(const std::string& id) { return !id.empty() && id.find(' ') == std::string::npos; }
 
-std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir) {
+// GET http://127.0.0.1:port/metrics: the body ("" when it fails).
+std::string HttpGetMetrics(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    (void)!::write(fd, request.data(), request.size());
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) response.append(buf, n);
+  }
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir, bool metrics = false) {
   LocalClusterOptions o;
+  o.metrics = metrics;
   o.dir = dir.file("cluster");
   o.sites = {"site-s", "site-a", "site-b"};
   o.dilocod_path = kBin + "dilocod";
@@ -143,7 +167,7 @@ bool MergedFrom(const nlohmann::json& merge, int learner) {
 
 TEST_CASE("three daemons run a submitted job; status shows both learners; SIGTERM exits cleanly", "[e2e]") {
   testing::TempDir dir;
-  auto c = StartCluster(dir);
+  auto c = StartCluster(dir, /*metrics=*/true);
   const std::string job = Submit(dir, *c, 1500);
 
   // `dilococtl status --json` (through site-a, which asks the other sites) shows both learners
@@ -165,6 +189,17 @@ TEST_CASE("three daemons run a submitted job; status shows both learners; SIGTER
     }
   }
   CHECK(seen_both);
+  // Prometheus text on each site's metrics port.
+  std::string learner_metrics, syncer_metrics;
+  for (int i = 0; i < 100 && (learner_metrics.find("dilocod_learner_steps{") == std::string::npos ||
+                              syncer_metrics.find("dilocod_syncer_merges_total{") == std::string::npos); i++) {
+    learner_metrics = HttpGetMetrics(c->MetricsPort("site-b"));
+    syncer_metrics = HttpGetMetrics(c->MetricsPort("site-s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK_THAT(learner_metrics, Catch::Contains("dilocod_learner_steps{job=\"" + job + "\",learner=\"1\"}"));
+  CHECK_THAT(syncer_metrics, Catch::Contains("# TYPE dilocod_syncer_merges_total counter"));
+  CHECK_THAT(syncer_metrics, Catch::Contains("dilocod_jobs{state=\"running\"}"));
 
   const nlohmann::json s = WaitStatus(*c, "site-b", job, Completed, 60, "the job to complete");
   const nlohmann::json& sum = s["summary"];
