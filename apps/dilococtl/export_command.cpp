@@ -51,9 +51,11 @@ int RunExportCommand(const ExportCommand& cmd) {
     std::fprintf(stderr, "dilococtl export: %s\n", st.message().c_str());
     return 1;
   }
-  std::fprintf(stderr, "dilococtl export: %s: %d tensors, %llu parameters, %llu bytes (from %s)\n", cmd.out.c_str(),
-               summary.tensors, (unsigned long long)summary.num_params, (unsigned long long)summary.file_bytes,
-               summary.source.c_str());
+  if (cmd.json) {
+    std::printf("%s\n", ExportSummaryObject(summary).dump().c_str());
+  } else {
+    std::printf("%s\n", ExportSummaryLine(summary).c_str());
+  }
   return 0;
 #else
   std::fprintf(stderr, "dilococtl export: this build has no exporter (daemon/export)\n");

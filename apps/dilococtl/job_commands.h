@@ -57,6 +57,7 @@ struct ExportCommand {
   std::string job;
   std::string format = "safetensors";
   std::string out;
+  bool json = false;  // print the export summary object
 };
 int RunExportCommand(const ExportCommand& cmd);
 

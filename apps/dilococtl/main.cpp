@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   export_cmd->add_option("job", export_.job, "Job id")->required();
   export_cmd->add_option("--format", export_.format, "Output format")->capture_default_str();
   export_cmd->add_option("-o,--out", export_.out, "Output file")->required();
+  export_cmd->add_flag("--json", export_.json, "Print the export summary as JSON");
   AddDaemonOptions(export_cmd, &export_.daemon);
 
   BenchEngineCommand bench_engine;

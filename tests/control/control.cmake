@@ -4,6 +4,6 @@ diloco_test(control_tests
   control/test_job_store.cpp
   control/test_daemon_e2e.cpp
 )
-target_link_libraries(control_tests PRIVATE diloco_control nlohmann_json::nlohmann_json)
+target_link_libraries(control_tests PRIVATE diloco_control diloco_export nlohmann_json::nlohmann_json)
 # The e2e cases start the real binaries.
 add_dependencies(control_tests dilocod dilococtl)

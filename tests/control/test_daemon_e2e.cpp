@@ -21,8 +21,10 @@
 #include "daemon/config/daemon_config.h"
 #include "daemon/control/client.h"
 #include "daemon/control/local_cluster.h"
+#include "daemon/export/safetensors.h"
 #include "daemon/net/curve.h"
 #include "daemon/sync/global_state.h"
+#include "kernels/gpt.h"
 #include "tests/temp_dir.h"
 
 namespace diloco {
@@ -209,6 +211,26 @@ TEST_CASE("three daemons run a submitted job; status shows both learners; SIGTER
   CHECK(sum["final_val_loss"].get<double>() < sum["initial_val_loss"].get<double>());
   CHECK(fs::exists(sum["checkpoint"].get<std::string>()));
   CHECK(fs::exists(s["run_dir"].get<std::string>() + "/global_state.bin"));
+  // The merged model exports as safetensors whose tensors match the model's table.
+  const CtlResult ex = Ctl(dir, "export " + job + " --format safetensors -o '" + dir.file("model.safetensors") +
+                                    "' --json --socket '" + c->SocketPath("site-a") + "'");
+  INFO(ex.err);
+  REQUIRE(ex.exit_code == 0);
+  SafetensorsIndex index;
+  REQUIRE(ReadSafetensorsIndex(dir.file("model.safetensors"), &index).ok());
+  GptConfig gc;
+  gc.n_layer = 2;
+  gc.n_embd = 32;
+  gc.n_head = 4;
+  gc.block_size = 32;
+  const TensorTable table = gpt_tensor_table(gc);
+  CHECK(CheckSafetensorsMatchesTable(index, table).ok());
+  uint64_t data_bytes = 0;
+  for (const SafetensorsEntry& e : index.entries) data_bytes += e.end - e.begin;
+  CHECK(data_bytes == table.total_numel() * sizeof(float));
+  CHECK(index.data_offset + data_bytes == index.file_bytes);
+  CHECK(index.metadata["job"] == job);
+  CHECK(nlohmann::json::parse(ex.out)["num_params"] == table.total_numel());
   // Every site recorded the job as completed.
   const CtlResult list = Ctl(dir, "list --json --socket '" + c->SocketPath("site-s") + "'");
   REQUIRE(list.exit_code == 0);
