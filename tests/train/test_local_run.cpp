@@ -87,6 +87,8 @@ TEST_CASE("local run: 3 decoupled learners train one model over the transport", 
   CHECK(s.outer_steps >= 6);
   REQUIRE(s.versions.size() == 2);
   for (uint64_t v : s.versions) CHECK(v >= 1);
+  INFO("events.log:\n" << ReadText(fs::path(o.run_dir) / "events.log"));
+  INFO("metrics.jsonl:\n" << ReadText(fs::path(o.run_dir) / "metrics.jsonl"));
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 
   // Every learner's deltas were merged (the merge tape), and every version appears once.
