@@ -159,9 +159,9 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
   std::fprintf(stderr,
                "dilococtl demo: job %s completed: final val loss %.4f (from %.4f), %ld steps over %d learners, %.0f "
                "tok/s, %llu merges, %.1f s\n",
-               job.c_str(), summary.value("final_val_loss", 0.0), summary.value("initial_val_loss", 0.0),
-               summary.value("steps", 0L), summary.value("learners", 0), summary.value("tokens_per_s", 0.0),
-               (unsigned long long)summary.value("outer_steps", uint64_t{0}), summary["wall_s"].get<double>());
+               job.c_str(), Num(summary, "final_val_loss", 0.0), Num(summary, "initial_val_loss", 0.0),
+               Num(summary, "steps", 0L), Num(summary, "learners", 0), Num(summary, "tokens_per_s", 0.0),
+               (unsigned long long)Num(summary, "outer_steps", uint64_t{0}), summary["wall_s"].get<double>());
   std::fprintf(stderr, "dilococtl demo: run directory %s; daemon logs and state under %s\n",
                summary.value("run_dir", "").c_str(), dir.c_str());
   if (cmd.json) {

@@ -78,17 +78,17 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
                                                               : nlohmann::json();
   out << "syncer   " << Pad(syncer.value("state", "unknown"), 10) << " versions " << VersionsText(versions);
   if (!sp.empty()) {
-    out << "  merges " << sp.value("merges", 0) << "  dropped " << sp.value("dropped_deltas", 0) << "  rejected "
-        << sp.value("rejected_deltas", 0) << "  snapshots " << sp.value("snapshots_served", 0);
+    out << "  merges " << Num(sp, "merges", 0) << "  dropped " << Num(sp, "dropped_deltas", 0) << "  rejected "
+        << Num(sp, "rejected_deltas", 0) << "  snapshots " << Num(sp, "snapshots_served", 0);
   } else if (syncer.contains("result")) {
-    out << "  merges " << syncer["result"].value("merges", 0) << "  final val loss "
-        << Fixed(syncer["result"].value("final_val_loss", 0.0), 4);
+    out << "  merges " << Num(syncer["result"], "merges", 0) << "  final val loss "
+        << Fixed(Num(syncer["result"], "final_val_loss", 0.0), 4);
   }
   out << "\n";
   if (sp.contains("last_merge")) {
     const nlohmann::json& m = sp["last_merge"];
-    out << "         last merge: fragment " << m.value("fragment", 0) << " -> v" << m.value("version", 0) << " ("
-        << m.value("reason", "?") << ", " << m.value("contributors", 0) << " deltas) " << AgeText(m.value("time_ms", int64_t{0}));
+    out << "         last merge: fragment " << Num(m, "fragment", 0) << " -> v" << Num(m, "version", 0) << " ("
+        << m.value("reason", "?") << ", " << Num(m, "contributors", 0) << " deltas) " << AgeText(Num(m, "time_ms", int64_t{0}));
     if (sp.contains("merge_reasons")) {
       out << "; rounds closed by:";
       for (const auto& [reason, n] : sp["merge_reasons"].items()) out << " " << reason << " " << n.get<int>();
@@ -96,14 +96,14 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
     out << "\n";
   }
   out << "learner  site         state       progress                       step   tok/s    loss  sent/folded  staleness\n";
-  const long steps = s.value("steps", 0L);
+  const long steps = Num(s, "steps", 0L);
   for (const auto& l : s.value("learners", nlohmann::json::array())) {
     const nlohmann::json p = l.value("progress", nlohmann::json::object());
     const nlohmann::json r = l.value("result", nlohmann::json::object());
     std::string st = l.value("state", "?");
     if (!p.empty() && st == "running") st = p.value("state", st);
-    const long step = !p.empty() ? p.value("step", 0L) : r.value("steps", 0L);
-    out << Pad(std::to_string(l.value("learner", 0)), 9) << Pad(l.value("site", "?"), 13) << Pad(st, 12)
+    const long step = !p.empty() ? Num(p, "step", 0L) : Num(r, "steps", 0L);
+    out << Pad(std::to_string(Num(l, "learner", 0)), 9) << Pad(l.value("site", "?"), 13) << Pad(st, 12)
         << Bar(steps > 0 ? (double)step / steps : 0, 28) << " " << Pad(std::to_string(step), 7);
     if (!p.empty()) {
       // Staleness: how many versions the learner's base is behind the syncer's, worst fragment.
@@ -113,12 +113,12 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
         for (size_t f = 0; f < base.size() && f < versions.size(); f++)
           stale = std::max(stale, (long)versions[f].get<uint64_t>() - (long)base[f].get<uint64_t>());
       }
-      const int sent = p.value("last_fragment_sent", -1), folded = p.value("last_fragment_folded", -1);
-      out << Pad(Fixed(p.value("tokens_per_s", 0.0), 0), 8) << Pad(Fixed(p.value("loss", 0.0), 3), 7) << "  "
+      const int sent = Num(p, "last_fragment_sent", -1), folded = Num(p, "last_fragment_folded", -1);
+      out << Pad(Fixed(Num(p, "tokens_per_s", 0.0), 0), 8) << Pad(Fixed(Num(p, "loss", 0.0), 3), 7) << "  "
           << Pad((sent < 0 ? "-" : std::to_string(sent)) + "/" + (folded < 0 ? "-" : std::to_string(folded)), 13)
           << stale;
     } else if (!r.empty()) {
-      out << Pad("-", 8) << Pad(Fixed(r.value("final_train_loss", 0.0), 3), 7);
+      out << Pad("-", 8) << Pad(Fixed(Num(r, "final_train_loss", 0.0), 3), 7);
     }
     if (l.contains("error")) out << "  " << l["error"].get<std::string>();
     out << "\n";

@@ -70,6 +70,14 @@ struct ClusterDemoCommand {
 };
 int RunClusterDemoCommand(const ClusterDemoCommand& cmd);
 
+// j[key] when it is a number, else fallback (NaN travels as JSON null; fields may be missing).
+template <typename T>
+T Num(const nlohmann::json& j, const char* key, T fallback) {
+  if (!j.is_object()) return fallback;
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<T>() : fallback;
+}
+
 // The status screen of one job (the daemon's status JSON) as text.
 std::string RenderJobStatus(const nlohmann::json& status, bool color);
 

@@ -50,6 +50,13 @@ std::string Tail(const std::string& path, int lines) {
   return out;
 }
 
+// j[key] when it is a number, else fallback (NaN is stored as JSON null).
+template <typename T>
+T Number(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return j.is_object() && it != j.end() && it->is_number() ? it->get<T>() : fallback;
+}
+
 std::vector<std::string> SplitLines(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream ss(text);
@@ -446,21 +453,21 @@ struct Daemon::Impl {
     double train_s = 0, loss = 0;
     uint64_t up = 0, down = 0;
     std::vector<long> learner_tokens;
-    double peak_rss = sr.value("peak_rss_mb", 0.0);
+    double peak_rss = Number(sr, "peak_rss_mb", 0.0);
     for (const auto& l : status["learners"]) {
       if (!l.contains("result")) return nullptr;
       const nlohmann::json& r = l["result"];
-      steps += r.value("steps", 0L);
-      tokens += r.value("tokens", 0L);
-      train_s = std::max(train_s, r.value("train_s", 0.0));
-      loss += r.value("final_train_loss", 0.0) / status["learners"].size();
-      up += r.value("bytes_up", uint64_t{0});
-      down += r.value("bytes_down", uint64_t{0});
-      learner_tokens.push_back(r.value("tokens", 0L));
-      peak_rss = std::max(peak_rss, r.value("peak_rss_mb", 0.0));
+      steps += Number(r, "steps", 0L);
+      tokens += Number(r, "tokens", 0L);
+      train_s = std::max(train_s, Number(r, "train_s", 0.0));
+      loss += Number(r, "final_train_loss", 0.0) / status["learners"].size();
+      up += Number(r, "bytes_up", uint64_t{0});
+      down += Number(r, "bytes_down", uint64_t{0});
+      learner_tokens.push_back(Number(r, "tokens", 0L));
+      peak_rss = std::max(peak_rss, Number(r, "peak_rss_mb", 0.0));
     }
-    s = {{"final_val_loss", sr.value("final_val_loss", 0.0)},
-         {"initial_val_loss", sr.value("initial_val_loss", 0.0)},
+    s = {{"final_val_loss", Number(sr, "final_val_loss", 0.0)},
+         {"initial_val_loss", Number(sr, "initial_val_loss", 0.0)},
          {"final_train_loss", loss},
          {"steps", steps},
          {"tokens", tokens},
@@ -469,15 +476,15 @@ struct Daemon::Impl {
          {"bytes_up", up},
          {"bytes_down", down},
          {"learners", (int)status["learners"].size()},
-         {"outer_steps", sr.value("merges", uint64_t{0})},
-         {"dropped_deltas", sr.value("dropped_deltas", uint64_t{0})},
-         {"rejected_deltas", sr.value("rejected_deltas", uint64_t{0})},
+         {"outer_steps", Number(sr, "merges", uint64_t{0})},
+         {"dropped_deltas", Number(sr, "dropped_deltas", uint64_t{0})},
+         {"rejected_deltas", Number(sr, "rejected_deltas", uint64_t{0})},
          {"versions", sr.value("versions", nlohmann::json::array())},
          {"learner_tokens", learner_tokens},
          {"run_dir", status.value("run_dir", "")},
          {"checkpoint", sr.value("checkpoint", "")},
          {"global_state", sr.value("global_state", "")},
-         {"wall_s", sr.value("wall_s", 0.0)},
+         {"wall_s", Number(sr, "wall_s", 0.0)},
          {"peak_rss_mb", peak_rss},
          {"job", status.value("id", "")}};
     return s;

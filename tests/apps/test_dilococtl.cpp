@@ -116,6 +116,29 @@ TEST_CASE("resuming gives the same model as one uninterrupted run", "[e2e]") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("dilococtl demo runs 3 daemons and ends with the train --json summary", "[e2e]") {
+  const fs::path dir = MakeWorkDir("demo");
+  const std::string two_sites =
+      " --set sync.learners=2 --set 'placement={syncer: site-s, learners: [site-a, site-b]}' --set eval.every=0";
+  const Result demo = Dilococtl(dir, "demo --config run.yaml --dir cluster --json" + two_sites);
+  INFO(demo.err);
+  REQUIRE(demo.exit_code == 0);
+  const nlohmann::json s = LastLineJson(demo.out);
+  CHECK(s["learners"] == 2);
+  CHECK(s["steps"] == 40);
+  CHECK(s["outer_steps"].get<int>() > 0);
+  CHECK_THAT(s["run_dir"].get<std::string>(), Catch::StartsWith((dir / "cluster/site-s/state/jobs").string()));
+  // The same keys as `train --json` of the same job in one process.
+  const Result train = Dilococtl(dir, "train run.yaml --out local --json" + two_sites);
+  REQUIRE(train.exit_code == 0);
+  const nlohmann::json local = LastLineJson(train.out);
+  for (const auto& [key, value] : local.items()) CHECK(s.contains(key));
+  // The cluster was shut down cleanly: every daemon logged its stop.
+  for (const char* site : {"site-s", "site-a", "site-b"})
+    CHECK_THAT(ReadFile(dir / "cluster" / site / "dilocod.log"), Catch::EndsWith("stopped\n"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("dilococtl train reports bad input clearly", "[e2e]") {
   const fs::path dir = MakeWorkDir("errors");
   SECTION("unknown key: usage error with file:line") {
