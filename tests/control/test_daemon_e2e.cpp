@@ -331,6 +331,27 @@ TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint; version
   CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: syncer"));
 }
 
+TEST_CASE("dilococtl stop ends a job on every site", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 100000);
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 0) > 20 && LearnerStep(s, 1) > 20; },
+             40, "both learners to train");
+  const CtlResult r = Ctl(dir, "stop " + job + " --socket '" + c->SocketPath("site-b") + "'");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json s = WaitStatus(*c, "site-a", job,
+                                      [](const nlohmann::json& s) {
+                                        return s["state"] == "stopped" && s["learners"][0]["state"] == "stopped" &&
+                                               s["learners"][1]["state"] == "stopped";
+                                      },
+                                      30, "the job to stop everywhere");
+  CHECK(s["syncer"]["state"] == "stopped");
+  CHECK(LearnerStep(s, 0) < 100000);
+  // Stopping again is harmless.
+  CHECK(Ctl(dir, "stop " + job + " --socket '" + c->SocketPath("site-a") + "'").exit_code == 0);
+}
+
 TEST_CASE("bad input is refused clearly: config, job id, unknown peer key, second daemon", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
