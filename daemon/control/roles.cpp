@@ -63,17 +63,19 @@ const char* StateName(LearnerState s) {
 // window, ...), which is where the syncer waited.
 void AddMergeHistory(const std::string& events_path, nlohmann::json* out) {
   std::ifstream f(events_path);
-  std::string line, last;
+  std::string line, last, before_last;
   std::map<std::string, int> reasons;
   for (; std::getline(f, line);) {
     const size_t at = line.find("\"reason\":\"");
     if (at == std::string::npos) continue;
     const size_t from = at + 10, to = line.find('"', from);
     if (to != std::string::npos) reasons[line.substr(from, to - from)]++;
+    before_last = std::move(last);
     last = line;
   }
-  if (last.empty()) return;
-  const nlohmann::json m = nlohmann::json::parse(last, nullptr, false);
+  // The syncer may be writing the last line right now: then the one before is the last merge.
+  nlohmann::json m = nlohmann::json::parse(last, nullptr, false);
+  if (m.is_discarded()) m = nlohmann::json::parse(before_last, nullptr, false);
   if (m.is_discarded()) return;
   (*out)["last_merge"] = {{"fragment", m.value("fragment", 0)},
                           {"version", m.value("version", uint64_t{0})},

@@ -2,9 +2,11 @@
 // the fly), driven by the real dilococtl binary and the control protocol. A tiny model keeps each
 // case to seconds; every wait is for a condition, with a generous deadline.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -415,6 +417,51 @@ TEST_CASE("bad input is refused clearly: config, job id, unknown peer key, secon
   CHECK(c->Running("site-a"));
   // ... and --check-config only validates.
   CHECK(std::system((kBin + "dilocod --check-config --config '" + c->ConfigPath("site-a") + "' > /dev/null").c_str()) == 0);
+}
+
+TEST_CASE("dilocod tells systemd READY=1 once bound, STATUS, and STOPPING=1 on SIGTERM", "[e2e]") {
+  testing::TempDir dir;
+  LocalClusterOptions o;
+  o.dir = dir.file("cluster");
+  o.sites = {"site-x"};
+  o.dilocod_path = kBin + "dilocod";
+  std::unique_ptr<LocalCluster> c;
+  REQUIRE(LocalCluster::Create(o, &c).ok());
+  // Play systemd: a datagram socket at $NOTIFY_SOCKET.
+  const std::string path = dir.file("notify.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  timeval tv = {20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string config = c->ConfigPath("site-x"), log = dir.file("x.log");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("NOTIFY_SOCKET", path.c_str(), 1);
+    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, STDERR_FILENO);
+    ::execl(o.dilocod_path.c_str(), o.dilocod_path.c_str(), "--config", config.c_str(), (char*)nullptr);
+    ::_exit(127);
+  }
+  auto next = [&] {
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    return n > 0 ? std::string(buf, n) : std::string("(nothing)");
+  };
+  CHECK(next() == "READY=1");
+  // Ready means bound: the control socket answers.
+  ControlArgs reply;
+  CHECK(CallDaemon(c->SocketPath("site-x"), "ping", kNoJob, {}, &reply).ok());
+  CHECK_THAT(next(), Catch::StartsWith("STATUS=0 running"));
+  ::kill(pid, SIGTERM);
+  CHECK(next() == "STOPPING=1");
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  ::close(fd);
 }
 
 }  // namespace diloco
