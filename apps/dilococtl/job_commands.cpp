@@ -220,7 +220,11 @@ int RunLogsCommand(const LogsCommand& cmd) {
   ControlArgs reply;
   if (Status st = CallDaemon(socket, "logs", cmd.job, {{"tail", std::to_string(cmd.tail)}}, &reply); !st.ok())
     return Fail("logs", st, reply);
-  std::printf("%s", reply["text"].c_str());
+  if (cmd.json) {
+    std::printf("%s\n", nlohmann::json({{"job", cmd.job}, {"text", reply["text"]}}).dump().c_str());
+  } else {
+    std::printf("%s", reply["text"].c_str());
+  }
   return 0;
 }
 

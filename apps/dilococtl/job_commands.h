@@ -49,6 +49,7 @@ struct LogsCommand {
   DaemonRef daemon;
   std::string job;
   int tail = 50;
+  bool json = false;  // {"job", "text"}
 };
 int RunLogsCommand(const LogsCommand& cmd);
 

@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   CLI::App* logs_cmd = app.add_subcommand("logs", "A job's log lines from every site");
   logs_cmd->add_option("job", logs.job, "Job id")->required();
   logs_cmd->add_option("--tail", logs.tail, "Lines per site")->capture_default_str();
+  logs_cmd->add_flag("--json", logs.json, "Print {job, text} as JSON");
   AddDaemonOptions(logs_cmd, &logs.daemon);
 
   ExportCommand export_;
