@@ -169,7 +169,7 @@ bool MergedFrom(const nlohmann::json& merge, int learner) {
 
 }  // namespace
 
-TEST_CASE("three daemons run a submitted job; status shows both learners; SIGTERM exits cleanly", "[e2e]") {
+TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTERM exits cleanly", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir, /*metrics=*/true);
   const std::string job = Submit(dir, *c, 1500);
@@ -251,7 +251,7 @@ TEST_CASE("three daemons run a submitted job; status shows both learners; SIGTER
   }
 }
 
-TEST_CASE("a learner daemon killed with -9 and started again rejoins; the job completes", "[e2e]") {
+TEST_CASE("a learner daemon killed with -9 and started again rejoins and the job completes", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
   const std::string job = Submit(dir, *c, 2500);
@@ -278,7 +278,7 @@ TEST_CASE("a learner daemon killed with -9 and started again rejoins; the job co
   CHECK_THAT(ReadFile(c->StateDir("site-b") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: learner-1"));
 }
 
-TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint; versions never go back", "[e2e]") {
+TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint and versions never go back", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
   const std::string job = Submit(dir, *c, 3000);
