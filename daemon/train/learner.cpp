@@ -44,6 +44,7 @@ struct FragState {
   uint64_t sent_base = 0;
   long send_step = 0;
   std::vector<float> theta_at_send;
+  uint64_t c_steps_at_send = 0, c_tokens_at_send = 0;
   bool bad = false;  // CRC mismatch: its base is wrong until a snapshot replaces it
 };
 
@@ -244,8 +245,20 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
                                                              : old_base.data();
     FoldGlobal(sc.fold, sc.alpha, f.base.data(), included, local.data(), frag.numel);
     ScatterFragment(frag, local.data(), model.params());
-    f.c_steps = 0;
-    f.c_tokens = 0;
+    if (sc.fold != FoldRule::kReplay) {
+      f.c_steps = 0;
+      f.c_tokens = 0;
+    } else if (included == old_base.data()) {
+      // Replay of a Global without our delta: θ keeps all its local progress (and moved with
+      // the base), so the counters stay, and θ at send moves by the same step to stay in the
+      // frame the later fold of our delta subtracts it in.
+      if (f.in_flight)
+        for (size_t i = 0; i < frag.numel; i++) f.theta_at_send[i] += f.base[i] - old_base[i];
+    } else {
+      // Our delta is in Θ: what is left locally is the progress since the send.
+      f.c_steps -= std::min(f.c_steps, f.c_steps_at_send);
+      f.c_tokens -= std::min(f.c_tokens, f.c_tokens_at_send);
+    }
     if (f.in_flight && (included_self || g->version > f.sent_base + (uint64_t)sc.max_staleness + 1))
       f.in_flight = false;
     res.globals_applied++;
@@ -379,6 +392,8 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     f.sent_base = f.base_version;
     f.send_step = at_step;
     f.theta_at_send = local;
+    f.c_steps_at_send = f.c_steps;
+    f.c_tokens_at_send = f.c_tokens;
     res.deltas_sent++;
     progress.last_fragment_sent = p;
     return Status::Ok();
