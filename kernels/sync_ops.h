@@ -11,9 +11,11 @@
 //   fp32  n x float32
 //   bf16  n x bfloat16, round-to-nearest-even
 //   int8  ceil(n/B) x float32 scale, then n x int8 in [-127, 127]
-//   int4  ceil(n/B) x float32 scale, then ceil(n/2) bytes, two codes in
-//         [-7, 7] per byte, low nibble first (odd n: the last high nibble 0)
-// scale = min(absmax/qmax, largest finite-safe scale); code =
+//   int4  ceil(n/B) x float32 scale = absmax, then ceil(n/2) bytes, two codes
+//         0..15 per byte, low nibble first (odd n: the last high nibble 0);
+//         code = the nearest of 16 fixed levels (Lloyd-Max for a Gaussian,
+//         scaled to +-1) to x * (1/absmax), value = level * scale
+// int8: scale = min(absmax/qmax, largest finite-safe scale); code =
 // round-half-even of the exact product x * (qmax/absmax) (a fused
 // multiply-add with 1.5*2^23, as the wire codec compiles with FMA
 // contraction); a block whose qmax/absmax overflows (all zero, or
@@ -51,7 +53,7 @@ size_t sync_payload_bytes(SyncCodec kind, size_t n, int block);
 bool sync_encode(uint8_t* payload, float* residual, const float* delta, SyncCodec kind, int block, size_t n);
 
 // out (n) = Decode(payload), OVERWRITTEN. Returns false on a payload the
-// encoder never writes (bad scale, code -128 / -8, nonzero pad nibble,
+// encoder never writes (bad scale, int8 code -128, nonzero int4 pad nibble,
 // non-finite float).
 bool sync_decode(float* out, const uint8_t* payload, SyncCodec kind, int block, size_t n);
 

@@ -45,6 +45,21 @@ int32_t round_product_half_even(float x, float inv_scale) {
 
 size_t num_blocks(size_t n, int block) { return (n + block - 1) / block; }
 
+// int4 code c decodes to kInt4Levels[c] * scale, scale = the block's absmax
+// (daemon/net/codec.h): the 16 Lloyd-Max levels of a Gaussian scaled to +-1.
+constexpr float kInt4Levels[16] = {
+    -1.0f,       -0.7571544f, -0.5921467f, -0.4597087f, -0.344873f,  -0.2403572f, -0.1420259f, -0.0469882f,
+    0.0469882f,  0.1420259f,  0.2403572f,  0.344873f,   0.4597087f,  0.5921467f,  0.7571544f,  1.0f};
+
+// The nearest level to v = x / absmax: m = how many of the 7 positive
+// midpoints |v| exceeds; level 8 + m for v >= 0, 7 - m for v < 0 (a value on
+// a midpoint takes the level nearer to zero).
+uint32_t int4_code(float v) {
+  uint32_t m = 0;
+  for (int k = 0; k < 7; k++) m += std::fabs(v) > 0.5f * (kInt4Levels[8 + k] + kInt4Levels[9 + k]);
+  return v < 0.0f ? 7 - m : 8 + m;
+}
+
 // Encodes sum (n) into payload; false on non-finite input.
 bool encode(uint8_t* payload, const float* sum, SyncCodec kind, int block, size_t n) {
   switch (kind) {
@@ -62,14 +77,30 @@ bool encode(uint8_t* payload, const float* sum, SyncCodec kind, int block, size_
         store<uint16_t>(payload + 2 * i, r);
       }
       return true;
-    case SyncCodec::kInt8:
     case SyncCodec::kInt4: {
-      const bool int8 = kind == SyncCodec::kInt8;
-      const int qmax = int8 ? 127 : 7;
+      const size_t nb = num_blocks(n, block);
+      uint8_t* codes = payload + 4 * nb;
+      std::memset(codes, 0, (n + 1) / 2);
+      for (size_t b = 0; b < nb; b++) {
+        const size_t lo = b * block, len = std::min<size_t>(block, n - lo);
+        float amax = 0.0f;
+        for (size_t i = lo; i < lo + len; i++) {
+          if ((float_bits(sum[i]) & kAbsMask) >= kInfBits) return false;
+          amax = std::max(amax, std::fabs(sum[i]));
+        }
+        const bool zero = !(127.0f / amax <= FLT_MAX);  // all zero, or absmax < ~3.7e-37
+        const float inv_scale = zero ? 0.0f : 1.0f / amax;
+        store<float>(payload + 4 * b, zero ? 0.0f : amax);
+        for (size_t i = lo; i < lo + len; i++) codes[i / 2] |= (uint8_t)(int4_code(sum[i] * inv_scale) << (4 * (i % 2)));
+      }
+      return true;
+    }
+    case SyncCodec::kInt8: {
+      const bool int8 = true;
+      const int qmax = 127;
       const float max_scale = sync_max_scale(qmax);
       const size_t nb = num_blocks(n, block);
       uint8_t* codes = payload + 4 * nb;
-      if (!int8) std::memset(codes, 0, (n + 1) / 2);
       for (size_t b = 0; b < nb; b++) {
         const size_t lo = b * block, len = std::min<size_t>(block, n - lo);
         float amax = 0.0f;
@@ -163,7 +194,7 @@ bool sync_decode(float* out, const uint8_t* payload, SyncCodec kind, int block, 
     case SyncCodec::kInt8:
     case SyncCodec::kInt4: {
       const bool int8 = kind == SyncCodec::kInt8;
-      const uint32_t max_scale_bits = float_bits(sync_max_scale(int8 ? 127 : 7));
+      const uint32_t max_scale_bits = float_bits(int8 ? sync_max_scale(127) : FLT_MAX);
       const size_t nb = num_blocks(n, block);
       const uint8_t* codes = payload + 4 * nb;
       if (!int8 && n % 2 != 0 && (codes[n / 2] >> 4) != 0) return false;  // pad nibble
@@ -173,16 +204,13 @@ bool sync_decode(float* out, const uint8_t* payload, SyncCodec kind, int block, 
         const float scale = std::bit_cast<float>(sbits);
         const size_t lo = b * block, len = std::min<size_t>(block, n - lo);
         for (size_t i = lo; i < lo + len; i++) {
-          int q;
           if (int8) {
-            q = (int8_t)codes[i];
+            const int q = (int8_t)codes[i];
             if (q < -127) return false;
+            out[i] = (float)q * scale;
           } else {
-            const int nib = (codes[i / 2] >> (4 * (i % 2))) & 15;
-            if (nib == 8) return false;
-            q = nib >= 8 ? nib - 16 : nib;
+            out[i] = kInt4Levels[(codes[i / 2] >> (4 * (i % 2))) & 15] * scale;
           }
-          out[i] = (float)q * scale;
         }
       }
       return true;
