@@ -25,13 +25,6 @@ struct SampleCommand {
 };
 int RunSampleCommand(const SampleCommand& cmd);
 
-struct DemoCommand {
-  std::string config_path;  // empty: configs/demo.yaml next to the binary's source tree
-  std::vector<std::string> overrides;
-  bool json = false;
-};
-int RunDemoCommand(const DemoCommand& cmd);
-
 struct BenchEngineCommand {
   std::string preset = "small";
   int threads = 1;
