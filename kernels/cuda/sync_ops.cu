@@ -47,6 +47,20 @@ __device__ __forceinline__ int code_of(float x, float inv_scale, int qm) {
   return min(max(q, -qm), qm);
 }
 
+// int4: code c decodes to kInt4Levels[c] * scale, scale = the block's absmax (the wire codec's
+// 16 Lloyd-Max levels of a Gaussian scaled to +-1; kernels/cpu/sync_ops.cpp is the reference).
+__constant__ float kInt4Levels[16] = {
+    -1.0f,      -0.7571544f, -0.5921467f, -0.4597087f, -0.344873f, -0.2403572f, -0.1420259f, -0.0469882f,
+    0.0469882f, 0.1420259f,  0.2403572f,  0.344873f,   0.4597087f, 0.5921467f,  0.7571544f,  1.0f};
+
+// The nearest level to v = x / absmax (a value on a midpoint takes the level nearer to zero).
+__device__ __forceinline__ int int4_code(float v) {
+  int m = 0;
+  for (int k = 0; k < 7; k++)
+    m += fabsf(v) > __fmul_rn(0.5f, __fadd_rn(kInt4Levels[8 + k], kInt4Levels[9 + k]));
+  return v < 0.0f ? 7 - m : 8 + m;
+}
+
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
   const uint32_t b = __float_as_uint(x);
   return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
@@ -94,6 +108,11 @@ __global__ void encode_blocks_kernel(uint8_t* payload, int* bad, const float* de
     const float amax = __uint_as_float(amax_bits);
     float inv_scale = __fdiv_rn(qmax, amax);  // Inf for an all-zero block
     float scale = fminf(__fdiv_rn(amax, qmax), max_scale);
+    if (!int8) {  // int4: scale = absmax, codes from the level table
+      inv_scale = __fdiv_rn(1.0f, amax);
+      scale = amax;
+      if (!(__fdiv_rn(127.0f, amax) <= FLT_MAX)) inv_scale = scale = 0.0f;
+    }
     if (!(inv_scale <= FLT_MAX)) inv_scale = scale = 0.0f;
     if (lane == 0) scales[b] = scale;
     if (int8) {
@@ -105,9 +124,9 @@ __global__ void encode_blocks_kernel(uint8_t* payload, int* bad, const float* de
       // lo is even (block is even), so byte lo/2 + p holds values lo+2p, lo+2p+1.
       for (int p = lane; p < (len + 1) / 2; p += 32) {
         const size_t i = lo + 2 * (size_t)p;
-        const int a = code_of(sum_at(delta, residual, i), inv_scale, qm);
+        const int a = int4_code(__fmul_rn(sum_at(delta, residual, i), inv_scale));
         int c = 0;  // the pad nibble of an odd last value stays 0
-        if (2 * p + 1 < len) c = code_of(sum_at(delta, residual, i + 1), inv_scale, qm);
+        if (2 * p + 1 < len) c = int4_code(__fmul_rn(sum_at(delta, residual, i + 1), inv_scale));
         codes[i / 2] = (uint8_t)((a & 15) | ((c & 15) << 4));
       }
     }
@@ -130,16 +149,12 @@ __device__ __forceinline__ float decode_at(const uint8_t* payload, int kind, int
   *ok &= sbits <= max_scale_bits;
   const float scale = __uint_as_float(sbits);
   const uint8_t* codes = payload + 4 * nb;
-  int q;
   if (kind == kInt8) {
-    q = (int8_t)codes[i];
+    const int q = (int8_t)codes[i];
     *ok &= q >= -127;
-  } else {
-    const int nib = (codes[i / 2] >> (4 * (i % 2))) & 15;
-    *ok &= nib != 8;
-    q = nib >= 8 ? nib - 16 : nib;
+    return __fmul_rn((float)q, scale);
   }
-  return __fmul_rn((float)q, scale);
+  return __fmul_rn(kInt4Levels[(codes[i / 2] >> (4 * (i % 2))) & 15], scale);
 }
 
 __global__ void decode_kernel(float* out, int* bad, const uint8_t* payload, int kind, int block, size_t n,
@@ -231,7 +246,7 @@ void sync_decode(float* out, int* bad, const uint8_t* payload, int kind, int blo
   cudaStream_t s = as_cuda(stream);
   CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
   if (n == 0) return;
-  const uint32_t max_scale_bits = __builtin_bit_cast(uint32_t, max_scale(kind == kInt8 ? 127 : 7));
+  const uint32_t max_scale_bits = __builtin_bit_cast(uint32_t, kind == kInt8 ? max_scale(127) : FLT_MAX);
   decode_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, bad, payload, kind, block, n, max_scale_bits);
   CUDA_CHECK_LAUNCH();
 }
