@@ -65,7 +65,7 @@ CtlResult Ctl(const testing::TempDir& dir, const std::string& args) {
 // A tiny two-learner job: learners on site-a and site-b, the syncer on site-s.
 std::string JobYaml(int steps) {
   return "model: {n_layer: 2, n_embd: 32, n_head: 4, block_size: 32}\n"
-         "data: {corpus: " DILOCO_SOURCE_DIR "/../shared/data/tinyshakespeare.txt}\n"
+         "data: {corpus: /usr/share/games/fortunes}\n"  // installed by scripts/setup.sh
          "train: {batch_size: 4, steps: " +
          std::to_string(steps) +
          ", lr: 1.0e-3, warmup_steps: 5, seed: 1337, log_every: 50}\n"
