@@ -11,6 +11,7 @@
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/train/checkpoint.h"
+#include "daemon/train/trainer.h"
 #include "daemon/train/data.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/train/learner.h"
@@ -24,28 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-GptConfig GptOf(const RunConfig& cfg) {
-  GptConfig gc;
-  gc.block_size = cfg.model.block_size;
-  gc.n_layer = cfg.model.n_layer;
-  gc.n_embd = cfg.model.n_embd;
-  gc.n_head = cfg.model.n_head;
-  return gc;
-}
-
-double Evaluate(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
-  Gpt model(gc, val.batch_size());
-  std::copy(params, params + model.num_params(), model.params());
-  const int B = val.batch_size(), T = val.block_size();
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  double sum = 0;
-  for (int i = 0; i < batches; i++) {
-    val.Sample(i, inputs.data(), targets.data());
-    sum += model.forward(inputs.data(), targets.data(), B, T);
-  }
-  return sum / batches;
-}
 
 const char* StateName(LearnerState s) {
   switch (s) {
@@ -124,7 +103,7 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   }
   DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, cfg.sync.learners},
                                   &im.corpus));
-  const GptConfig gc = GptOf(cfg);
+  const GptConfig gc = GptConfigOf(cfg.model);
   const TensorTable table = gpt_tensor_table(gc);
   im.init.resize(table.total_numel());
   gpt_init_params(gc, cfg.train.seed, im.init.data());
@@ -159,7 +138,7 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
     nlohmann::json result;
     if (st.ok()) {
       const RunConfig& cfg = im.options.config;
-      const GptConfig gc = GptOf(cfg);
+      const GptConfig gc = GptConfigOf(cfg.model);
       const BatchSampler val(im.corpus->val(), cfg.train.batch_size, cfg.model.block_size,
                              mix_seed(cfg.train.seed, ~0ULL));
       omp_set_num_threads(std::max(1, im.options.threads));
@@ -180,8 +159,8 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
                 {"bytes_published", sr.bytes_published},
                 {"snapshots_served", sr.snapshots_served},
                 {"versions", sr.versions},
-                {"initial_val_loss", Evaluate(gc, im.init.data(), val, cfg.eval.batches)},
-                {"final_val_loss", Evaluate(gc, global.data(), val, cfg.eval.batches)},
+                {"initial_val_loss", EvaluateParams(gc, im.init.data(), val, cfg.eval.batches)},
+                {"final_val_loss", EvaluateParams(gc, global.data(), val, cfg.eval.batches)},
                 {"global_state", state_path},
                 {"checkpoint", ckpt_path},
                 {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
@@ -207,7 +186,7 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   std::error_code ec;
   fs::create_directories(options.run_dir, ec);
   const RunConfig& cfg = options.config;
-  const GptConfig gc = GptOf(cfg);
+  const GptConfig gc = GptConfigOf(cfg.model);
   im.init.resize(gpt_tensor_table(gc).total_numel());
   gpt_init_params(gc, cfg.train.seed, im.init.data());
   if (options.resume) {

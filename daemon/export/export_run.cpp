@@ -10,21 +10,13 @@
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/train/checkpoint.h"
+#include "daemon/train/trainer.h"
 #include "daemon/util/atomic_file.h"
 #include "kernels/gpt.h"
 
 namespace diloco {
 namespace {
 namespace fs = std::filesystem;
-
-GptConfig GptOfModel(const ModelConfig& m) {
-  GptConfig g;  // vocab_size stays 256 (bytes)
-  g.block_size = m.block_size;
-  g.n_layer = m.n_layer;
-  g.n_embd = m.n_embd;
-  g.n_head = m.n_head;
-  return g;
-}
 
 std::string ModelConfigJson(const GptConfig& g) {
   nlohmann::ordered_json j = {{"vocab_size", g.vocab_size}, {"block_size", g.block_size},
@@ -110,7 +102,7 @@ Status ExportRunDir(const std::string& run_dir, const std::string& out_path, con
   DL_RETURN_IF_ERROR(ReadWholeFile(config_path, "run config", &config_yaml));
   RunConfig cfg;
   DL_RETURN_IF_ERROR(ParseRunConfig(config_yaml, config_path, run_dir, {}, &cfg));
-  const GptConfig model = GptOfModel(cfg.model);
+  const GptConfig model = GptConfigOf(cfg.model);
   const TensorTable table = gpt_tensor_table(model);
 
   ExportSummary s;

@@ -53,11 +53,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   if (ec) return Status::Error("cannot create run directory '" + options.run_dir + "': " + ec.message());
   const std::string checkpoint_path = (fs::path(options.run_dir) / "checkpoint.bin").string();
   const std::string config_yaml = RunConfigToYaml(cfg);
-  GptConfig gc;
-  gc.block_size = cfg.model.block_size;
-  gc.n_layer = cfg.model.n_layer;
-  gc.n_embd = cfg.model.n_embd;
-  gc.n_head = cfg.model.n_head;
+  const GptConfig gc = GptConfigOf(cfg.model);
   const TensorTable table = gpt_tensor_table(gc);
   const size_t N = table.total_numel();
   std::vector<float> init(N);

@@ -19,6 +19,7 @@
 #include "daemon/sync/merge.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/train/data.h"
+#include "daemon/train/trainer.h"
 #include "daemon/util/crc32c.h"
 #include "kernels/lr_schedule.h"
 #include "kernels/rng.h"
@@ -73,11 +74,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   std::unique_ptr<Corpus> corpus;
   DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus,
                                   {cfg.data.val_fraction, cfg.model.block_size, o.index, sc.learners}, &corpus));
-  GptConfig gc;
-  gc.block_size = cfg.model.block_size;
-  gc.n_layer = cfg.model.n_layer;
-  gc.n_embd = cfg.model.n_embd;
-  gc.n_head = cfg.model.n_head;
+  const GptConfig gc = GptConfigOf(cfg.model);
   Gpt model(gc, tc.batch_size);
   if (o.init_params != nullptr) {
     std::memcpy(model.params(), o.init_params, model.num_params() * sizeof(float));

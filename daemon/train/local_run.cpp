@@ -59,20 +59,6 @@ Status ResumeSteps(const std::string& metrics_path, std::vector<long>* steps) {
 
 }  // namespace
 
-double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
-  Gpt model(gc, val.batch_size());
-  std::copy(params, params + model.num_params(), model.params());
-  const int B = val.batch_size(), T = val.block_size();
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  double sum = 0;
-  for (int i = 0; i < batches; i++) {
-    val.Sample(i, inputs.data(), targets.data());
-    sum += model.forward(inputs.data(), targets.data(), B, T);
-  }
-  return sum / batches;
-}
-
-
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks,
                 LocalRunDetails* details) {
   const auto run_start = Clock::now();
@@ -107,11 +93,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   // Validation data (the same tail for every learner) and the initial model.
   std::unique_ptr<Corpus> corpus;
   DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, M}, &corpus));
-  GptConfig gc;
-  gc.block_size = cfg.model.block_size;
-  gc.n_layer = cfg.model.n_layer;
-  gc.n_embd = cfg.model.n_embd;
-  gc.n_head = cfg.model.n_head;
+  const GptConfig gc = GptConfigOf(cfg.model);
   const TensorTable table = gpt_tensor_table(gc);
   std::vector<float> init(table.total_numel());
   gpt_init_params(gc, cfg.train.seed, init.data());

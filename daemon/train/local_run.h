@@ -48,9 +48,6 @@ struct LocalRunDetails {
   std::vector<uint32_t> param_crc32c;  // ddp: CRC32C of each learner's final parameters
 };
 
-// Mean validation loss of a parameter vector over the first `batches` batches of val.
-double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches);
-
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks = {},
                 LocalRunDetails* details = nullptr);
 

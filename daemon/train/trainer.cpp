@@ -51,8 +51,26 @@ class StopSignals {
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// Mean loss over a fixed set of validation batches (the same every time).
-double Evaluate(Gpt& model, const BatchSampler& val, int batches) {
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) return Status::Error("cannot write '" + path + "'");
+  return Status::Ok();
+}
+
+}  // namespace
+
+GptConfig GptConfigOf(const ModelConfig& m) {
+  GptConfig g;
+  g.block_size = m.block_size;
+  g.n_layer = m.n_layer;
+  g.n_embd = m.n_embd;
+  g.n_head = m.n_head;
+  return g;
+}
+
+double EvaluateModel(Gpt& model, const BatchSampler& val, int batches) {
   const int B = val.batch_size(), T = val.block_size();
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double sum = 0;
@@ -63,24 +81,11 @@ double Evaluate(Gpt& model, const BatchSampler& val, int batches) {
   return sum / batches;
 }
 
-Status WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) return Status::Error("cannot write '" + path + "'");
-  return Status::Ok();
+double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
+  Gpt model(gc, val.batch_size());
+  std::copy(params, params + model.num_params(), model.params());
+  return EvaluateModel(model, val, batches);
 }
-
-GptConfig ModelOf(const RunConfig& c) {
-  GptConfig g;
-  g.block_size = c.model.block_size;
-  g.n_layer = c.model.n_layer;
-  g.n_embd = c.model.n_embd;
-  g.n_head = c.model.n_head;
-  return g;
-}
-
-}  // namespace
 
 Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   if (options.config.sync.learners > 1) return RunLocal(options, summary);
@@ -98,7 +103,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   const std::string checkpoint_path = (fs::path(options.run_dir) / "checkpoint.bin").string();
   const std::string config_yaml = RunConfigToYaml(cfg);
 
-  Gpt model(ModelOf(cfg), tc.batch_size);
+  Gpt model(GptConfigOf(cfg.model), tc.batch_size);
   AdamWState optimizer;
   long start_step = 0;
   if (options.resume) {
@@ -198,7 +203,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
     }
     const bool last = step + 1 == tc.steps;
     if (!last && cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) {
-      const double vl = Evaluate(model, val, cfg.eval.batches);
+      const double vl = EvaluateModel(model, val, cfg.eval.batches);
       DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", step + 1}, {"val_loss", vl}}));
       if (!options.quiet) {
         progress.Finish();
@@ -210,7 +215,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   progress.Finish();
   if (recent_count > 0) s.final_train_loss = recent_loss_sum / recent_count;
 
-  s.final_val_loss = Evaluate(model, val, cfg.eval.batches);
+  s.final_val_loss = EvaluateModel(model, val, cfg.eval.batches);
   s.steps = step;
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", step}, {"val_loss", s.final_val_loss}}));
   DL_RETURN_IF_ERROR(save(step));

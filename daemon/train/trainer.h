@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "daemon/config/run_config.h"
+#include "daemon/train/data.h"
 #include "daemon/util/status.h"
+#include "kernels/gpt.h"
 
 namespace diloco {
 
@@ -43,6 +45,14 @@ struct TrainSummary {
   std::string run_dir;
   std::string checkpoint;
 };
+
+// The engine's model shape for a run config's `model` section (vocab: bytes).
+GptConfig GptConfigOf(const ModelConfig& m);
+
+// Mean validation loss over the first `batches` batches of val (the same every time): of a model,
+// or of a parameter vector (in a fresh model of shape gc).
+double EvaluateModel(Gpt& model, const BatchSampler& val, int batches);
+double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches);
 
 // Trains to config.train.steps. Stops with an error naming the step when
 // the loss or gradients become NaN/Inf (the last checkpoint is kept), or
