@@ -22,16 +22,7 @@ using config_internal::DidYouMean;
 using config_internal::Describe;
 using config_internal::Join;
 using config_internal::Where;
-
-std::string Resolve(const std::string& path, const std::string& base) {
-  if (path.empty()) return path;
-  fs::path p(path);
-  if (p.is_relative() && !base.empty()) p = fs::path(base) / p;
-  std::error_code ec;
-  fs::path absolute = fs::absolute(p, ec);
-  if (!ec) p = absolute;
-  return p.lexically_normal().string();
-}
+using config_internal::ResolvePath;
 
 bool IsSiteName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -190,14 +181,14 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
     return Status::Error(top.WhereOf("state_dir") +
                          ": state_dir: is required: the directory for jobs and the lock file, e.g. /var/lib/dilocod");
   }
-  c.state_dir = Resolve(c.state_dir, base_dir);
+  c.state_dir = ResolvePath(c.state_dir, base_dir);
   c.control_socket = c.control_socket.empty() ? (fs::path(c.state_dir) / "control.sock").string()
-                                              : Resolve(c.control_socket, base_dir);
+                                              : ResolvePath(c.control_socket, base_dir);
   if (c.control_socket.size() > 100) {
     return Status::Error(top.WhereOf("control_socket") + ": control_socket: '" + c.control_socket +
                          "' is longer than a unix socket path may be (~107 bytes); choose a shorter path");
   }
-  c.keys_dir = Resolve(c.keys_dir, base_dir);
+  c.keys_dir = ResolvePath(c.keys_dir, base_dir);
   if (c.keys_dir.empty() && !c.allow_plaintext) {
     return Status::Error(top.WhereOf("keys") +
                          ": keys: is required (a directory with key.public and key.secret; create one with "
@@ -247,7 +238,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
         return Status::Error(ps.WhereOf("public_key_file") + ": " + path +
                              ": give public_key or public_key_file, not both");
       }
-      const std::string file = Resolve(key_file, base_dir);
+      const std::string file = ResolvePath(key_file, base_dir);
       std::ifstream f(file);
       std::stringstream ss;
       ss << f.rdbuf();

@@ -277,18 +277,6 @@ bool ParseDouble(std::string text, double* out) {
   return !text.empty() && result.ec == std::errc() && result.ptr == end && std::isfinite(*out);
 }
 
-// Absolute, lexically normal form of path; relative paths resolve against
-// base (the current working directory when empty).
-std::string ResolvePath(const std::string& path, const std::string& base) {
-  if (path.empty()) return path;
-  fs::path resolved(path);
-  if (resolved.is_relative() && !base.empty()) resolved = fs::path(base) / resolved;
-  std::error_code ec;
-  fs::path absolute = fs::absolute(resolved, ec);
-  if (!ec) resolved = absolute;
-  return resolved.lexically_normal().string();
-}
-
 // Stores node into key's field. where is the node's origin.
 Status ReadValue(const Key& key, const YAML::Node& node, const std::string& where,
                  const std::string& path_base) {
@@ -321,7 +309,7 @@ Status ReadValue(const Key& key, const YAML::Node& node, const std::string& wher
   } else if (auto* field = std::get_if<PathField>(&key.field)) {
     // An empty value leaves the path empty; Validate() says it is required.
     if (!node.IsScalar() && !node.IsNull()) return expected("a path");
-    *field->value = ResolvePath(text, path_base);
+    *field->value = config_internal::ResolvePath(text, path_base);
   } else if (auto* field = std::get_if<EnumField>(&key.field)) {
     const auto it = std::find(field->names.begin(), field->names.end(), text);
     if (!node.IsScalar() || it == field->names.end()) {

@@ -1,6 +1,7 @@
 #include "daemon/config/yaml_helpers.h"
 
 #include <algorithm>
+#include <filesystem>
 
 namespace diloco::config_internal {
 namespace {
@@ -57,6 +58,17 @@ std::string Describe(const YAML::Node& node) {
 std::string Where(const std::string& source, const YAML::Mark& mark) {
   if (mark.is_null()) return source;
   return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+std::string ResolvePath(const std::string& path, const std::string& base) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return path;
+  fs::path resolved(path);
+  if (resolved.is_relative() && !base.empty()) resolved = fs::path(base) / resolved;
+  std::error_code ec;
+  fs::path absolute = fs::absolute(resolved, ec);
+  if (!ec) resolved = absolute;
+  return resolved.lexically_normal().string();
 }
 
 }  // namespace diloco::config_internal

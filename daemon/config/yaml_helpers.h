@@ -21,4 +21,8 @@ std::string Describe(const YAML::Node& node);
 // "source:line:col" (1-based), or just source when the mark is unknown.
 std::string Where(const std::string& source, const YAML::Mark& mark);
 
+// Absolute, lexically normal form of path; a relative path resolves against base (the current
+// working directory when base is empty). "" stays "".
+std::string ResolvePath(const std::string& path, const std::string& base);
+
 }  // namespace diloco::config_internal

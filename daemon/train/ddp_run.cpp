@@ -127,13 +127,8 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
       std::memcpy(model.params(), init.data(), N * sizeof(float));
       AdamWState optimizer = init_opt;
       const BatchSampler train(corpus->train(), B, T, mix_seed(tc.seed, (uint64_t)i));
-      const LrSchedule schedule{(float)tc.lr, (float)tc.min_lr, tc.warmup_steps,
-                                tc.lr_decay_steps > 0 ? tc.lr_decay_steps : tc.steps};
-      AdamWHyper hp{.lr = (float)tc.lr,
-                    .beta1 = (float)tc.beta1,
-                    .beta2 = (float)tc.beta2,
-                    .eps = (float)tc.eps,
-                    .weight_decay = (float)tc.weight_decay};
+      const LrSchedule schedule = LrScheduleOf(tc);
+      AdamWHyper hp = AdamWHyperOf(tc);
       const double slowdown = SlowdownOf(cfg.learners, i);
       std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
       double recent_sum = 0;

@@ -70,6 +70,18 @@ GptConfig GptConfigOf(const ModelConfig& m) {
   return g;
 }
 
+LrSchedule LrScheduleOf(const TrainConfig& tc) {
+  return {(float)tc.lr, (float)tc.min_lr, tc.warmup_steps, tc.lr_decay_steps > 0 ? tc.lr_decay_steps : tc.steps};
+}
+
+AdamWHyper AdamWHyperOf(const TrainConfig& tc) {
+  return {.lr = (float)tc.lr,
+          .beta1 = (float)tc.beta1,
+          .beta2 = (float)tc.beta2,
+          .eps = (float)tc.eps,
+          .weight_decay = (float)tc.weight_decay};
+}
+
 double EvaluateModel(Gpt& model, const BatchSampler& val, int batches) {
   const int B = val.batch_size(), T = val.block_size();
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
@@ -124,13 +136,8 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   const int B = tc.batch_size, T = cfg.model.block_size;
   const BatchSampler train(corpus->train(), B, T, mix_seed(tc.seed, /*learner=*/0));
   const BatchSampler val(corpus->val(), B, T, mix_seed(tc.seed, /*validation=*/~0ULL));
-  const LrSchedule schedule{(float)tc.lr, (float)tc.min_lr, tc.warmup_steps,
-                            tc.lr_decay_steps > 0 ? tc.lr_decay_steps : tc.steps};
-  AdamWHyper hp{.lr = (float)tc.lr,
-                .beta1 = (float)tc.beta1,
-                .beta2 = (float)tc.beta2,
-                .eps = (float)tc.eps,
-                .weight_decay = (float)tc.weight_decay};
+  const LrSchedule schedule = LrScheduleOf(tc);
+  AdamWHyper hp = AdamWHyperOf(tc);
 
   DL_RETURN_IF_ERROR(metrics.Write({{"event", start_step > 0 ? "resume" : "start"},
                                     {"step", start_step},

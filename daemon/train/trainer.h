@@ -11,7 +11,9 @@
 #include "daemon/config/run_config.h"
 #include "daemon/train/data.h"
 #include "daemon/util/status.h"
+#include "kernels/adamw.h"
 #include "kernels/gpt.h"
+#include "kernels/lr_schedule.h"
 
 namespace diloco {
 
@@ -48,6 +50,11 @@ struct TrainSummary {
 
 // The engine's model shape for a run config's `model` section (vocab: bytes).
 GptConfig GptConfigOf(const ModelConfig& m);
+
+// The inner optimizer of a run config's `train` section: its LR schedule (decay over all steps
+// when lr_decay_steps is 0) and AdamW hyper-parameters (hp.lr is set per step from the schedule).
+LrSchedule LrScheduleOf(const TrainConfig& tc);
+AdamWHyper AdamWHyperOf(const TrainConfig& tc);
 
 // Mean validation loss over the first `batches` batches of val (the same every time): of a model,
 // or of a parameter vector (in a fresh model of shape gc).
