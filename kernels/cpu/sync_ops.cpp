@@ -60,6 +60,16 @@ uint32_t int4_code(float v) {
   return v < 0.0f ? 7 - m : 8 + m;
 }
 
+// The largest |x| of x[0..len) into *amax; false when some x is NaN or Inf.
+bool block_absmax(const float* x, size_t len, float* amax) {
+  *amax = 0.0f;
+  for (size_t i = 0; i < len; i++) {
+    if ((float_bits(x[i]) & kAbsMask) >= kInfBits) return false;
+    *amax = std::max(*amax, std::fabs(x[i]));
+  }
+  return true;
+}
+
 // Encodes sum (n) into payload; false on non-finite input.
 bool encode(uint8_t* payload, const float* sum, SyncCodec kind, int block, size_t n) {
   switch (kind) {
@@ -83,11 +93,8 @@ bool encode(uint8_t* payload, const float* sum, SyncCodec kind, int block, size_
       std::memset(codes, 0, (n + 1) / 2);
       for (size_t b = 0; b < nb; b++) {
         const size_t lo = b * block, len = std::min<size_t>(block, n - lo);
-        float amax = 0.0f;
-        for (size_t i = lo; i < lo + len; i++) {
-          if ((float_bits(sum[i]) & kAbsMask) >= kInfBits) return false;
-          amax = std::max(amax, std::fabs(sum[i]));
-        }
+        float amax;
+        if (!block_absmax(sum + lo, len, &amax)) return false;
         const bool zero = !(127.0f / amax <= FLT_MAX);  // all zero, or absmax < ~3.7e-37
         const float inv_scale = zero ? 0.0f : 1.0f / amax;
         store<float>(payload + 4 * b, zero ? 0.0f : amax);
@@ -96,29 +103,21 @@ bool encode(uint8_t* payload, const float* sum, SyncCodec kind, int block, size_
       return true;
     }
     case SyncCodec::kInt8: {
-      const bool int8 = true;
       const int qmax = 127;
       const float max_scale = sync_max_scale(qmax);
       const size_t nb = num_blocks(n, block);
       uint8_t* codes = payload + 4 * nb;
       for (size_t b = 0; b < nb; b++) {
         const size_t lo = b * block, len = std::min<size_t>(block, n - lo);
-        float amax = 0.0f;
-        for (size_t i = lo; i < lo + len; i++) {
-          if ((float_bits(sum[i]) & kAbsMask) >= kInfBits) return false;
-          amax = std::max(amax, std::fabs(sum[i]));
-        }
+        float amax;
+        if (!block_absmax(sum + lo, len, &amax)) return false;
         float inv_scale = (float)qmax / amax;  // Inf for an all-zero block
         float scale = std::min(amax / (float)qmax, max_scale);
         if (!(inv_scale <= FLT_MAX)) inv_scale = scale = 0.0f;
         store<float>(payload + 4 * b, scale);
         for (size_t i = lo; i < lo + len; i++) {
           const int32_t q = std::clamp(round_product_half_even(sum[i], inv_scale), -qmax, qmax);
-          if (int8) {
-            codes[i] = (uint8_t)(int8_t)q;
-          } else {
-            codes[i / 2] |= (uint8_t)((q & 15) << (4 * (i % 2)));
-          }
+          codes[i] = (uint8_t)(int8_t)q;
         }
       }
       return true;
