@@ -33,8 +33,8 @@ SyncTime NextTimeout(SyncTime now, const RoundState& state, const DecideOptions&
 
 std::string Detail(const Decision& d, SyncTime now) {
   char line[160];
-  std::snprintf(line, sizeof line, "%d contributed, %d live, quorum %d, grace %.0f ms",
-                d.contributions, d.live, d.quorum, d.grace_ms);
+  std::snprintf(line, sizeof line, "%d contributed, %d live, quorum %d, grace %.0f ms, %d due",
+                d.contributions, d.live, d.quorum, d.grace_ms, d.awaited);
   std::string detail = line;
   if (d.action == DecideAction::kWait && d.wait_until != SyncTime::max()) {
     std::snprintf(line, sizeof line, ", decide again in %.0f ms", Ms(d.wait_until - now).count());
@@ -55,6 +55,8 @@ const char* ToString(DecideReason reason) {
       return "waiting_for_all";
     case DecideReason::kGraceRunning:
       return "grace_running";
+    case DecideReason::kAwaitingDue:
+      return "awaiting_due";
     case DecideReason::kAllLiveIn:
       return "all_live_in";
     case DecideReason::kGraceExpired:
@@ -123,12 +125,27 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
   if (d.contributions < d.quorum) {
     return finish(DecideAction::kWait, DecideReason::kBelowQuorum, timeout);
   }
-  if (d.grace_ms <= 0) return finish(DecideAction::kMerge, DecideReason::kNoGrace, now);
-  // The grace window runs from the arrival that made the quorum.
+  // The grace window runs from the arrival that made the quorum; it stretches
+  // (up to the cap) to the latest forecast arrival of a live learner.
   std::sort(arrivals.begin(), arrivals.end());
-  const SyncTime grace_end = Later(arrivals[d.quorum - 1], d.grace_ms);
+  const SyncTime quorum_at = arrivals[d.quorum - 1];
+  const SyncTime cap_end = Later(quorum_at, std::max(0.0, options.grace_cap_ms));
+  SyncTime grace_end = Later(quorum_at, d.grace_ms);
+  bool due_later = false;
+  for (const LearnerPresence& l : state.learners) {
+    if (l.contributed_at || !l.expected_at || !IsLive(now, l, options)) continue;
+    if (*l.expected_at > cap_end) continue;  // due too late: not waited for
+    d.awaited++;
+    if (*l.expected_at > grace_end) {
+      grace_end = *l.expected_at;
+      due_later = true;
+    }
+  }
+  d.grace_ms = Ms(grace_end - quorum_at).count();
+  if (d.grace_ms <= 0) return finish(DecideAction::kMerge, DecideReason::kNoGrace, now);
   if (now >= grace_end) return finish(DecideAction::kMerge, DecideReason::kGraceExpired, now);
-  return finish(DecideAction::kWait, DecideReason::kGraceRunning, std::min(grace_end, timeout));
+  const DecideReason why = due_later ? DecideReason::kAwaitingDue : DecideReason::kGraceRunning;
+  return finish(DecideAction::kWait, why, std::min(grace_end, timeout));
 }
 
 StalenessCheck CheckStaleness(uint64_t current_version, uint64_t base_version, int max_staleness) {

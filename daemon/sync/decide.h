@@ -6,7 +6,13 @@
 // or the adaptive grace window since quorum has passed:
 //   grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap)
 // with ξ the EMAs of a learner's step time, the time from round open to
-// quorum, and the time to merge and broadcast. The lock-step modes (diloco,
+// quorum, and the time to merge and broadcast. The window also stretches, up
+// to the cap, to the forecast arrival of any live learner whose delta is
+// due (the syncer forecasts it from the learner's heartbeat: steps until the
+// fragment fires × its step time). Learners that run a few steps apart (they
+// joined at different times) then still land in the same round instead of
+// splitting every round in two; a straggler whose delta is due later than
+// the cap is not waited for. The lock-step modes (diloco,
 // streaming; ddp too) wait for every live learner and have no grace window.
 // A learner is live while it was heard from (heartbeat or any message)
 // within the heartbeat timeout; failed learners drop out of the quorum
@@ -66,6 +72,7 @@ struct LearnerPresence {
   int learner = 0;
   SyncTime last_heard;                     // last heartbeat or any message
   std::optional<SyncTime> contributed_at;  // its delta for this round arrived then
+  std::optional<SyncTime> expected_at;     // forecast arrival of its delta (none: unknown)
 };
 
 struct RoundState {
@@ -80,6 +87,7 @@ enum class DecideReason {
   kBelowQuorum,      // wait: fewer than K contributions
   kWaitingForAll,    // wait (lock-step modes): some live learner has not contributed
   kGraceRunning,     // wait: quorum reached, waiting up to the grace window for the rest
+  kAwaitingDue,      // wait: quorum reached, a live learner's delta is due within the cap
   kAllLiveIn,        // merge: every live learner has contributed
   kGraceExpired,     // merge: quorum reached and the grace window has passed
   kNoGrace,          // merge: quorum reached and the grace window is 0
@@ -95,7 +103,8 @@ struct Decision {
   int contributions = 0;
   int live = 0;         // learners heard from within the timeout
   int quorum = 0;       // K in force: min(K, live), at least 1
-  double grace_ms = 0;  // the window in force (0 outside decoupled mode)
+  double grace_ms = 0;  // the window in force from quorum (0 outside decoupled mode)
+  int awaited = 0;      // live learners whose forecast arrival stretched the window
   std::string detail;   // one line for logs: counts and times
 };
 

@@ -149,4 +149,11 @@ bool Fires(int fragment, long inner_step, int inner_steps_h, int num_fragments) 
   return inner_step >= 1 && inner_step % inner_steps_h == phase;
 }
 
+long StepsUntilFires(int fragment, long steps_done, int inner_steps_h, int num_fragments) {
+  const int phase = FragmentPhase(fragment, inner_steps_h, num_fragments);
+  const long next = steps_done + 1;
+  const long wait = ((phase - next) % inner_steps_h + inner_steps_h) % inner_steps_h;
+  return 1 + wait;
+}
+
 }  // namespace diloco

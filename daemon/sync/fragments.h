@@ -61,5 +61,8 @@ void ScatterFragment(const Fragment& fragment, const float* packed, float* flat)
 // fragment fires per step, round robin. Step 0 never fires.
 int FragmentPhase(int fragment, int inner_steps_h, int num_fragments);
 bool Fires(int fragment, long inner_step, int inner_steps_h, int num_fragments);
+// How many more inner steps a learner that has done steps_done makes until
+// fragment p fires (1..H): the syncer's forecast of a learner's next delta.
+long StepsUntilFires(int fragment, long steps_done, int inner_steps_h, int num_fragments);
 
 }  // namespace diloco

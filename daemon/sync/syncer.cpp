@@ -107,11 +107,23 @@ struct Syncer::Impl {
   };
   std::vector<std::vector<Pending>> pending;      // per fragment
   std::vector<std::vector<SkippedDelta>> skipped;  // per fragment, since its last merge
+  // Deltas dropped or rejected since the last SyncerStatus: that status tells their learners,
+  // which then stop waiting for a Global that will never include them and send again.
+  std::vector<DroppedDelta> recent_drops;
   std::vector<NormFilter> filters;
   std::vector<SyncTime> last_heard;
   std::vector<bool> finished;  // said kStopping / kFinished: not waited for
   std::vector<bool> done;      // said kFinished
   std::vector<LearnerStatusEntry> learners;  // what each learner last reported
+  // Each learner's last heartbeat, for the forecast of its next delta per fragment.
+  struct LastBeat {
+    bool have = false;
+    SyncTime at;
+    uint64_t step = 0;
+    double step_ms = 0;
+    std::vector<bool> in_flight;  // per fragment
+  };
+  std::vector<LastBeat> beats;
   RoundTimings timings;
   uint64_t welcomes = 0, refusals = 0;
 };
@@ -161,6 +173,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   im.finished.assign(sc.learners, false);
   im.done.assign(sc.learners, false);
   im.learners.resize(sc.learners);
+  im.beats.resize(sc.learners);
   for (int i = 0; i < sc.learners; i++) im.learners[i].learner = i;
   im.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
@@ -274,6 +287,9 @@ Status Syncer::Run() {
         st.live_learners.push_back(LearnerName(l));
     st.merges = state_.merges;
     st.dropped_deltas = state_.dropped_deltas;
+    const size_t n_drops = std::min<size_t>(im.recent_drops.size(), 1024);
+    st.recent_drops.assign(im.recent_drops.begin(), im.recent_drops.begin() + n_drops);
+    im.recent_drops.erase(im.recent_drops.begin(), im.recent_drops.begin() + n_drops);
     OutgoingMessage om;
     DL_RETURN_IF_ERROR(BuildMessage(header(&im.seq), st, {}, &om));
     result_.bytes_published += om.wire_bytes();
@@ -390,6 +406,7 @@ Status Syncer::Run() {
     pd.at = now;
     auto skip = [&](const std::string& why, const std::string& detail, bool rejected) {
       im.skipped[p].push_back({learner, why, detail});
+      im.recent_drops.push_back({LearnerName(learner), (uint32_t)p, d.base_version, why});
       if (rejected) {
         le.rejected++;
         state_.rejected_deltas++;
@@ -400,6 +417,10 @@ Status Syncer::Run() {
     };
     if (Status st = DecodeFragmentPayload(fragments_[p], d.payload, m, &pd.delta); !st.ok()) {
       skip("bad_payload", st.message(), true);
+      return;
+    }
+    if (im.options.reject_delta && im.options.reject_delta(learner, d.fragment)) {
+      skip("test_rejected", "rejected by the test hook", true);
       return;
     }
     const StalenessCheck sc_check = CheckStaleness(state_.fragments[p].version, d.base_version, sc.max_staleness);
@@ -419,6 +440,7 @@ Status Syncer::Run() {
       if (old.learner == learner) {  // a newer delta from the same learner replaces the older one
         skip("replaced", "base " + std::to_string(old.base_version) + " replaced by base " +
                              std::to_string(d.base_version), false);
+        im.recent_drops.pop_back();  // the learner waits for its newer delta, which is pending
         old = std::move(pd);
         return;
       }
@@ -439,6 +461,7 @@ Status Syncer::Run() {
       } else {
         im.skipped[p].push_back({pd.learner, ToString(c.verdict),
                                  "base " + std::to_string(pd.base_version) + ", current " + std::to_string(fg.version)});
+        im.recent_drops.push_back({LearnerName(pd.learner), (uint32_t)p, pd.base_version, ToString(c.verdict)});
         LedgerFor(&state_, pd.learner).dropped++;
         state_.dropped_deltas++;
       }
@@ -511,6 +534,17 @@ Status Syncer::Run() {
     return Status::Ok();
   };
 
+  // When learner l's delta for fragment p should arrive, from its last heartbeat: the steps until
+  // p fires, plus one step of slack for jitter and the heartbeat's age. None while its delta for p is
+  // in flight (it sends no other until it folds) or nothing is known yet.
+  auto expected_delta_at = [&](int l, size_t p) -> std::optional<SyncTime> {
+    const Impl::LastBeat& b = im.beats[l];
+    if (!b.have || b.step_ms <= 0 || p >= b.in_flight.size() || b.in_flight[p]) return std::nullopt;
+    const long steps = StepsUntilFires((int)p, (long)b.step, sc.inner_steps, (int)P) + 1;
+    return b.at + std::chrono::duration_cast<SyncClock::duration>(
+                      std::chrono::duration<double, std::milli>(steps * b.step_ms));
+  };
+
   auto decide_all = [&](SyncTime now, SyncTime* next_wake) -> Status {
     for (size_t p = 0; p < P; p++) {
       if (im.pending[p].empty()) continue;
@@ -524,6 +558,7 @@ Status Syncer::Run() {
           if (pd.learner == l) lp.contributed_at = pd.at;
         if (im.finished[l] && !lp.contributed_at) continue;  // not waited for any more
         if (im.finished[l]) lp.last_heard = now;             // its last delta is in: counts as live
+        if (!lp.contributed_at) lp.expected_at = expected_delta_at(l, p);
         rs.learners.push_back(lp);
       }
       const Decision d = Decide(now, rs, dopt);
@@ -558,9 +593,18 @@ Status Syncer::Run() {
       ls.incarnation = m.header.incarnation;
       im.finished[learner] = false;
       im.done[learner] = false;
+      im.beats[learner] = Impl::LastBeat();
     }
     if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
       if (hb->step_time_ms > 0) im.timings.step_ms.Add(hb->step_time_ms);
+      Impl::LastBeat& b = im.beats[learner];
+      b.have = true;
+      b.at = now;
+      b.step = hb->step;
+      b.step_ms = hb->step_time_ms;
+      b.in_flight.assign(P, false);
+      for (const FragmentCounters& fc : hb->fragments)
+        if (fc.fragment < P) b.in_flight[fc.fragment] = fc.in_flight;
       ls.state = hb->state;
       ls.step = hb->step;
       ls.tokens = hb->tokens;
@@ -573,6 +617,9 @@ Status Syncer::Run() {
     } else if (m.get<DeltaMsg>()) {
       im.finished[learner] = false;
       im.done[learner] = false;
+      // In flight from now on: no forecast for this fragment until a heartbeat says otherwise.
+      const uint32_t f = m.get<DeltaMsg>()->fragment;
+      if (f < im.beats[learner].in_flight.size()) im.beats[learner].in_flight[f] = true;
       handle_delta(learner, m, now);
     }
   };
@@ -601,8 +648,8 @@ Status Syncer::Run() {
       RefreshStatus(true);
       last_refresh = now;
     }
-    if (im.options.status_interval_ms > 0 &&
-        now - last_status >= std::chrono::milliseconds(im.options.status_interval_ms)) {
+    if (!im.recent_drops.empty() || (im.options.status_interval_ms > 0 &&
+                                     now - last_status >= std::chrono::milliseconds(im.options.status_interval_ms))) {
       DL_RETURN_IF_ERROR(publish_status());
       last_status = now;
     }

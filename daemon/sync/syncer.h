@@ -89,6 +89,9 @@ struct SyncerOptions {
   // Test hook: when it returns true for (fragment, version), that Global goes out with a wrong
   // CRC32C (learners must resync from a snapshot). May be empty.
   std::function<bool(uint32_t fragment, uint64_t version)> corrupt_global_crc;
+  // Test hook: when it returns true for a delta (learner, fragment), the syncer rejects it as if
+  // it had failed its checks ("test_rejected"). May be empty.
+  std::function<bool(int learner, uint32_t fragment)> reject_delta;
 };
 
 // One learner as the syncer sees it (CurrentStatus).

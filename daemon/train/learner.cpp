@@ -14,6 +14,7 @@
 #include "daemon/net/clone.h"
 #include "daemon/net/codec.h"
 #include "daemon/net/wire_transport.h"
+#include "daemon/sync/decide.h"
 #include "daemon/sync/fold.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/merge.h"
@@ -282,6 +283,25 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     return Status::Ok();
   };
 
+  // A SyncerStatus naming our in-flight delta as dropped or rejected: no Global will include it,
+  // so stop waiting; the next delta of that fragment carries all the progress since its base (the
+  // error-feedback residual of the lost one goes too). A base from the future means the syncer
+  // went back to an older checkpoint: resync.
+  auto handle_status = [&](const SyncerStatusMsg& st) {
+    for (const DroppedDelta& d : st.recent_drops) {
+      if (d.learner != me || d.fragment >= (uint32_t)P) continue;
+      FragState& f = fs[d.fragment];
+      if (!f.in_flight || d.base_version != f.sent_base) continue;
+      f.in_flight = false;
+      ef.Reset(d.fragment);
+      res.deltas_dropped++;
+      std::fprintf(stderr, "%s: the syncer dropped our delta of fragment %u (base %llu): %s\n", me.c_str(),
+                   d.fragment, (unsigned long long)d.base_version, d.reason.c_str());
+      if (d.reason == ToString(StalenessVerdict::kFromTheFuture))
+        need_snapshot("the syncer is behind our base of fragment " + std::to_string(d.fragment));
+    }
+  };
+
   // A complete snapshot: install the fragments that differ, then the buffered newer Globals.
   auto install_snapshot = [&](std::vector<ParsedMessage>&& parts) -> Status {
     std::map<uint64_t, uint64_t> versions;
@@ -357,6 +377,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
       downlink_seen = true;
       res.bytes_down += parsed->wire_bytes;
       if (parsed->get<GlobalMsg>()) DL_RETURN_IF_ERROR(handle_global(r));
+      if (const SyncerStatusMsg* st = parsed->get<SyncerStatusMsg>()) handle_status(*st);
     }
     while (dealer->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(handle_dealer());
     if (started && clone.awaiting_snapshot() &&

@@ -116,6 +116,7 @@ struct LearnerResult {
   uint64_t snapshots_installed = 0;
   uint64_t gaps = 0;            // gaps found in the Global stream (each led to a snapshot)
   uint64_t crc_mismatches = 0;  // Globals whose CRC did not match (each led to a snapshot)
+  uint64_t deltas_dropped = 0;  // own deltas the syncer said it dropped or rejected
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop

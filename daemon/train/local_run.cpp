@@ -136,6 +136,12 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                                                                                           uint64_t version) {
       return fragment == f && version == v;
     };
+  if (hooks.reject_first_delta_learner >= 0)
+    so.reject_delta = [l = hooks.reject_first_delta_learner, f = hooks.reject_first_delta_fragment,
+                       done = false](int learner, uint32_t fragment) mutable {
+      if (done || learner != l || fragment != f) return false;
+      return done = true;
+    };
   so.run_dir = options.run_dir;
   so.resume = options.resume;
   so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
@@ -291,6 +297,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       r.snapshots_installed += x->snapshots_installed;
       r.gaps += x->gaps;
       r.crc_mismatches += x->crc_mismatches;
+      r.deltas_dropped += x->deltas_dropped;
       r.wait_s += x->wait_s;
       r.crashed = x->crashed;
     }
@@ -305,6 +312,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       details->snapshots_installed.push_back(r.snapshots_installed);
       details->crc_mismatches.push_back(r.crc_mismatches);
       details->gaps.push_back(r.gaps);
+      details->deltas_dropped.push_back(r.deltas_dropped);
       details->incarnations.push_back((int)incarnations[i].size());
     }
     DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
@@ -317,6 +325,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                                       {"snapshots_installed", r.snapshots_installed},
                                       {"gaps", r.gaps},
                                       {"crc_mismatches", r.crc_mismatches},
+                                      {"deltas_dropped", r.deltas_dropped},
                                       {"wait_s", r.wait_s},
                                       {"crashed", r.crashed},
                                       {"bytes_up", r.bytes_up},

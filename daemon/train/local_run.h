@@ -37,6 +37,10 @@ struct LocalRunHooks {
   // then resyncs from a snapshot). version 0: never.
   uint32_t corrupt_crc_fragment = 0;
   uint64_t corrupt_crc_version = 0;
+  // The syncer rejects the first delta of (learner, fragment) as if it failed its checks (the
+  // learner must hear of it and send again). learner -1: never.
+  int reject_first_delta_learner = -1;
+  uint32_t reject_first_delta_fragment = 0;
 };
 
 // Per learner, for tests (RunLocal's last argument, may be null).
@@ -44,6 +48,7 @@ struct LocalRunDetails {
   std::vector<uint64_t> snapshots_installed;  // summed over incarnations
   std::vector<uint64_t> crc_mismatches;
   std::vector<uint64_t> gaps;
+  std::vector<uint64_t> deltas_dropped;  // own deltas the syncer said it dropped or rejected
   std::vector<int> incarnations;
   std::vector<uint32_t> param_crc32c;  // ddp: CRC32C of each learner's final parameters
 };

@@ -1,6 +1,7 @@
 // Decide() as a table: each row is a round seen at a fake "now", with the
 // expected action, reason and the time to decide again.
 #include <catch2/catch.hpp>
+#include <climits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,10 +19,14 @@ constexpr int64_t kForever = -1;
 
 SyncTime Ago(int ms) { return kNow - milliseconds(ms); }
 
-// One learner: how long ago it was heard from and contributed (kNever = no delta).
+constexpr int kNoForecast = INT_MIN;
+
+// One learner: how long ago it was heard from and contributed (kNever = no delta), and in how
+// many ms its delta is forecast to arrive (negative: the forecast time has passed).
 struct L {
   int heard_ms_ago;
   int contributed_ms_ago;
+  int due_in_ms = kNoForecast;
 };
 
 struct Timings {
@@ -49,6 +54,7 @@ RoundState StateOf(const std::vector<L>& learners, const Timings& t) {
     p.last_heard = Ago(learners[i].heard_ms_ago);
     if (learners[i].contributed_ms_ago != kNever)
       p.contributed_at = Ago(learners[i].contributed_ms_ago);
+    if (learners[i].due_in_ms != kNoForecast) p.expected_at = Ago(-learners[i].due_in_ms);
     state.learners.push_back(p);
   }
   if (t.step_ms) state.timings.step_ms.Add(*t.step_ms);
@@ -218,6 +224,66 @@ TEST_CASE("sync: Decide: quorum, everyone in, grace window and liveness, with re
        0,
        1,
        2},
+      {"a delta due within the cap stretches the window",
+       kDec,
+       1,
+       {{10, 100}, {10, kNever, 1200}},
+       k750,
+       A::kWait,
+       R::kAwaitingDue,
+       1200,
+       1,
+       2},
+      {"a delta due after the cap is not waited for",
+       kDec,
+       1,
+       {{10, 100}, {10, kNever, 2500}},
+       k750,
+       A::kWait,
+       R::kGraceRunning,
+       650,
+       1,
+       2},
+      {"no slack, but a delta due: wait for it",
+       kDec,
+       1,
+       {{10, 5}, {10, kNever, 300}},
+       {100.0, 500.0, 100.0},
+       A::kWait,
+       R::kAwaitingDue,
+       300,
+       1,
+       2},
+      {"the forecast arrival has passed: merge what is in",
+       kDec,
+       1,
+       {{10, 1500}, {10, kNever, -100}},
+       k750,
+       A::kMerge,
+       R::kGraceExpired,
+       0,
+       1,
+       2},
+      {"a dead learner's forecast is not waited for",
+       kDec,
+       1,
+       {{10, 100}, {5000, kNever, 500}},
+       k750,
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       1,
+       1},
+      {"the forecast of a learner already in changes nothing",
+       kDec,
+       1,
+       {{10, 10}, {10, 20, 900}},
+       k750,
+       A::kMerge,
+       R::kAllLiveIn,
+       0,
+       1,
+       2},
       {"diloco waits for every live learner",
        SyncMode::kDiloco,
        1,
@@ -287,7 +353,7 @@ TEST_CASE("sync: Decide again at wait_until: the grace window closes the round",
   const Decision closed = Decide(waiting.wait_until, state, options);
   CHECK(closed.action == DecideAction::kMerge);
   CHECK(closed.reason == DecideReason::kGraceExpired);
-  CHECK(closed.detail == "1 contributed, 2 live, quorum 1, grace 750 ms");
+  CHECK(closed.detail == "1 contributed, 2 live, quorum 1, grace 750 ms, 0 due");
 }
 
 TEST_CASE("sync: the grace window is gamma (tau step - quorum - sync time) clamped to the cap",

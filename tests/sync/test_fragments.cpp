@@ -198,6 +198,19 @@ TEST_CASE("sync: the cadence staggers fragments over the H inner steps", "[unit]
   // P = 1 (diloco): every H steps.
   CHECK(Fires(0, 10, 10, 1));
   CHECK_FALSE(Fires(0, 5, 10, 1));
+  // The syncer's forecast: steps until the next firing, 1..H.
+  CHECK(StepsUntilFires(0, 0, 25, 4) == 25);
+  CHECK(StepsUntilFires(1, 0, 25, 4) == 6);
+  CHECK(StepsUntilFires(1, 5, 25, 4) == 1);
+  CHECK(StepsUntilFires(1, 6, 25, 4) == 25);
+  CHECK(StepsUntilFires(3, 30, 25, 4) == 13);
+  for (long done = 0; done < 60; ++done) {
+    for (int p = 0; p < 4; ++p) {
+      const long k = StepsUntilFires(p, done, 25, 4);
+      CHECK(Fires(p, done + k, 25, 4));
+      for (long j = 1; j < k; ++j) CHECK_FALSE(Fires(p, done + j, 25, 4));
+    }
+  }
   // Every fragment fires exactly once in any H consecutive steps, also for P > H.
   for (auto [h, p] : {std::pair{25, 4}, {2, 4}, {7, 3}, {1, 1}}) {
     for (int f = 0; f < p; ++f) {

@@ -214,6 +214,34 @@ TEST_CASE("local run: a global with a wrong CRC makes learners resync from a sna
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 
+// A rejected delta: the syncer says so in its next SyncerStatus, the learner stops waiting for
+// a Global that will never include it (in lock-step mode it would otherwise block forever) and
+// its next delta, with all the progress since its base, is merged.
+TEST_CASE("local run: a learner told its delta was rejected sends again", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.mode = SyncMode::kDiloco;
+  LocalRunHooks hooks;
+  hooks.reject_first_delta_learner = 1;
+  hooks.reject_first_delta_fragment = 0;
+  TrainSummary s;
+  LocalRunDetails d;
+  const Status st = RunLocal(o, &s, hooks, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(d.deltas_dropped == std::vector<uint64_t>{0, 1});
+  const auto events = ReadJsonl(fs::path(o.run_dir) / "events.log");
+  REQUIRE(!events.empty());
+  const auto& first = events.front();
+  REQUIRE(first["skipped"].size() == 1);
+  CHECK(first["skipped"][0]["learner"] == 1);
+  CHECK(first["skipped"][0]["why"] == "test_rejected");
+  // Nobody left behind (the last merge may take one learner's leftover steps alone).
+  for (size_t i = 0; i + 1 < events.size(); ++i) CHECK(events[i]["contributors"].size() == 2);
+  CHECK(first["contributors"][1]["steps"].get<double>() + first["contributors"][0]["steps"].get<double>() == 30);
+  CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
+}
+
 TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
