@@ -118,6 +118,7 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"train.threads", &t.threads},
       {"train.checkpoint_every", &t.checkpoint_every},
       {"train.log_every", &t.log_every},
+      {"train.time_limit_s", &t.time_limit_s},
       {"eval.every", &e.every},
       {"eval.batches", &e.batches},
       {"sync.mode", EnumOf(&s.mode, kSyncModeNames)},
@@ -708,6 +709,7 @@ Status Validate(const RunConfig& c, const Origins& origins) {
   DL_RETURN_IF_ERROR(
       at_least("train.checkpoint_every", t.checkpoint_every, 0, " (0 = only at the end)"));
   DL_RETURN_IF_ERROR(at_least("train.log_every", t.log_every, 1, ""));
+  DL_RETURN_IF_ERROR(non_negative("train.time_limit_s", t.time_limit_s, " (0 = no limit)"));
 
   const EvalConfig& e = c.eval;
   DL_RETURN_IF_ERROR(at_least("eval.every", e.every, 0, " (0 = only at the end)"));

@@ -61,6 +61,9 @@ struct TrainConfig {
   int threads = 0;           // 0 = all cores
   int checkpoint_every = 0;  // steps; 0 = only at the end
   int log_every = 10;        // steps between metrics.jsonl/progress lines when not on a terminal
+  // Wall-clock budget in seconds from the start of training; every learner ends at its first step
+  // boundary past it, as if train.steps were reached (0 = none). For equal-wall-time comparisons.
+  double time_limit_s = 0;
   bool operator==(const TrainConfig&) const = default;
 };
 

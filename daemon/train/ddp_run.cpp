@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -100,6 +101,10 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
                                     {"threads", total_threads}}));
 
   ThreadRing ring(M, N);
+  // train.time_limit_s: learner 0 decides before a step's all-reduce, every learner reads the
+  // decision after it, so all stop after the same step.
+  const auto started = Clock::now();
+  std::atomic<bool> time_up{false};
   std::vector<float> final_params;  // learner 0's (= everyone's) at the end
   const uint64_t ring_bytes = ThreadRing::RingBytesPerMember(M, N);
   std::vector<DdpLearnerResult> results(M);
@@ -137,6 +142,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
       for (; step < tc.steps; step++) {
         train.Sample(step, inputs.data(), targets.data());
         hp.lr = lr_at(schedule, (int)step);
+        if (i == 0 && TimeLimitReached(tc, started)) time_up = true;
         const auto t0 = Clock::now();
         const double loss = model.forward(inputs.data(), targets.data(), B, T);
         model.zero_grad();
@@ -184,6 +190,10 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
         if (i == 0 && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0 && done < tc.steps) {
           st = SaveCheckpoint(checkpoint_path, model, optimizer, done, config_yaml);
           if (!st.ok()) return;
+        }
+        if (time_up) {
+          step = done;
+          break;
         }
       }
       res.steps = step;

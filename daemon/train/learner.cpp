@@ -514,7 +514,9 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   last_beat = Clock::now();
   report(state_now());
 
+  const auto train_start = Clock::now();
   for (; step < tc.steps; step++) {
+    if (TimeLimitReached(tc, train_start)) break;
     if (crashed()) {
       res.crashed = true;
       break;

@@ -160,7 +160,9 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
     return metrics.Write({{"event", "checkpoint"}, {"step", at_step}, {"path", checkpoint_path}});
   };
 
+  const auto started = std::chrono::steady_clock::now();
   for (; step < tc.steps; step++) {
+    if (TimeLimitReached(tc, started)) break;
     if (g_stop_signal != 0) {
       progress.Finish();
       DL_RETURN_IF_ERROR(save(step));

@@ -3,6 +3,8 @@
 // terminal, periodic evaluation and checkpoints, and a summary at the end.
 #pragma once
 
+#include <chrono>
+
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -55,6 +57,12 @@ GptConfig GptConfigOf(const ModelConfig& m);
 // when lr_decay_steps is 0) and AdamW hyper-parameters (hp.lr is set per step from the schedule).
 LrSchedule LrScheduleOf(const TrainConfig& tc);
 AdamWHyper AdamWHyperOf(const TrainConfig& tc);
+
+// train.time_limit_s: true once that many seconds have passed since start (never when 0).
+inline bool TimeLimitReached(const TrainConfig& tc, std::chrono::steady_clock::time_point start) {
+  return tc.time_limit_s > 0 &&
+         std::chrono::steady_clock::now() - start >= std::chrono::duration<double>(tc.time_limit_s);
+}
 
 // Mean validation loss over the first `batches` batches of val (the same every time): of a model,
 // or of a parameter vector (in a fresh model of shape gc).

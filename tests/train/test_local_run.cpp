@@ -242,6 +242,28 @@ TEST_CASE("local run: a learner told its delta was rejected sends again", "[e2e]
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 
+// train.time_limit_s ends every learner at a step boundary past the budget, in every mode; ddp's
+// learners all stop after the same step (their copies stay identical).
+TEST_CASE("local run: train.time_limit_s ends the run early in every mode", "[e2e]") {
+  for (SyncMode mode : {SyncMode::kDecoupled, SyncMode::kDiloco, SyncMode::kDdp}) {
+    TempDir tmp;
+    TrainOptions o = TinyRun(tmp, 2);
+    o.config.sync.mode = mode;
+    o.config.train.steps = 1000000;
+    o.config.train.time_limit_s = 0.5;
+    TrainSummary s;
+    LocalRunDetails d;
+    const Status st = RunLocal(o, &s, {}, &d);
+    INFO(ToString(mode) << ": " << st.message());
+    REQUIRE(st.ok());
+    CHECK(s.steps > 0);
+    CHECK(s.steps < 2 * 1000000);
+    CHECK(s.train_s < 30);
+    if (mode == SyncMode::kDdp) CHECK(d.param_crc32c[0] == d.param_crc32c[1]);
+    if (mode != SyncMode::kDdp) CHECK(s.outer_steps >= 1);
+  }
+}
+
 TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
