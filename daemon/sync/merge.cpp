@@ -123,7 +123,7 @@ double NormFilter::Median() const {
   return sorted.size() % 2 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
 }
 
-FilterResult NormFilter::Check(const float* delta, size_t n) {
+FilterResult NormFilter::Check(const float* delta, size_t n, double steps) {
   FilterResult result;
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) bad += !std::isfinite(delta[i]);
@@ -132,14 +132,14 @@ FilterResult NormFilter::Check(const float* delta, size_t n) {
     result.reason = std::to_string(bad) + " of " + std::to_string(n) + " values are NaN or Inf";
     return result;
   }
-  result.norm = Norm(delta, n);
+  result.norm = Norm(delta, n) / std::max(1.0, steps);
   // (A median of 0, from all-zero deltas, gives no scale to compare with.)
   if (options_.max_ratio > 0 && (int)norms_.size() >= std::max(1, options_.min_history) &&
       Median() > 0) {
     result.limit = options_.max_ratio * Median();
     if (result.norm > result.limit) {
       result.verdict = FilterVerdict::kNormTooLarge;
-      result.reason = "norm " + Number(result.norm) + " is above " + Number(options_.max_ratio) +
+      result.reason = "norm per step " + Number(result.norm) + " is above " + Number(options_.max_ratio) +
                       " x the median " + Number(Median()) + " of the last " +
                       std::to_string(norms_.size()) + " deltas";
       return result;

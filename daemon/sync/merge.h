@@ -35,9 +35,11 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
 void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
                  const std::vector<double>& weights, MergeRule rule, float* out);
 
-// Rejects deltas with NaN/Inf, or whose L2 norm exceeds max_ratio × the
-// median of the last `history` accepted norms (once min_history are known).
-// Keep one per fragment: norms differ between fragments.
+// Rejects deltas with NaN/Inf, or whose L2 norm per inner step (norm /
+// c_steps) exceeds max_ratio × the median of the last `history` accepted ones
+// (once min_history are known). Per step, because a delta's norm grows with
+// the steps it covers: a delta of 1 step must not make the next 25-step ones
+// look like outliers. Keep one per fragment: norms differ between fragments.
 struct NormFilterOptions {
   double max_ratio = 10;  // k; 0 = no norm limit (non-finite values are still rejected)
   int history = 32;
@@ -58,8 +60,9 @@ struct FilterResult {
 class NormFilter {
  public:
   explicit NormFilter(const NormFilterOptions& options = {}) : options_(options) {}
-  // Checks delta[0..n); an accepted norm joins the history.
-  FilterResult Check(const float* delta, size_t n);
+  // Checks delta[0..n), the work of `steps` inner steps (< 1 counts as 1); an accepted norm per
+  // step joins the history. FilterResult::norm and limit are per step.
+  FilterResult Check(const float* delta, size_t n, double steps = 1);
   double Median() const;  // of the history; 0 when empty
 
  private:

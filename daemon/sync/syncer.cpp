@@ -430,7 +430,7 @@ Status Syncer::Run() {
            false);
       return;
     }
-    const FilterResult fr = im.filters[p].Check(pd.delta.data(), pd.delta.size());
+    const FilterResult fr = im.filters[p].Check(pd.delta.data(), pd.delta.size(), (double)d.c_steps);
     if (!fr.accepted()) {
       skip(fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large", fr.reason, true);
       return;

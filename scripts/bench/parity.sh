@@ -9,10 +9,14 @@
 #   scripts/bench/parity.sh --seeds "1 2"            # means over seeds 1 and 2
 #   scripts/bench/parity.sh --sweep                  # + decoupled over H and uplink codecs
 #   scripts/bench/parity.sh --modes "ddp decoupled" --set learners.3.slowdown=3
+#   scripts/bench/parity.sh --straggler              # + learner 3 three times slower, equal wall time
 #   scripts/bench/parity.sh --set train.steps=20     # a smoke run of the script itself
 #   scripts/bench/parity.sh --table DIR              # print the table of an earlier run again
 #
-# Options: --seeds LIST, --modes LIST, --sweep, --hs LIST (sweep H, default "10 25 50 100"),
+# --straggler: after the modes, ddp, diloco and decoupled again with learners.3.slowdown=3 and
+# train.time_limit_s = the train time of that seed's decoupled run without a straggler (the wall
+# time the job takes when nobody is slow): who gets furthest in the same wall time.
+# Options: --seeds LIST, --modes LIST, --sweep, --straggler, --hs LIST (sweep H, default "10 25 50 100"),
 # --codecs LIST (sweep uplink codecs, default "fp32 int8 int4"), --set K=V (repeatable, passed to
 # every run), --out DIR (results.jsonl and logs; default a new /tmp/parity-*), --keep (keep the
 # run directories), --table DIR.
@@ -28,18 +32,20 @@ niceness=${NICE:-10}
 seeds=""
 modes="ddp diloco streaming decoupled"
 sweep=0
+straggler=0
 hs="10 25 50 100"
 codecs="fp32 int8 int4"
 sets=()
 out=""
 keep=0
 table_only=""
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --seeds) seeds=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --sweep) sweep=1; shift ;;
+    --straggler) straggler=1; shift ;;
     --hs) hs=$2; shift 2 ;;
     --codecs) codecs=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
@@ -140,6 +146,24 @@ for seed in $seeds; do
   for mode in $modes; do
     run "$mode" "$seed" --set "sync.mode=$mode"
   done
+  if [[ $straggler -eq 1 ]]; then
+    budget=$(jq -r --argjson seed "$seed" 'select(.row == "decoupled" and .seed == $seed and .ok) | .summary.train_s' \
+      "$out/results.jsonl" | tail -n1)
+    if [[ -z $budget ]]; then
+      run "decoupled" "$seed" --set sync.mode=decoupled
+      budget=$(jq -r --argjson seed "$seed" 'select(.row == "decoupled" and .seed == $seed and .ok) | .summary.train_s' \
+        "$out/results.jsonl" | tail -n1)
+    fi
+    if [[ -z $budget ]]; then
+      echo "parity.sh: no decoupled run for seed $seed to take the straggler rows' wall-time budget from" >&2
+    else
+      echo "parity.sh: straggler rows, seed $seed: wall-time budget ${budget} s" >&2
+      for mode in ddp diloco decoupled; do
+        run "$mode, 1 learner 3x slow, equal wall" "$seed" --set "sync.mode=$mode" --set learners.3.slowdown=3 \
+          --set "train.time_limit_s=$budget"
+      done
+    fi
+  fi
   if [[ $sweep -eq 1 ]]; then
     for h in $hs; do
       run "decoupled H=$h" "$seed" --set sync.mode=decoupled --set "sync.inner_steps=$h"

@@ -195,7 +195,7 @@ TEST_CASE("sync: the norm filter rejects non-finite deltas and outlier norms", "
   CHECK(r.verdict == FilterVerdict::kNormTooLarge);
   CHECK(r.norm == 21);
   CHECK(r.limit == 20);
-  CHECK(r.reason == "norm 21 is above 10 x the median 2 of the last 3 deltas");
+  CHECK(r.reason == "norm per step 21 is above 10 x the median 2 of the last 3 deltas");
   CHECK(std::string(ToString(r.verdict)) == "norm_too_large");
   CHECK(filter.Median() == 2);
   r = check({0, 0, 20, 0});  // at the limit: accepted
@@ -204,6 +204,13 @@ TEST_CASE("sync: the norm filter rejects non-finite deltas and outlier norms", "
   // The history keeps the last 4: {1, 2, 20, 3} → median 2.5 after 100 falls out.
   CHECK(check({3, 0, 0, 0}).accepted());
   CHECK(filter.Median() == 2.5);
+  // Norms are per inner step: 50 over 10 steps is 5 per step (within 10 x 2.5); 50 over 1 is not.
+  std::vector<float> big = {0, 50, 0, 0};
+  r = filter.Check(big.data(), big.size(), 10);
+  CHECK(r.accepted());
+  CHECK(r.norm == 5);
+  CHECK(filter.Check(big.data(), big.size(), 1).verdict == FilterVerdict::kNormTooLarge);
+  CHECK(filter.Check(big.data(), big.size(), 0).verdict == FilterVerdict::kNormTooLarge);  // 0 steps: as 1
 
   options.max_ratio = 0;  // norm limit off
   NormFilter off(options);
