@@ -53,7 +53,7 @@ Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
   }
   out->resize(fragment.numel);
   CodecOptions opt{info.codec, info.block_size, info.topk_fraction};
-  return DecodeTensors(opt, {message.payload.data(), message.payload.size()}, numels, bytes, *out);
+  return DecodeTensors(opt, message.payload_spans(), numels, bytes, *out);
 }
 
 namespace {
@@ -183,7 +183,8 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   expect.model_params = table.total_numel();
   for (int i = 0; i < sc.learners; i++) expect.allowed_senders.push_back(LearnerName(i));
   net::ReceiveOptions ro;
-  ro.validator = net::EnvelopeValidator(expect, im.parsed);
+  // Deltas are verified and decoded where ZeroMQ received them (no copy of the payload).
+  ro.validator = net::EnvelopeValidatorInPlace(expect, im.parsed);
   net::SocketOptions up = SyncerSocket(options, "syncer.uplink");
   up.recv_hwm_msgs = 100000;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context, up, ro, &im.uplink));
@@ -267,6 +268,10 @@ Status Syncer::Run() {
   dopt.grace_cap_ms = sc.grace.cap_ms;
   dopt.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
   const CodecOptions down_codec{sc.codec.down, sc.codec.block, 0};
+  // Error feedback on the downlink too: what the codec drops from one update of a fragment goes
+  // out with its next one, so Θ stays within one message's rounding of the unquantized
+  // trajectory. Not checkpointed: a restarted syncer loses at most that one rounding.
+  ErrorFeedback down_ef(down_codec);
   uint64_t router_seq = 0;
   auto header = [&](uint64_t* seq) {
     EnvelopeHeader h;
@@ -484,7 +489,7 @@ Status Syncer::Run() {
     const std::vector<uint64_t> numels = FragmentNumels(frag);
     auto payload = std::make_shared<std::vector<uint8_t>>();
     std::vector<uint64_t> tensor_bytes;
-    DL_RETURN_IF_ERROR(EncodeTensors(down_codec, update, numels, payload.get(), &tensor_bytes)
+    DL_RETURN_IF_ERROR(down_ef.Encode((uint32_t)p, update, numels, payload.get(), &tensor_bytes)
                            .WithContext("syncer: encoding the update of fragment " + std::to_string(p)));
     DL_RETURN_IF_ERROR(DecodeTensors(down_codec, *payload, numels, tensor_bytes, decoded));
     ApplyUpdate(decoded.data(), n, fg.theta.data());

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -101,10 +102,11 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
                                     {"threads", total_threads}}));
 
   ThreadRing ring(M, N);
-  // train.time_limit_s: learner 0 decides before a step's all-reduce, every learner reads the
-  // decision after it, so all stop after the same step.
+  // train.time_limit_s: learner 0 names the last step (the one it is about to start) before that
+  // step's all-reduce; every learner compares it with the step it just all-reduced. Whoever reads
+  // before the write is at an earlier step, so all stop after the same step.
   const auto started = Clock::now();
-  std::atomic<bool> time_up{false};
+  std::atomic<long> last_step{std::numeric_limits<long>::max()};
   std::vector<float> final_params;  // learner 0's (= everyone's) at the end
   const uint64_t ring_bytes = ThreadRing::RingBytesPerMember(M, N);
   std::vector<DdpLearnerResult> results(M);
@@ -142,7 +144,8 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
       for (; step < tc.steps; step++) {
         train.Sample(step, inputs.data(), targets.data());
         hp.lr = lr_at(schedule, (int)step);
-        if (i == 0 && TimeLimitReached(tc, started)) time_up = true;
+        if (i == 0 && last_step == std::numeric_limits<long>::max() && TimeLimitReached(tc, started))
+          last_step = step;
         const auto t0 = Clock::now();
         const double loss = model.forward(inputs.data(), targets.data(), B, T);
         model.zero_grad();
@@ -191,7 +194,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
           st = SaveCheckpoint(checkpoint_path, model, optimizer, done, config_yaml);
           if (!st.ok()) return;
         }
-        if (time_up) {
+        if (step >= last_step) {
           step = done;
           break;
         }

@@ -103,7 +103,8 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   expect.model_params = model.num_params();
   expect.allowed_senders = {kSyncerName};
   net::ReceiveOptions ro;
-  ro.validator = net::EnvelopeValidator(expect, parsed);
+  // Globals are verified and decoded where ZeroMQ received them (no copy of the payload).
+  ro.validator = net::EnvelopeValidatorInPlace(expect, parsed);
   net::SocketOptions so = LearnerSocket(o, me + ".downlink");
   so.recv_hwm_msgs = 100000;
   std::unique_ptr<net::SubChannel> down;
