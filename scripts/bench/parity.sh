@@ -89,19 +89,19 @@ def fmt_bytes(b):
         if b < 1000 or unit == "TB":
             return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
         b /= 1000
-hdr = (f"{'run':34} {'seeds':>9} {'val loss':>8} {'/ddp':>6} {'tokens':>9} {'wire bytes':>10} "
+hdr = (f"{'run':40} {'seeds':>9} {'val loss':>8} {'/ddp':>6} {'tokens':>9} {'wire bytes':>10} "
        f"{'ddp/x':>7} {'wall s':>7} {'outer':>6} {'dropped':>7}")
 print(hdr)
 print("-" * len(hdr))
 for s in stats.values():
     if "val" not in s:
-        print(f"{s['name']:34} failed ({s['failed']} of {s['runs']} runs; see the logs)")
+        print(f"{s['name']:40} failed ({s['failed']} of {s['runs']} runs; see the logs)")
         continue
     have_ddp = ddp is not None and "val" in ddp
     ratio = f"{s['val'] / ddp['val']:.3f}" if have_ddp else "-"
     fewer = f"{ddp['bytes'] / s['bytes']:.0f}x" if have_ddp and s["bytes"] > 0 else "-"
     note = f"  ({s['failed']} failed)" if s["failed"] else ""
-    print(f"{s['name']:34} {s['seeds']:>9} {s['val']:>8.4f} {ratio:>6} {s['tokens']:>9.0f} {fmt_bytes(s['bytes']):>10} "
+    print(f"{s['name']:40} {s['seeds']:>9} {s['val']:>8.4f} {ratio:>6} {s['tokens']:>9.0f} {fmt_bytes(s['bytes']):>10} "
           f"{fewer:>7} {s['wall']:>7.1f} {s['outer']:>6.0f} {s['dropped']:>7.0f}{note}")
 PY
 }
