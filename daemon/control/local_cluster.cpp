@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "daemon/control/client.h"
@@ -31,23 +32,42 @@ std::string Tcp(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
 }  // namespace
 
-Status FreeTcpPort(int* port) {
+namespace {
+
+// Binds 127.0.0.1:port (0: any) and returns the port bound, or 0 when it is taken.
+int TryBindLoopback(int port, std::string* why) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::Error(std::string("socket: ") + std::strerror(errno));
+  if (fd < 0) {
+    *why = std::string("socket: ") + std::strerror(errno);
+    return 0;
+  }
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
+  addr.sin_port = htons((uint16_t)port);
   socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    return Status::Error("cannot find a free port on 127.0.0.1: " + why);
+  int bound = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    bound = ntohs(addr.sin_port);
+  } else {
+    *why = std::strerror(errno);
   }
-  *port = ntohs(addr.sin_port);
   ::close(fd);
-  return Status::Ok();
+  return bound;
+}
+
+}  // namespace
+
+Status FreeTcpPort(int* port) {
+  static std::mt19937 rng{std::random_device{}()};
+  std::uniform_int_distribution<int> below_ephemeral(20000, 32000);
+  std::string why;
+  for (int attempt = 0; attempt < 200; attempt++) {
+    if ((*port = TryBindLoopback(below_ephemeral(rng), &why)) != 0) return Status::Ok();
+  }
+  if ((*port = TryBindLoopback(0, &why)) != 0) return Status::Ok();
+  return Status::Error("cannot find a free port on 127.0.0.1: " + why);
 }
 
 std::string TailFile(const std::string& path, int lines) {

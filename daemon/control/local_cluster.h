@@ -61,7 +61,9 @@ class LocalCluster {
   std::map<std::string, int> metrics_ports_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, then closed). Picked at random below
+// Linux's ephemeral range (32768-60999): a port the kernel hands out for port 0 is also what it
+// hands the next outgoing connection, and a test saw another process take one in between.
 Status FreeTcpPort(int* port);
 
 // The last `lines` lines of a text file ("" when unreadable).
