@@ -395,11 +395,26 @@ Status Syncer::Run() {
     return Status::Ok();
   };
 
+  // A delta that will not be merged: logged with the next merge of its fragment, counted in the
+  // ledger, and (tell_learner) named in the next SyncerStatus so its learner stops waiting for it.
+  auto drop_delta = [&](int learner, size_t p, uint64_t base_version, const std::string& why,
+                        const std::string& detail, bool rejected, bool tell_learner) {
+    im.skipped[p].push_back({learner, why, detail});
+    if (tell_learner) im.recent_drops.push_back({LearnerName(learner), (uint32_t)p, base_version, why});
+    LedgerEntry& le = LedgerFor(&state_, learner);
+    if (rejected) {
+      le.rejected++;
+      state_.rejected_deltas++;
+    } else {
+      le.dropped++;
+      state_.dropped_deltas++;
+    }
+  };
+
   auto handle_delta = [&](int learner, const ParsedMessage& m, SyncTime now) {
     const DeltaMsg& d = *m.get<DeltaMsg>();
-    LedgerEntry& le = LedgerFor(&state_, learner);
     if (d.fragment >= P) {
-      le.rejected++;
+      LedgerFor(&state_, learner).rejected++;
       state_.rejected_deltas++;
       return;
     }
@@ -410,15 +425,7 @@ Status Syncer::Run() {
     pd.counts = {(double)d.c_tokens, (double)d.c_steps};
     pd.at = now;
     auto skip = [&](const std::string& why, const std::string& detail, bool rejected) {
-      im.skipped[p].push_back({learner, why, detail});
-      im.recent_drops.push_back({LearnerName(learner), (uint32_t)p, d.base_version, why});
-      if (rejected) {
-        le.rejected++;
-        state_.rejected_deltas++;
-      } else {
-        le.dropped++;
-        state_.dropped_deltas++;
-      }
+      drop_delta(learner, p, d.base_version, why, detail, rejected, /*tell_learner=*/true);
     };
     if (Status st = DecodeFragmentPayload(fragments_[p], d.payload, m, &pd.delta); !st.ok()) {
       skip("bad_payload", st.message(), true);
@@ -443,9 +450,10 @@ Status Syncer::Run() {
     auto& pend = im.pending[p];
     for (auto& old : pend) {
       if (old.learner == learner) {  // a newer delta from the same learner replaces the older one
-        skip("replaced", "base " + std::to_string(old.base_version) + " replaced by base " +
-                             std::to_string(d.base_version), false);
-        im.recent_drops.pop_back();  // the learner waits for its newer delta, which is pending
+        // Not told: the learner waits for its newer delta, which is pending.
+        drop_delta(learner, p, old.base_version, "replaced",
+                   "base " + std::to_string(old.base_version) + " replaced by base " + std::to_string(d.base_version),
+                   false, /*tell_learner=*/false);
         old = std::move(pd);
         return;
       }
@@ -464,11 +472,9 @@ Status Syncer::Run() {
       if (c.accepted()) {
         ok.push_back(std::move(pd));
       } else {
-        im.skipped[p].push_back({pd.learner, ToString(c.verdict),
-                                 "base " + std::to_string(pd.base_version) + ", current " + std::to_string(fg.version)});
-        im.recent_drops.push_back({LearnerName(pd.learner), (uint32_t)p, pd.base_version, ToString(c.verdict)});
-        LedgerFor(&state_, pd.learner).dropped++;
-        state_.dropped_deltas++;
+        drop_delta(pd.learner, p, pd.base_version, ToString(c.verdict),
+                   "base " + std::to_string(pd.base_version) + ", current " + std::to_string(fg.version), false,
+                   /*tell_learner=*/true);
       }
     }
     pend.clear();

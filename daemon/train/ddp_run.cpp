@@ -3,12 +3,12 @@
 #include <omp.h>
 
 #include <atomic>
-#include <limits>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <thread>
 

@@ -192,18 +192,25 @@ TEST_CASE("local run: a stopped learner restarts from a snapshot and its deltas 
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 
+// Two learners in diloco mode (lock-step: every learner folds every version) with test hooks.
+Status RunDilocoPair(const TempDir& tmp, const LocalRunHooks& hooks, TrainOptions* o, TrainSummary* s,
+                     LocalRunDetails* d) {
+  *o = TinyRun(tmp, 2);
+  o->config.sync.mode = SyncMode::kDiloco;
+  return RunLocal(*o, s, hooks, d);
+}
+
 // A Global whose CRC32C does not match what the learners reconstruct: every learner resyncs
 // from a snapshot (nothing is lost) and goes on syncing.
 TEST_CASE("local run: a global with a wrong CRC makes learners resync from a snapshot", "[e2e]") {
   TempDir tmp;
-  TrainOptions o = TinyRun(tmp, 2);
-  o.config.sync.mode = SyncMode::kDiloco;  // lock-step: every learner folds every version
   LocalRunHooks hooks;
   hooks.corrupt_crc_fragment = 0;
   hooks.corrupt_crc_version = 2;
+  TrainOptions o;
   TrainSummary s;
   LocalRunDetails d;
-  const Status st = RunLocal(o, &s, hooks, &d);
+  const Status st = RunDilocoPair(tmp, hooks, &o, &s, &d);
   INFO(st.message());
   REQUIRE(st.ok());
   CHECK(d.crc_mismatches == std::vector<uint64_t>{1, 1});
@@ -219,14 +226,13 @@ TEST_CASE("local run: a global with a wrong CRC makes learners resync from a sna
 // its next delta, with all the progress since its base, is merged.
 TEST_CASE("local run: a learner told its delta was rejected sends again", "[e2e]") {
   TempDir tmp;
-  TrainOptions o = TinyRun(tmp, 2);
-  o.config.sync.mode = SyncMode::kDiloco;
   LocalRunHooks hooks;
   hooks.reject_first_delta_learner = 1;
   hooks.reject_first_delta_fragment = 0;
+  TrainOptions o;
   TrainSummary s;
   LocalRunDetails d;
-  const Status st = RunLocal(o, &s, hooks, &d);
+  const Status st = RunDilocoPair(tmp, hooks, &o, &s, &d);
   INFO(st.message());
   REQUIRE(st.ok());
   CHECK(d.deltas_dropped == std::vector<uint64_t>{0, 1});
