@@ -54,6 +54,12 @@ class TrainingBackend {
   void download_params(float* host) const { download_params(host, 0, num_params()); }
   // GPT-2 init (gpt_init_params) of every parameter.
   void init_weights(uint64_t seed);
+  // The fp32 master parameters themselves (num_params floats, table layout,
+  // in grad_memory()): what a local ring broadcasts from rank 0 when the
+  // outer sync changed them. After writing a range there, call
+  // params_written so any low-precision copy follows.
+  virtual float* param_buffer() = 0;
+  virtual void params_written(size_t offset, size_t count) = 0;
 
   // AdamW moments and step (checkpoints, a learner that rejoins).
   virtual void download_optimizer(AdamWState* out) const = 0;
@@ -80,12 +86,31 @@ class TrainingBackend {
     return apply_update(loss, hp, grad_clip);
   }
 
+  // Bytes held for activations and their gradients (what scales with
+  // max_batch), for memory reports.
+  virtual size_t activation_bytes() const = 0;
+
   // Mean loss of a batch without touching gradients or parameters.
   virtual double eval_loss(const int* inputs, const int* targets, int B, int T) = 0;
 };
 
 // Devices this build can create: "cpu", plus "cuda" when built with CUDA.
 bool BackendCompiled(const std::string& kind);
+
+// Whether `ranks` ranks starting at device ("cpu", "cuda", "cuda:N") can be
+// created here: empty, or what is missing (no CUDA in this build, no GPU
+// visible, too few GPUs) and what to do. Cheap: allocates nothing.
+std::string CheckDeviceAvailable(const std::string& device, int ranks);
+
+// The device of rank `rank` of a local ring on `device`: "cpu" for every CPU
+// rank, "cuda:N+rank" for a ring that starts at "cuda:N" ("cuda" = "cuda:0").
+std::string RankDevice(const std::string& device, int rank);
+
+// The collectives of a local ring of `ranks` ranks on `device`: threads on
+// "cpu", NCCL over cuda:N..N+ranks-1 on "cuda:N". Returns an empty string on
+// success, else what went wrong and what to do.
+[[nodiscard]] std::string CreateLocalCommGroup(const std::string& device, int ranks,
+                                               std::unique_ptr<LocalCommGroup>* out);
 
 // Creates the backend named by device ("cpu", "cuda", "cuda:N"). Returns an
 // empty string on success, else what went wrong and what to do (e.g. no

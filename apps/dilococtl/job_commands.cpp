@@ -95,7 +95,8 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
     }
     out << "\n";
   }
-  out << "learner  site         state       progress                       step   tok/s    loss  sent/folded  staleness\n";
+  out << "learner  site         device     state       progress                       step   tok/s    loss  sent/folded  "
+         "staleness\n";
   const long steps = Num(s, "steps", 0L);
   for (const auto& l : s.value("learners", nlohmann::json::array())) {
     const nlohmann::json p = l.value("progress", nlohmann::json::object());
@@ -103,7 +104,11 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
     std::string st = l.value("state", "?");
     if (!p.empty() && st == "running") st = p.value("state", st);
     const long step = !p.empty() ? Num(p, "step", 0L) : Num(r, "steps", 0L);
-    out << Pad(std::to_string(Num(l, "learner", 0)), 9) << Pad(l.value("site", "?"), 13) << Pad(st, 12)
+    // The learner's local ring: its first device and how many ranks ("cuda:0 x4").
+    std::string device = p.value("device", std::string("-"));
+    device = device.substr(0, device.find(' '));
+    if (Num(p, "ranks", 1) > 1) device += " x" + std::to_string(Num(p, "ranks", 1));
+    out << Pad(std::to_string(Num(l, "learner", 0)), 9) << Pad(l.value("site", "?"), 13) << Pad(device, 11) << Pad(st, 12)
         << Bar(steps > 0 ? (double)step / steps : 0, 28) << " " << Pad(std::to_string(step), 7);
     if (!p.empty()) {
       // Staleness: how many versions the learner's base is behind the syncer's, worst fragment.

@@ -10,7 +10,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/rng.h"
-#include "kernels/train_step.h"
+#include "kernels/backend.h"
 
 namespace diloco {
 
@@ -49,10 +49,10 @@ Status RunEngineBench(const EngineBenchOptions& options, EngineBenchResult* out)
   const int warmup = options.warmup > 0 ? options.warmup : preset->warmup;
   const int B = r.batch, T = r.model.block_size;
 
-  Gpt model(r.model, B);
-  model.init_weights(1337);
-  AdamWState optimizer;
-  const size_t P = model.num_params();
+  std::unique_ptr<TrainingBackend> model;
+  if (std::string err = CreateBackend("cpu", {r.model, B}, &model); !err.empty()) return Status::Error(err);
+  model->init_weights(1337);
+  const size_t P = model->num_params();
   const size_t non_position = P - (size_t)T * r.model.n_embd;
   r.flops_per_token = 6.0 * non_position + 12.0 * r.model.n_layer * r.model.n_embd * T;
 
@@ -68,7 +68,7 @@ Status RunEngineBench(const EngineBenchOptions& options, EngineBenchResult* out)
       std::copy_n(&tokens[b * (T + 1) + 1], T, &targets[b * T]);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const StepStats st = train_step(model, optimizer, inputs.data(), targets.data(), B, T, hp, 1.0);
+    const StepStats st = model->train_step(inputs.data(), targets.data(), B, T, hp, 1.0);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s == 0) r.loss_first = st.loss;
     r.loss_last = st.loss;
@@ -81,7 +81,7 @@ Status RunEngineBench(const EngineBenchOptions& options, EngineBenchResult* out)
   r.tok_per_s_median = B * T / (r.step_ms_median / 1e3);
   r.gflops_median = r.flops_per_token * r.tok_per_s_median / 1e9;
   r.state_mb = 4.0 * P * sizeof(float) / (1024.0 * 1024.0);
-  r.activations_mb = model.activation_bytes() / (1024.0 * 1024.0);
+  r.activations_mb = model->activation_bytes() / (1024.0 * 1024.0);
   r.peak_rss_mb = peak_rss_mb();
   *out = r;
   return Status::Ok();

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "daemon/config/run_config.h"
 #include "daemon/config/yaml_helpers.h"
 
 namespace diloco {
@@ -73,6 +74,7 @@ class Section {
     const YAML::Node n = Get(key);
     return Where(source_, n.IsDefined() ? n.Mark() : node_.Mark());
   }
+  const std::string& source() const { return source_; }
   std::string Full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
   Status String(const std::string& key, std::string* out) const {
@@ -131,7 +133,74 @@ Status ReadEndpoints(const Section& s, DaemonEndpoints* out) {
   return Status::Ok();
 }
 
+// devices: cpu | {cuda: [0, 1, ...]}
+Status ReadDevices(const Section& top, SiteDevices* out) {
+  const YAML::Node node = top.Get("devices");
+  if (!node.IsDefined() || node.IsNull()) return Status::Ok();
+  const std::string where = top.WhereOf("devices");
+  const std::string forms = "write devices: cpu, or devices: {cuda: [0, 1]} listing the GPUs jobs may use";
+  if (node.IsScalar() && node.Scalar() == "cpu") return Status::Ok();
+  if (!node.IsMap()) {
+    return Status::Error(where + ": devices: expected cpu or {cuda: [...]}, got " + Describe(node) + "; " + forms);
+  }
+  const Section devices(node, "devices", top.source(), {"cuda"});
+  DL_RETURN_IF_ERROR(devices.CheckKeys());
+  const YAML::Node list = devices.Get("cuda");
+  const std::string list_where = devices.WhereOf("cuda");
+  if (!list.IsDefined() || !list.IsSequence() || list.size() == 0) {
+    return Status::Error(list_where + ": devices.cuda: expected a non-empty list of GPU indices, e.g. [0, 1], got " +
+                         (list.IsDefined() ? Describe(list) : std::string("nothing")) + "; " + forms);
+  }
+  SiteDevices d;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string text = list[i].IsScalar() ? list[i].Scalar() : "";
+    int gpu = -1;
+    auto r = std::from_chars(text.data(), text.data() + text.size(), gpu);
+    const std::string item_where = Where(top.source(), list[i].Mark());
+    if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size() || gpu < 0) {
+      return Status::Error(item_where + ": devices.cuda." + std::to_string(i) +
+                           ": expected a GPU index (0, 1, ...), got " + Describe(list[i]));
+    }
+    if (std::find(d.gpus.begin(), d.gpus.end(), gpu) != d.gpus.end()) {
+      return Status::Error(item_where + ": devices.cuda." + std::to_string(i) + ": GPU " + std::to_string(gpu) +
+                           " is listed twice; list each GPU once");
+    }
+    d.gpus.push_back(gpu);
+  }
+  *out = std::move(d);
+  return Status::Ok();
+}
+
 }  // namespace
+
+std::string SiteDevices::ToString() const {
+  if (gpus.empty()) return "cpu";
+  std::string out = "cuda [";
+  for (size_t i = 0; i < gpus.size(); ++i) out += (i ? ", " : "") + std::to_string(gpus[i]);
+  return out + "]";
+}
+
+Status CheckJobFitsSite(const std::string& site, const SiteDevices& devices, const std::string& device, int ranks) {
+  const std::string asks = "site '" + site + "' has devices " + devices.ToString() +
+                           "; the job asks for train.device " + device + " with " + std::to_string(ranks) +
+                           (ranks == 1 ? " rank" : " ranks");
+  DeviceSpec spec;
+  if (Status st = ParseDevice(device, &spec); !st.ok()) return Status::Error(asks + ": train.device " + st.message());
+  if (ranks < 1) return Status::Error(asks + ": train.ranks must be >= 1");
+  if (!spec.cuda) return Status::Ok();  // every site has a CPU; its ranks are threads
+  if (devices.gpus.empty()) {
+    return Status::Error(asks + ": place this learner on a GPU site or set train.device: cpu");
+  }
+  for (int r = 0; r < ranks; ++r) {
+    const int gpu = spec.first_gpu + r;
+    if (std::find(devices.gpus.begin(), devices.gpus.end(), gpu) == devices.gpus.end()) {
+      return Status::Error(asks + ": GPU " + std::to_string(gpu) + " (rank " + std::to_string(r) +
+                           ") is not listed; lower train.ranks, pick a train.device cuda:N whose GPUs N .. N+ranks-1 "
+                           "the site lists, or place the learner on another site");
+    }
+  }
+  return Status::Ok();
+}
 
 const PeerConfig* DaemonConfig::FindPeer(const std::string& name) const {
   for (const PeerConfig& p : peers)
@@ -159,7 +228,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   c.source = source_name;
   const Section top(root, "", source_name,
                     {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
-                     "metrics_port"});
+                     "metrics_port", "devices"});
   DL_RETURN_IF_ERROR(top.CheckKeys());
   DL_RETURN_IF_ERROR(top.String("site", &c.site));
   DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
@@ -168,6 +237,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   DL_RETURN_IF_ERROR(top.Bool("allow_plaintext", &c.allow_plaintext));
   DL_RETURN_IF_ERROR(top.Int("threads", &c.threads));
   DL_RETURN_IF_ERROR(top.Int("metrics_port", &c.metrics_port));
+  DL_RETURN_IF_ERROR(ReadDevices(top, &c.devices));
   const Section listen(top.Get("listen"), "listen", source_name, kEndpointKeys);
   DL_RETURN_IF_ERROR(listen.CheckKeys());
   DL_RETURN_IF_ERROR(ReadEndpoints(listen, &c.listen));

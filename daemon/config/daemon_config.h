@@ -17,6 +17,11 @@
 //   allow_plaintext: false             # true: no CURVE on loopback/ipc (development only)
 //   threads: 0                         # compute threads for this site's roles; 0 = all cores
 //   metrics_port: 0                    # Prometheus text on 127.0.0.1:PORT/metrics; 0 = off
+//   devices: cpu                       # what this site's learners may compute on (default cpu):
+//                                      #   devices: cpu                  CPU only
+//                                      #   devices: {cuda: [0, 1, 2, 3]} these GPUs (CUDA indices)
+//                                      #     and the CPU; a job's train.device cuda:N with R ranks
+//                                      #     needs GPUs N .. N+R-1 all listed ("cuda" = cuda:0)
 //
 // Relative paths resolve against the config file's directory. Errors start with "file:line:col".
 #pragma once
@@ -36,6 +41,14 @@ struct DaemonEndpoints {
   bool operator==(const DaemonEndpoints&) const = default;
 };
 
+// The devices a site offers its jobs (the `devices` key).
+struct SiteDevices {
+  std::vector<int> gpus;  // CUDA device indices, distinct, in the order written; empty = CPU only
+  bool operator==(const SiteDevices&) const = default;
+  // "cpu" or "cuda [0, 1]", for messages and status.
+  std::string ToString() const;
+};
+
 struct PeerConfig {
   std::string site;
   DaemonEndpoints endpoints;    // where this daemon connects to reach the peer
@@ -53,6 +66,7 @@ struct DaemonConfig {
   bool allow_plaintext = false;
   int threads = 0;
   int metrics_port = 0;
+  SiteDevices devices;
   std::string source;  // the file it came from, for messages
   bool operator==(const DaemonConfig&) const = default;
 
@@ -64,6 +78,12 @@ Status LoadDaemonConfig(const std::string& path, DaemonConfig* out);
 // From text; relative paths resolve against base_dir.
 Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source_name,
                          const std::string& base_dir, DaemonConfig* out);
+
+// Whether site, which has devices, can run a learner with the run config's train.device and
+// train.ranks: a CPU job fits every site, with any number of ranks; cuda:N with R ranks needs GPUs
+// N .. N+R-1 listed in devices ("cuda" is cuda:0). The error names the site, what it has and what
+// the job asks, e.g. "site 'a' has devices cpu; the job asks for train.device cuda with 2 ranks".
+Status CheckJobFitsSite(const std::string& site, const SiteDevices& devices, const std::string& device, int ranks);
 
 // Where a client on this machine reaches an endpoint a daemon binds: a wildcard host
 // (tcp://*:7101, tcp://0.0.0.0:7101) becomes 127.0.0.1.

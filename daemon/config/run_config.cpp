@@ -101,7 +101,9 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"model.n_embd", &m.n_embd},
       {"model.n_head", &m.n_head},
       {"model.block_size", &m.block_size},
+      {"model.vocab_size", &m.vocab_size},
       {"data.corpus", PathField{&d.corpus}},
+      {"data.format", EnumOf(&d.format, kDataFormatNames)},
       {"data.val_fraction", &d.val_fraction},
       {"train.batch_size", &t.batch_size},
       {"train.steps", &t.steps},
@@ -119,6 +121,8 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"train.checkpoint_every", &t.checkpoint_every},
       {"train.log_every", &t.log_every},
       {"train.time_limit_s", &t.time_limit_s},
+      {"train.device", &t.device},
+      {"train.ranks", &t.ranks},
       {"eval.every", &e.every},
       {"eval.batches", &e.batches},
       {"sync.mode", EnumOf(&s.mode, kSyncModeNames)},
@@ -676,11 +680,24 @@ Status Validate(const RunConfig& c, const Origins& origins) {
                 {"model.n_head", "model.n_embd"});
   }
 
+  if (m.vocab_size < 2 || m.vocab_size > 65536) {
+    return fail("model.vocab_size",
+                "must be in [2, 65536] (token files store uint16 ids), got " + std::to_string(m.vocab_size),
+                {"model.vocab_size"});
+  }
+
   const DataConfig& d = c.data;
   if (d.corpus.empty()) {
     return Status::Error(origins.OfValue({"data.corpus"}) +
                          ": data.corpus is required: the path of a text file or a directory of " +
                          "text files; set it under 'data:' or pass --set data.corpus=PATH");
+  }
+  if (d.format == DataFormat::kBytes && m.vocab_size != 256) {
+    return fail("model.vocab_size",
+                std::to_string(m.vocab_size) +
+                    " does not fit data.format bytes, whose tokens are bytes (vocab_size 256); set "
+                    "vocab_size: 256, or data.format: tokens for a pre-tokenized corpus",
+                {"model.vocab_size", "data.format"});
   }
   DL_RETURN_IF_ERROR(in_range("data.val_fraction", d.val_fraction,
                               d.val_fraction > 0 && d.val_fraction <= 0.5, "(0, 0.5]"));
@@ -710,6 +727,11 @@ Status Validate(const RunConfig& c, const Origins& origins) {
       at_least("train.checkpoint_every", t.checkpoint_every, 0, " (0 = only at the end)"));
   DL_RETURN_IF_ERROR(at_least("train.log_every", t.log_every, 1, ""));
   DL_RETURN_IF_ERROR(non_negative("train.time_limit_s", t.time_limit_s, " (0 = no limit)"));
+  DeviceSpec device;
+  if (Status status = ParseDevice(t.device, &device); !status.ok()) {
+    return fail("train.device", status.message(), {"train.device"});
+  }
+  DL_RETURN_IF_ERROR(at_least("train.ranks", t.ranks, 1, " (the learner's local ring size)"));
 
   const EvalConfig& e = c.eval;
   DL_RETURN_IF_ERROR(at_least("eval.every", e.every, 0, " (0 = only at the end)"));
@@ -733,6 +755,33 @@ Status ReadFile(const std::string& path, std::string* text) {
 }
 
 }  // namespace
+
+Status ParseDevice(const std::string& text, DeviceSpec* out) {
+  DeviceSpec spec;
+  bool ok = true;
+  if (text == "cpu") {
+  } else if (text == "cuda") {
+    spec.cuda = true;
+  } else if (text.rfind("cuda:", 0) == 0) {
+    const std::string index = text.substr(5);
+    // Plain decimal digits only: "cuda:+1", "cuda: 1" and "cuda:-1" are typos, not indices.
+    ok = !index.empty() && index.size() <= 4 &&
+         std::all_of(index.begin(), index.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (ok) {
+      spec.cuda = true;
+      spec.first_gpu = std::stoi(index);
+    }
+  } else {
+    ok = false;
+  }
+  if (!ok) {
+    return Status::Error("'" + text +
+                         "' is not a device; write cpu, cuda (= cuda:0) or cuda:N (the first of the GPUs "
+                         "N .. N+ranks-1)");
+  }
+  *out = spec;
+  return Status::Ok();
+}
 
 Status ParseRunConfig(const std::string& yaml_text, const std::string& source_name,
                       const std::string& base_dir, const std::vector<std::string>& overrides,

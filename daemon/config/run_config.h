@@ -4,9 +4,9 @@
 // and its default is listed below (sync and learners: sync_config.h);
 // run_config.cpp holds the one table that maps key paths to these fields.
 //
-//   model:  {n_layer: 4, n_embd: 128, n_head: 4, block_size: 64}
-//   data:   {corpus: PATH, val_fraction: 0.1}
-//   train:  {batch_size: 12, steps: 2000, lr: 1e-3, ...}   # per learner
+//   model:  {n_layer: 4, n_embd: 128, n_head: 4, block_size: 64, vocab_size: 256}
+//   data:   {corpus: PATH, format: bytes, val_fraction: 0.1}
+//   train:  {batch_size: 12, steps: 2000, lr: 1e-3, ..., device: cpu, ranks: 1}   # per learner
 //   eval:   {every: 0, batches: 20}
 //   sync:   {mode: decoupled, learners: 1, grace: {gamma: 0.5, cap_ms: 2000}, ...}
 //   learners: [{slowdown: 3}, ...]
@@ -19,8 +19,10 @@
 // The value is parsed as YAML, so quote strings with special characters.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daemon/config/sync_config.h"
@@ -28,19 +30,31 @@
 
 namespace diloco {
 
-// The GPT's shape. The vocabulary is fixed at 256 (bytes) and is not a key.
+// The GPT's shape.
 struct ModelConfig {
   int n_layer = 4;
   int n_embd = 128;  // must be a multiple of n_head
   int n_head = 4;
   int block_size = 64;  // context length in tokens
+  // Token ids are in [0, vocab_size). With data.format bytes a token is a byte, so it must be 256;
+  // with tokens it is the tokenizer's size (50257 for GPT-2's BPE), at most 65536 because token
+  // files store uint16 ids.
+  int vocab_size = 256;
   bool operator==(const ModelConfig&) const = default;
 };
 
+// How data.corpus is read (daemon/train/data.h has the exact layouts):
+//   bytes:  text; every byte is a token (vocab 256).
+//   tokens: uint16 token files as nanoGPT's prepare.py and llm.c's dev/data scripts write them.
+enum class DataFormat { kBytes, kTokens };
+inline constexpr std::array<std::string_view, 2> kDataFormatNames = {"bytes", "tokens"};
+inline std::string_view ToString(DataFormat v) { return kDataFormatNames[static_cast<int>(v)]; }
+
 struct DataConfig {
-  // A text file or a directory of text files; always absolute and lexically
-  // normalized after loading (it need not exist: the data loader checks).
+  // A file or a directory of files; always absolute and lexically normalized after loading (it need
+  // not exist: the data loader checks).
   std::string corpus;
+  DataFormat format = DataFormat::kBytes;
   double val_fraction = 0.1;  // in (0, 0.5]: share of the corpus held out
   bool operator==(const DataConfig&) const = default;
 };
@@ -64,8 +78,26 @@ struct TrainConfig {
   // Wall-clock budget in seconds from the start of training; every learner ends at its first step
   // boundary past it, as if train.steps were reached (0 = none). For equal-wall-time comparisons.
   double time_limit_s = 0;
+  // Where the learner computes: "cpu", or "cuda" / "cuda:N" for GPUs N .. N+ranks-1 ("cuda" is
+  // cuda:0). Only the spelling is checked here; whether the GPUs exist is checked where the job
+  // starts (locally) or is submitted (CheckJobFitsSite in daemon_config.h).
+  std::string device = "cpu";
+  // The learner's local ring: ranks CPU threads (sharing train.threads) or GPUs, each taking
+  // batch_size sequences per step, so one learner step sees ranks * batch_size sequences.
+  int ranks = 1;
   bool operator==(const TrainConfig&) const = default;
 };
+
+// train.device, parsed.
+struct DeviceSpec {
+  bool cuda = false;
+  int first_gpu = 0;  // cuda only: rank r runs on GPU first_gpu + r
+  bool operator==(const DeviceSpec&) const = default;
+};
+
+// Reads "cpu", "cuda" (= cuda:0) or "cuda:N" (N a decimal index); anything else is an error that
+// lists the accepted spellings.
+Status ParseDevice(const std::string& text, DeviceSpec* out);
 
 struct EvalConfig {
   int every = 0;     // steps; 0 = only at the end

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -23,6 +24,7 @@
 #include "daemon/net/curve.h"
 #include "daemon/net/wire_transport.h"
 #include "daemon/sync/syncer.h"
+#include "daemon/train/trainer.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/lock_file.h"
 #include "daemon/util/proc_stats.h"
@@ -284,6 +286,12 @@ struct Daemon::Impl {
 
   // Takes a new job: persists it and starts its roles here.
   Status AcceptJob(const std::string& id, const RunConfig& cfg, const std::string& submitted_to) {
+    // A learner placed here must fit this site's devices (daemon config) and this machine.
+    if (std::find(cfg.placement.learners.begin(), cfg.placement.learners.end(), config.site) !=
+        cfg.placement.learners.end()) {
+      DL_RETURN_IF_ERROR(CheckJobFitsSite(config.site, config.devices, cfg.train.device, cfg.train.ranks));
+      DL_RETURN_IF_ERROR(CheckTrainDevice(cfg.train).WithContext("site '" + config.site + "'"));
+    }
     JobRecord rec;
     rec.id = id;
     rec.submitted_to = submitted_to;

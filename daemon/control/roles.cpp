@@ -17,7 +17,6 @@
 #include "daemon/train/learner.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
-#include "kernels/gpt.h"
 #include "kernels/rng.h"
 
 namespace diloco {
@@ -65,10 +64,6 @@ void AddMergeHistory(const std::string& events_path, nlohmann::json* out) {
   (*out)["merge_reasons"] = reasons;
 }
 
-std::string StepFile(const std::string& run_dir, int index) {
-  return (fs::path(run_dir) / (LearnerName(index) + ".step")).string();
-}
-
 }  // namespace
 
 struct Role::Impl {
@@ -85,7 +80,6 @@ struct Role::Impl {
   mutable std::mutex progress_mu;
   LearnerProgress progress;
   long start_step = 0;
-  Clock::time_point last_step_save;  // epoch: the first step is saved at once
 };
 
 Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out) {
@@ -95,14 +89,8 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   Impl& im = *role->impl_;
   im.options = options;
   const RunConfig& cfg = options.config;
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
-  {
-    std::ofstream f(fs::path(options.run_dir) / "config.yaml", std::ios::trunc);
-    f << RunConfigToYaml(cfg);
-  }
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, cfg.sync.learners},
-                                  &im.corpus));
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
+  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, cfg.sync.learners), &im.corpus));
   const GptConfig gc = GptConfigOf(cfg.model);
   const TensorTable table = gpt_tensor_table(gc);
   im.init.resize(table.total_numel());
@@ -139,19 +127,18 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
     if (st.ok()) {
       const RunConfig& cfg = im.options.config;
       const GptConfig gc = GptConfigOf(cfg.model);
-      const BatchSampler val(im.corpus->val(), cfg.train.batch_size, cfg.model.block_size,
-                             mix_seed(cfg.train.seed, ~0ULL));
+      const BatchSampler val = ValSampler(*im.corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
       omp_set_num_threads(std::max(1, im.options.threads));
       std::vector<float> global(im.init.size());
       im.syncer->GlobalParams(global.data());
       const SyncerResult& sr = im.syncer->result();
       // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
       const std::string ckpt_path = (fs::path(im.options.run_dir) / "checkpoint.bin").string();
-      {
-        Gpt model(gc, 1);
-        std::copy(global.begin(), global.end(), model.params());
-        st = SaveCheckpoint(ckpt_path, model, AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg));
-      }
+      st = SaveCheckpoint(ckpt_path, gc, global.data(), AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg));
+      // The syncer's site trains nothing: it evaluates on its CPU.
+      double initial_val_loss = 0, final_val_loss = 0;
+      if (st.ok()) st = EvaluateParams("cpu", gc, im.init.data(), val, cfg.eval.batches, &initial_val_loss);
+      if (st.ok()) st = EvaluateParams("cpu", gc, global.data(), val, cfg.eval.batches, &final_val_loss);
       result = {{"merges", sr.merges},
                 {"dropped_deltas", sr.dropped_deltas},
                 {"rejected_deltas", sr.rejected_deltas},
@@ -159,8 +146,8 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
                 {"bytes_published", sr.bytes_published},
                 {"snapshots_served", sr.snapshots_served},
                 {"versions", sr.versions},
-                {"initial_val_loss", EvaluateParams(gc, im.init.data(), val, cfg.eval.batches)},
-                {"final_val_loss", EvaluateParams(gc, global.data(), val, cfg.eval.batches)},
+                {"initial_val_loss", initial_val_loss},
+                {"final_val_loss", final_val_loss},
                 {"global_state", state_path},
                 {"checkpoint", ckpt_path},
                 {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
@@ -183,16 +170,13 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   Impl& im = *role->impl_;
   im.options = options;
   im.index = index;
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
   const RunConfig& cfg = options.config;
+  DL_RETURN_IF_ERROR(CheckTrainDevice(cfg.train).WithContext(LearnerName(index)));
   const GptConfig gc = GptConfigOf(cfg.model);
   im.init.resize(gpt_tensor_table(gc).total_numel());
   gpt_init_params(gc, cfg.train.seed, im.init.data());
-  if (options.resume) {
-    std::string text;
-    if (ReadWholeFile(StepFile(options.run_dir, index), "learner step", &text).ok()) im.start_step = std::atol(text.c_str());
-  }
+  if (options.resume) DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, index, &im.start_step));
   DL_RETURN_IF_ERROR(im.metrics.Open((fs::path(options.run_dir) / (LearnerName(index) + ".jsonl")).string()));
   im.progress.index = index;
   im.progress.step = im.start_step;
@@ -212,28 +196,19 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
     lo.join_from_snapshot = im.options.resume;
     lo.start_step = im.start_step;
     lo.threads = std::max(1, im.options.threads);
+    lo.run_dir = im.options.run_dir;
     lo.metrics = &im.metrics;
     lo.metrics_mu = &im.metrics_mu;
     lo.stop = &im.stop;
     lo.crash = &im.crash;
     lo.on_progress = [&im](const LearnerProgress& p) {
-      {
-        std::lock_guard<std::mutex> lock(im.progress_mu);
-        im.progress = p;
-      }
-      // What a restart continues from (a few times a second; the step is cheap to lose).
-      if (Clock::now() - im.last_step_save > std::chrono::milliseconds(250)) {
-        im.last_step_save = Clock::now();
-        const std::string text = std::to_string(p.step) + "\n";
-        (void)WriteFileAtomically(StepFile(im.options.run_dir, im.index), {{text.data(), text.size()}}, "learner step");
-      }
+      std::lock_guard<std::mutex> lock(im.progress_mu);
+      im.progress = p;
     };
     LearnerResult res;
     Status st = RunLearner(context, lo, &res);
     nlohmann::json result;
     if (st.ok()) {
-      const std::string text = std::to_string(res.steps) + "\n";
-      (void)WriteFileAtomically(StepFile(im.options.run_dir, im.index), {{text.data(), text.size()}}, "learner step");
       result = {{"steps", res.steps},
                 {"start_step", im.start_step},
                 {"tokens", res.tokens},
@@ -310,8 +285,11 @@ nlohmann::json Role::Progress() const {
     std::lock_guard<std::mutex> lock(im.progress_mu);
     p = im.progress;
   }
+  const TrainConfig& tc = im.options.config.train;
   return {{"role", LearnerName(im.index)},
           {"learner", im.index},
+          {"device", p.device.empty() ? tc.device : p.device},
+          {"ranks", tc.ranks},
           {"state", StateName(p.state)},
           {"step", p.step},
           {"steps", im.options.config.train.steps},

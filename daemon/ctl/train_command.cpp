@@ -28,6 +28,13 @@ int RunTrainCommand(const TrainCommand& cmd) {
     std::fprintf(stderr, "dilococtl train: %s\n", st.message().c_str());
     return 2;
   }
+  // A device this build or machine lacks: refused before anything starts (no run directory).
+  TrainConfig ring = options.config.train;
+  if (options.config.sync.mode == SyncMode::kDdp) ring.ranks *= options.config.sync.learners;  // one ring
+  if (const Status st = CheckTrainDevice(ring); !st.ok()) {
+    std::fprintf(stderr, "dilococtl train: %s\n", st.message().c_str());
+    return 2;
+  }
   if (cmd.resume && cmd.out_dir.empty()) {
     std::fprintf(stderr, "dilococtl train: --resume needs --out DIR, the run directory to continue\n");
     return 2;

@@ -1,31 +1,26 @@
-// Codecs: see codec.h for the formats. The hot loops are plain branch-free loops that GCC
-// vectorizes at -O3 (check with -fopt-info-vec-optimized):
-// - absmax and the NaN/Inf check are one unsigned max over the float bits with the sign cleared
-//   (order-preserving for finite values; >= 0x7f800000 means NaN or Inf);
-// - round-half-even is x + 1.5*2^23 (exact for |x| < 2^22), the integer read off the low bits;
-// - payload floats and uint16s are read and written with memcpy (payloads are unaligned);
-// - one exception, the int4 decoder's 16-entry table lookup: GCC turns it into gathers (~3 GB/s),
-//   so with AVX-512 it is one vpermps per 16 values (the table fits one register).
+// Codecs: see codec.h for the formats. The dense codecs (per block: scale, codes, levels) are
+// kernels/sync_ops.h's sync_encode_dense / sync_decode_dense, THE implementation (its header
+// pins the arithmetic); this file adds what the wire needs around them: option and size checks,
+// Status errors that name the index, top-k, several tensors per payload and error feedback.
 #include "daemon/net/codec.h"
 
 #include <algorithm>
 #include <bit>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <string>
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#endif
 
 namespace diloco {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
+static_assert(static_cast<int>(CodecKind::kFp32) == static_cast<int>(SyncCodec::kFp32) &&
+                  static_cast<int>(CodecKind::kBf16) == static_cast<int>(SyncCodec::kBf16) &&
+                  static_cast<int>(CodecKind::kInt8) == static_cast<int>(SyncCodec::kInt8) &&
+                  static_cast<int>(CodecKind::kInt4) == static_cast<int>(SyncCodec::kInt4),
+              "CodecKind and SyncCodec share the wire's numbering");
 
-// Payload bytes have no alignment: every multi-byte access is a memcpy (one mov, or a vector
-// lane, once compiled).
+// Payload bytes have no alignment: every multi-byte access is a memcpy.
 template <typename T>
 inline T Load(const uint8_t* p) {
   T v;
@@ -38,13 +33,12 @@ inline void Store(uint8_t* p, T v) {
 }
 
 constexpr uint32_t kAbsMask = 0x7fffffffu;
-constexpr uint32_t kInfBits = 0x7f800000u;
-constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
-constexpr int32_t kRoundMagicBits = 0x4b400000;
 constexpr uint8_t kIndexBitmap = 1;
 constexpr uint8_t kIndexDelta = 2;
 
 std::string KindName(CodecKind kind) { return std::string(CodecName(kind)); }
+
+SyncCodec ToSync(CodecKind kind) { return static_cast<SyncCodec>(static_cast<int>(kind)); }
 
 Status CheckBlockSize(int block_size) {
   if (block_size < kMinCodecBlockSize || block_size > kMaxCodecBlockSize || block_size % 2 != 0) {
@@ -55,267 +49,16 @@ Status CheckBlockSize(int block_size) {
   return Status::Ok();
 }
 
-size_t NumBlocks(size_t n, int block_size) { return (n + block_size - 1) / block_size; }
-
-// What this file writes; must equal EncodedBytes() (checked on every call, and by the tests).
-size_t LayoutBytes(CodecKind kind, size_t n, int block_size) {
-  switch (kind) {
-    case CodecKind::kFp32:
-      return 4 * n;
-    case CodecKind::kBf16:
-      return 2 * n;
-    case CodecKind::kInt8:
-      return 4 * NumBlocks(n, block_size) + n;
-    case CodecKind::kInt4:
-      return 4 * NumBlocks(n, block_size) + (n + 1) / 2;
-  }
-  return 0;
-}
-
-// The largest scale s with q * s finite for |q| <= qmax.
-float MaxScale(int qmax) {
-  float s = FLT_MAX / static_cast<float>(qmax);
-  while (!std::isfinite(s * static_cast<float>(qmax))) s = std::nextafter(s, 0.0f);
-  return s;
-}
-
-// ---- kernels ----
-
-// max |x[i]| as float bits; >= kInfBits when some value is NaN or Inf.
-uint32_t AbsMaxBits(const float* __restrict x, size_t n) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t b = std::bit_cast<uint32_t>(x[i]) & kAbsMask;
-    m = b > m ? b : m;
-  }
-  return m;
-}
-
-// max of n little-endian uint32 at p.
-uint32_t MaxU32(const uint8_t* __restrict p, size_t n) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t v = Load<uint32_t>(p + 4 * i);
-    m = v > m ? v : m;
-  }
-  return m;
-}
-
-inline int32_t RoundHalfEven(float v) { return std::bit_cast<int32_t>(v + kRoundMagic) - kRoundMagicBits; }
-
-void QuantizeInt8(const float* __restrict x, size_t n, float inv_scale, int8_t* __restrict q) {
-  for (size_t i = 0; i < n; ++i) {
-    int32_t v = RoundHalfEven(x[i] * inv_scale);
-    v = v < -127 ? -127 : v;
-    v = v > 127 ? 127 : v;
-    q[i] = static_cast<int8_t>(v);
-  }
-}
-
-// int4: the nearest of kInt4Levels to v = x / absmax. By symmetry, m = how many of the 7
-// positive midpoints |v| exceeds picks the level 8 + m (v >= 0) or 7 - m = (8 + m) ^ 15 (v < 0).
-// A value exactly on a midpoint takes the level nearer to zero.
-constexpr float Mid(int k) { return 0.5f * (kInt4Levels[8 + k] + kInt4Levels[9 + k]); }
-inline uint32_t Int4Code(float v) {
-  const float a = std::fabs(v);
-  const uint32_t m = (a > Mid(0)) + (a > Mid(1)) + (a > Mid(2)) + (a > Mid(3)) + (a > Mid(4)) +
-                     (a > Mid(5)) + (a > Mid(6));
-  return (8 + m) ^ (v < 0.0f ? 15u : 0u);
-}
-
-// x has 2 * pairs values; byte j = code(x[2j]) | code(x[2j+1]) << 4.
-void QuantizeInt4Pairs(const float* __restrict x, size_t pairs, float inv_scale, uint8_t* __restrict q) {
-  for (size_t j = 0; j < pairs; ++j) {
-    const uint32_t a = Int4Code(x[2 * j] * inv_scale);
-    const uint32_t b = Int4Code(x[2 * j + 1] * inv_scale);
-    q[j] = static_cast<uint8_t>(a | (b << 4));
-  }
-}
-
-void DequantizeInt8(const int8_t* __restrict q, size_t n, float scale, float* __restrict x) {
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(q[i]) * scale;
-}
-
-void DequantizeInt4Pairs(const uint8_t* __restrict q, size_t pairs, float scale, float* __restrict x) {
-  size_t j = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  const __m512 table = _mm512_loadu_ps(kInt4Levels);
-  const __m512 s = _mm512_set1_ps(scale);
-  const __m128i low4 = _mm_set1_epi8(15);
-  for (; j + 16 <= pairs; j += 16) {  // 16 bytes -> 32 values
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j));
-    const __m128i lo = _mm_and_si128(b, low4);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-    // Codes in value order: byte j's low nibble, then its high nibble.
-    const __m512i c0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
-    const __m512i c1 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi));
-    _mm512_storeu_ps(x + 2 * j, _mm512_mul_ps(_mm512_permutexvar_ps(c0, table), s));
-    _mm512_storeu_ps(x + 2 * j + 16, _mm512_mul_ps(_mm512_permutexvar_ps(c1, table), s));
-  }
-#endif
-  for (; j < pairs; ++j) {
-    x[2 * j] = kInt4Levels[q[j] & 15] * scale;
-    x[2 * j + 1] = kInt4Levels[q[j] >> 4] * scale;
-  }
-}
-
-// Nonzero when some code is -128 (never written by the int8 encoder).
-int8_t MinInt8(const int8_t* __restrict q, size_t n) {
-  int8_t m = 0;
-  for (size_t i = 0; i < n; ++i) m = q[i] < m ? q[i] : m;
-  return m;
-}
-
-// Returns the OR of "input was NaN/Inf" and "rounded to Inf" flags.
-uint32_t EncodeBf16(const float* __restrict x, size_t n, uint8_t* __restrict out) {
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t b = std::bit_cast<uint32_t>(x[i]);
-    const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    Store<uint16_t>(out + 2 * i, static_cast<uint16_t>(r));
-    bad |= static_cast<uint32_t>((b & kAbsMask) >= kInfBits) | static_cast<uint32_t>((r & 0x7fffu) >= 0x7f80u);
-  }
-  return bad;
-}
-
-uint16_t DecodeBf16(const uint8_t* __restrict in, size_t n, float* __restrict x) {
-  uint16_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint16_t h = Load<uint16_t>(in + 2 * i);
-    const uint16_t a = static_cast<uint16_t>(h & 0x7fffu);
-    m = a > m ? a : m;
-    x[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-  }
-  return m;
-}
-
-uint32_t CopyToPayload(const float* __restrict x, size_t n, uint8_t* __restrict out) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t b = std::bit_cast<uint32_t>(x[i]) & kAbsMask;
-    m = b > m ? b : m;
-    Store<float>(out + 4 * i, x[i]);
-  }
-  return m;
-}
-
-uint32_t CopyFromPayload(const uint8_t* __restrict in, size_t n, float* __restrict x) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const float v = Load<float>(in + 4 * i);
-    const uint32_t b = std::bit_cast<uint32_t>(v) & kAbsMask;
-    m = b > m ? b : m;
-    x[i] = v;
-  }
-  return m;
-}
-
 // ---- errors ----
 
-Status NonFiniteError(const float* x, size_t n, size_t offset) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) {
-      return Status::Error("value at index " + std::to_string(offset + i) + " is " +
-                           (std::isnan(x[i]) ? "NaN" : "Inf") +
-                           ": a delta must be finite; check the learner's loss and gradients");
-    }
-  }
-  return Status::Error("non-finite value in the input");
-}
-
-Status Bf16Error(const float* x, size_t n) {
-  Status st = NonFiniteError(x, n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (std::isfinite(x[i])) {
-      const uint32_t b = std::bit_cast<uint32_t>(x[i]);
-      const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-      if ((r & 0x7fffu) >= 0x7f80u) {
-        return Status::Error("value at index " + std::to_string(i) + " (" + std::to_string(x[i]) +
-                             ") overflows bf16; use fp32 for such values");
-      }
-    } else {
-      return st;
-    }
-  }
-  return st;
+Status NonFiniteError(const float* x, size_t i) {
+  return Status::Error("value at index " + std::to_string(i) + " is " + (std::isnan(x[i]) ? "NaN" : "Inf") +
+                       ": a delta must be finite; check the learner's loss and gradients");
 }
 
 Status PayloadError(const char* what, CodecKind kind, size_t index) {
   return Status::Error(KindName(kind) + " payload: " + what + " at index " + std::to_string(index) +
                        "; the sender's encoder or the link corrupted it (drop the message)");
-}
-
-// ---- dense codecs ----
-
-Status EncodeBlocks(CodecKind kind, int block_size, const float* x, size_t n, uint8_t* out) {
-  const size_t nb = NumBlocks(n, block_size);
-  uint8_t* codes = out + 4 * nb;
-  const bool int8 = kind == CodecKind::kInt8;
-  const float max_scale = MaxScale(127);
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t lo = b * static_cast<size_t>(block_size);
-    const size_t len = std::min<size_t>(block_size, n - lo);
-    const uint32_t amax_bits = AbsMaxBits(x + lo, len);
-    if (amax_bits >= kInfBits) return NonFiniteError(x + lo, len, lo);
-    const float amax = std::bit_cast<float>(amax_bits);
-    // Zero or tiny (< 127 / FLT_MAX ~ 3.7e-37) block: scale 0, decodes to zeros.
-    const bool zero = !(127.0f / amax <= FLT_MAX);
-    if (int8) {
-      const float inv_scale = zero ? 0.0f : 127.0f / amax;
-      Store<float>(out + 4 * b, zero ? 0.0f : std::min(amax / 127.0f, max_scale));
-      QuantizeInt8(x + lo, len, inv_scale, reinterpret_cast<int8_t*>(codes) + lo);
-    } else {
-      // int4: the scale is the absmax itself (the outermost levels are +-1).
-      const float inv_scale = zero ? 0.0f : 1.0f / amax;
-      Store<float>(out + 4 * b, zero ? 0.0f : amax);
-      uint8_t* q = codes + lo / 2;
-      QuantizeInt4Pairs(x + lo, len / 2, inv_scale, q);
-      if (len % 2 != 0) {  // only the last block of an odd n: the high pad nibble stays 0
-        q[len / 2] = static_cast<uint8_t>(Int4Code(x[lo + len - 1] * inv_scale));
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-Status DecodeBlocks(CodecKind kind, int block_size, const uint8_t* in, size_t n, float* x) {
-  const size_t nb = NumBlocks(n, block_size);
-  const uint8_t* codes = in + 4 * nb;
-  const bool int8 = kind == CodecKind::kInt8;
-  // int4 levels are within [-1, 1]: any finite scale decodes to finite values.
-  const uint32_t max_scale_bits = std::bit_cast<uint32_t>(int8 ? MaxScale(127) : FLT_MAX);
-  // One unsigned max covers negative (sign bit), NaN/Inf and too-large scales.
-  if (MaxU32(in, nb) > max_scale_bits) {
-    for (size_t b = 0; b < nb; ++b) {
-      if (Load<uint32_t>(in + 4 * b) > max_scale_bits) {
-        return PayloadError("scale is negative, NaN, Inf or too large", kind, b * block_size);
-      }
-    }
-  }
-  if (int8) {
-    const auto* q = reinterpret_cast<const int8_t*>(codes);
-    if (MinInt8(q, n) < -127) {
-      for (size_t i = 0; i < n; ++i)
-        if (q[i] < -127) return PayloadError("code -128", kind, i);
-    }
-    for (size_t b = 0; b < nb; ++b) {
-      const size_t lo = b * static_cast<size_t>(block_size);
-      DequantizeInt8(q + lo, std::min<size_t>(block_size, n - lo), Load<float>(in + 4 * b), x + lo);
-    }
-    return Status::Ok();
-  }
-  const size_t code_bytes = (n + 1) / 2;
-  if (n % 2 != 0 && (codes[code_bytes - 1] >> 4) != 0) return PayloadError("nonzero pad nibble", kind, n);
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t lo = b * static_cast<size_t>(block_size);
-    const size_t len = std::min<size_t>(block_size, n - lo);
-    const float scale = Load<float>(in + 4 * b);
-    DequantizeInt4Pairs(codes + lo / 2, len / 2, scale, x + lo);
-    if (len % 2 != 0) {
-      x[lo + len - 1] = kInt4Levels[codes[(lo + len - 1) / 2] & 15] * scale;
-    }
-  }
-  return Status::Ok();
 }
 
 // ---- top-k ----
@@ -381,8 +124,9 @@ Status EncodeTopk(const CodecOptions& opt, std::span<const float> in, std::vecto
   if (n > UINT32_MAX) {
     return Status::Error("top-k of " + std::to_string(n) + " values: at most 2^32 - 1 per tensor; split the tensor");
   }
-  const uint32_t amax = AbsMaxBits(in.data(), n);
-  if (amax >= kInfBits) return NonFiniteError(in.data(), n, 0);
+  // SelectTopk orders by magnitude bits: NaN/Inf first refused here, by index.
+  const auto bad = std::find_if(in.begin(), in.end(), [](float v) { return !std::isfinite(v); });
+  if (bad != in.end()) return NonFiniteError(in.data(), static_cast<size_t>(bad - in.begin()));
   const size_t k = TopkCount(opt.topk_fraction, n);
   std::vector<size_t> indices;
   SelectTopk(in.data(), n, k, &indices);
@@ -522,29 +266,27 @@ Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, st
   if (CodecUsesBlocks(kind)) DL_RETURN_IF_ERROR(CheckBlockSize(block_size));
   const size_t n = in.size();
   const size_t want = EncodedBytes(kind, n, block_size);
-  if (LayoutBytes(kind, n, block_size) != want) {
+  if (sync_payload_bytes(ToSync(kind), n, block_size) != want) {
     return Status::Error("internal: " + KindName(kind) + " layout is " +
-                         std::to_string(LayoutBytes(kind, n, block_size)) + " bytes but EncodedBytes says " +
-                         std::to_string(want) + "; codec.cpp and codec_kind.h disagree");
+                         std::to_string(sync_payload_bytes(ToSync(kind), n, block_size)) +
+                         " bytes but EncodedBytes says " + std::to_string(want) +
+                         "; kernels/sync_ops and codec_kind.h disagree");
   }
   if (out.size() != want) {
     return Status::Error(KindName(kind) + " of " + std::to_string(n) + " values needs a " + std::to_string(want) +
                          "-byte buffer, got " + std::to_string(out.size()));
   }
-  switch (kind) {
-    case CodecKind::kFp32:
-      if (CopyToPayload(in.data(), n, out.data()) >= kInfBits) {
-        return NonFiniteError(in.data(), n, 0);
-      }
+  size_t i = 0;
+  switch (sync_encode_dense(out.data(), in.data(), ToSync(kind), block_size, n, &i)) {
+    case SyncFault::kNone:
       return Status::Ok();
-    case CodecKind::kBf16:
-      if (EncodeBf16(in.data(), n, out.data()) != 0) return Bf16Error(in.data(), n);
-      return Status::Ok();
-    case CodecKind::kInt8:
-    case CodecKind::kInt4:
-      return EncodeBlocks(kind, block_size, in.data(), n, out.data());
+    case SyncFault::kBf16Overflow:
+      return Status::Error("value at index " + std::to_string(i) + " (" + std::to_string(in[i]) +
+                           ") overflows bf16; use fp32 for such values");
+    case SyncFault::kNonFinite:
+    default:
+      return NonFiniteError(in.data(), i);
   }
-  return Status::Error("unknown codec");
 }
 
 Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, std::span<float> out) {
@@ -553,7 +295,7 @@ Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, 
   if (CodecUsesBlocks(kind)) DL_RETURN_IF_ERROR(CheckBlockSize(block_size));
   const size_t n = out.size();
   const size_t want = EncodedBytes(kind, n, block_size);
-  if (LayoutBytes(kind, n, block_size) != want) {
+  if (sync_payload_bytes(ToSync(kind), n, block_size) != want) {
     return Status::Error("internal: " + KindName(kind) + " layout disagrees with EncodedBytes");
   }
   if (in.size() != want) {
@@ -561,24 +303,20 @@ Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, 
                          " values need " + std::to_string(want) +
                          "; the message's shape and payload disagree (drop it)");
   }
-  switch (kind) {
-    case CodecKind::kFp32:
-      if (CopyFromPayload(in.data(), n, out.data()) >= kInfBits) {
-        for (size_t i = 0; i < n; ++i)
-          if (!std::isfinite(out[i])) return PayloadError("NaN/Inf", kind, i);
-      }
+  size_t i = 0;
+  switch (sync_decode_dense(out.data(), in.data(), ToSync(kind), block_size, n, &i)) {
+    case SyncFault::kNone:
       return Status::Ok();
-    case CodecKind::kBf16:
-      if (DecodeBf16(in.data(), n, out.data()) >= 0x7f80u) {
-        for (size_t i = 0; i < n; ++i)
-          if (!std::isfinite(out[i])) return PayloadError("NaN/Inf", kind, i);
-      }
-      return Status::Ok();
-    case CodecKind::kInt8:
-    case CodecKind::kInt4:
-      return DecodeBlocks(kind, block_size, in.data(), n, out.data());
+    case SyncFault::kBadScale:
+      return PayloadError("scale is negative, NaN, Inf or too large", kind, i);
+    case SyncFault::kBadCode:
+      return PayloadError("code -128", kind, i);
+    case SyncFault::kBadPad:
+      return PayloadError("nonzero pad nibble", kind, i);
+    case SyncFault::kNonFinite:
+    default:
+      return PayloadError("NaN/Inf", kind, i);
   }
-  return Status::Error("unknown codec");
 }
 
 Status Encode(const CodecOptions& opt, std::span<const float> in, std::vector<uint8_t>* out) {

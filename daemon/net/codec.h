@@ -11,7 +11,8 @@
 // |       | nibble of byte j; the pad nibble of an odd n is 0)             |             |        |
 // (B = 32 / 128 / 256: int8 1.125 / 1.03125 / 1.015625, int4 0.625 / 0.53125 / 0.515625.)
 // Blocks are consecutive runs of B values (the last one may be short), stored as fp32 scales:
-//   int8  scale = absmax/127, code = round-half-even(x / scale) in [-127, 127], value = code * scale;
+//   int8  scale = absmax/127, code = round-half-even of the exact product x * (127/absmax), in
+//         [-127, 127], value = code * scale;
 //   int4  scale = absmax, code c = the nearest of the 16 levels kInt4Levels (below) to x / scale,
 //         value = kInt4Levels[c] * scale. The levels are the Lloyd-Max quantizer of a Gaussian
 //         (Max 1960), scaled so the outermost are -1 and +1: finer steps near zero, where most
@@ -21,6 +22,9 @@
 // An all-zero block has scale 0 and decodes to zeros; so does a block whose absmax is below
 // ~3.7e-37 (127 / FLT_MAX): error feedback carries such values on. The payload size
 // is exactly EncodedBytes(kind, n, B) (codec_kind.h), the wire's size check.
+// The dense codecs are kernels/sync_ops.h's (sync_encode_dense / sync_decode_dense), which pins
+// every rounding step (ties included) so that sites built with any flags, CPU or CUDA, write
+// and read the same bytes; this file adds top-k, tensors, error feedback and Status errors.
 //
 // Top-k (CodecOptions::topk_fraction = f in (0, 1)): keeps k = clamp(round(f*n), 1, n) values of
 // largest magnitude (ties go to the lower index), in index order. Payload:
@@ -46,7 +50,7 @@
 // Speed, one core of an AVX-512 EPYC (GCC 12 -O3 -march=native), 64 MiB of N(0, 1), GB/s of
 // fp32 input: int8 encode and decode at 13-19 GB/s, int4 encode ~10 (seven compares per value)
 // and decode ~18, bf16 ~10/20, top-k 0.1 encode ~1 (a radix select); `dilococtl bench codec`
-// measures. The kernels are plain loops GCC vectorizes (no special math flags), except the
+// measures. The kernels (kernels/cpu/sync_ops.cpp) are plain loops GCC vectorizes, except the
 // int4 decoder's table lookup (AVX-512 vpermps when built for it).
 #pragma once
 
@@ -58,6 +62,7 @@
 
 #include "daemon/net/codec_kind.h"
 #include "daemon/util/status.h"
+#include "kernels/sync_ops.h"
 
 namespace diloco {
 
@@ -71,10 +76,9 @@ inline constexpr int kMinCodecBlockSize = 2;
 inline constexpr int kMaxCodecBlockSize = 65536;
 inline constexpr size_t kTopkHeaderBytes = 16;
 
-// int4 code c decodes to kInt4Levels[c] * scale (ascending; kInt4Levels[15 - c] == -kInt4Levels[c]).
-inline constexpr float kInt4Levels[16] = {
-    -1.0f,       -0.7571544f, -0.5921467f, -0.4597087f, -0.344873f,  -0.2403572f, -0.1420259f, -0.0469882f,
-    0.0469882f,  0.1420259f,  0.2403572f,  0.344873f,   0.4597087f,  0.5921467f,  0.7571544f,  1.0f};
+// int4 code c decodes to kInt4Levels[c] * scale (ascending; kInt4Levels[15 - c] == -kInt4Levels[c]):
+// kernels/sync_ops.h's table, the one definition.
+inline constexpr const float (&kInt4Levels)[16] = kSyncInt4Levels;
 
 // Ok when kind is one of the four codecs, block_size is even in [2, 65536] (used by int8/int4
 // only, but checked for every kind) and topk_fraction is 0 or in (0, 1).

@@ -8,17 +8,35 @@
 // Global includes it, else the fragment's base_p (the last global folded):
 // either way, the point up to which Θ already holds this learner's work.
 // After the fold the caller sets base_p ← Θ and resets c_steps/c_tokens.
+// The arithmetic is kernels/sync_ops.h's fold (FoldMode; θ_included is its theta_at_send),
+// which this calls: mix is fma(α, θ, (1 − α)·Θ) with α and 1 − α rounded to float from the
+// double, replay Θ + (θ − θ_included), each rounding pinned so every site folds the same bits.
 #pragma once
 
 #include <cstddef>
 
 #include "daemon/config/sync_config.h"
+#include "kernels/check.h"
+#include "kernels/sync_ops.h"
 
 namespace diloco {
 
 // local[0..n) ← fold(local, global). included is read only by kReplay (it
 // may be null otherwise); alpha only by kMix.
-void FoldGlobal(FoldRule rule, double alpha, const float* global, const float* included,
-                float* local, size_t n);
+inline void FoldGlobal(FoldRule rule, double alpha, const float* global, const float* included, float* local,
+                       size_t n) {
+  switch (rule) {
+    case FoldRule::kOverwrite:
+      fold(local, global, nullptr, FoldMode::kOverwrite, alpha, n);
+      return;
+    case FoldRule::kReplay:
+      DL_CHECK(included != nullptr, "fold replay needs theta as of the delta Θ includes");
+      fold(local, global, included, FoldMode::kReplay, alpha, n);
+      return;
+    case FoldRule::kMix:
+      fold(local, global, nullptr, FoldMode::kMix, alpha, n);
+      return;
+  }
+}
 
 }  // namespace diloco

@@ -12,7 +12,7 @@
 //       16    4  u32 num_ledger_entries L
 //       20    4  u32 reserved = 0
 //       24    8  u64 tensor table digest (of the parameter layout)
-//       32    8  u64 fragments digest (FragmentsDigest of the partition)
+//       32    8  u64 fragments digest (FragmentsDigest of the partition, row pieces included)
 //       40    8  u64 merges
 //       48    8  u64 dropped_deltas   (too stale / from the future)
 //       56    8  u64 rejected_deltas  (failed the norm filter)

@@ -27,8 +27,11 @@ struct ContributionCounts {
 Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
                            std::vector<double>* weights);
 
-// out (fragment.numel) = the merged delta. Per tensor: the embedding ranges
-// and MergeRule::kMean take the weighted mean Σ w_m Δ_m; kRda takes radial-
+// out (fragment.numel) = the merged delta. Per range of the fragment (a whole
+// tensor, or the rows of a split tensor that this fragment holds, each range
+// on its own: the pieces of one tensor in other fragments merge at other
+// times anyway): the embedding ranges (wte/wpe and their pieces) and
+// MergeRule::kMean take the weighted mean Σ w_m Δ_m; kRda takes radial-
 // directional averaging: (Σ w_m |Δ_m|) · s/|s| with s = Σ w_m Δ_m/|Δ_m|, so
 // near-orthogonal deltas do not shrink as 1/√M; when |s| vanishes (deltas
 // cancel) it falls back to the weighted mean. weights as above (sum 1).

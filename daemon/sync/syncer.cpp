@@ -31,7 +31,7 @@ PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int b
   info.block_size = block_size;
   for (size_t i = 0; i < fragment.ranges.size(); i++) {
     const auto& r = fragment.ranges[i];
-    info.tensors.push_back({r.tensor, r.offset, r.numel, tensor_bytes[i]});
+    info.tensors.push_back({RangeName(r), r.offset, r.numel, tensor_bytes[i]});
   }
   return info;
 }
@@ -47,7 +47,7 @@ Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
     const auto& r = fragment.ranges[i];
     if (t.offset != r.offset || t.numel != r.numel)
       return Status::Error("payload tensor " + std::to_string(i) + " does not match fragment " +
-                           std::to_string(fragment.index) + " (" + r.tensor + ")");
+                           std::to_string(fragment.index) + " (" + RangeName(r) + ")");
     numels.push_back(t.numel);
     bytes.push_back(t.encoded_bytes);
   }

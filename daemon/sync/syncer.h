@@ -55,7 +55,8 @@ namespace diloco {
 inline std::string LearnerName(int index) { return "learner-" + std::to_string(index); }
 inline constexpr const char* kSyncerName = "syncer";
 
-// Element counts of the fragment's ranges, in order (one payload tensor per range).
+// Element counts of the fragment's ranges, in order (one payload tensor per range: a whole
+// tensor or a row piece of one, named by RangeName).
 std::vector<uint64_t> FragmentNumels(const Fragment& fragment);
 // The PayloadInfo describing a fragment encoded with EncodeTensors (tensor_bytes from it).
 PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,

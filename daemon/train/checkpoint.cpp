@@ -207,9 +207,10 @@ Status LoadFrom(int fd, const std::string& path, Checkpoint* out) {
 
 }  // namespace
 
-Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWState& optimizer,
-                      long step, const std::string& config_yaml) {
-  const size_t n = model.num_params();
+Status SaveCheckpoint(const std::string& path, const GptConfig& model, const float* params,
+                      const AdamWState& optimizer, long step, const std::string& config_yaml) {
+  const TensorTable table = gpt_tensor_table(model);
+  const size_t n = table.total_numel();
   for (const auto* moment : {&optimizer.m, &optimizer.v})
     if (!moment->empty() && moment->size() != n)
       return Status::Error("cannot save checkpoint " + Quoted(path) + ": AdamW state has " +
@@ -223,14 +224,14 @@ Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWStat
   const float* v_data = optimizer.v.empty() ? zeros.data() : optimizer.v.data();
 
   Header h;
-  h.model = model.config();
+  h.model = model;
   h.step = step;
   h.adam_step = optimizer.step;
   h.num_params = n;
-  h.table_digest = model.table().digest();
+  h.table_digest = table.digest();
   h.yaml_bytes = config_yaml.size();
   uint32_t crc = Crc32c(config_yaml.data(), config_yaml.size());
-  crc = Crc32c(model.params(), n * sizeof(float), crc);
+  crc = Crc32c(params, n * sizeof(float), crc);
   crc = Crc32c(m_data, n * sizeof(float), crc);
   h.body_crc = Crc32c(v_data, n * sizeof(float), crc);
   HeaderBytes header;
@@ -239,10 +240,24 @@ Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWStat
   return WriteFileAtomically(path,
                              {{header.data(), kCheckpointHeaderBytes},
                               {config_yaml.data(), config_yaml.size()},
-                              {model.params(), n * sizeof(float)},
+                              {params, n * sizeof(float)},
                               {m_data, n * sizeof(float)},
                               {v_data, n * sizeof(float)}},
                              "checkpoint");
+}
+
+Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWState& optimizer, long step,
+                      const std::string& config_yaml) {
+  return SaveCheckpoint(path, model.config(), model.params(), optimizer, step, config_yaml);
+}
+
+Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, long step,
+                      const std::string& config_yaml) {
+  std::vector<float> params(backend.num_params());
+  backend.download_params(params.data());
+  AdamWState optimizer;
+  backend.download_optimizer(&optimizer);
+  return SaveCheckpoint(path, backend.config(), params.data(), optimizer, step, config_yaml);
 }
 
 Status LoadCheckpoint(const std::string& path, Checkpoint* out) {
@@ -257,9 +272,8 @@ Status LoadCheckpoint(const std::string& path, Checkpoint* out) {
   return st;
 }
 
-Status RestoreCheckpoint(const Checkpoint& ckpt, Gpt* model, AdamWState* optimizer) {
+Status CheckCheckpointFits(const Checkpoint& ckpt, const GptConfig& b, bool with_optimizer) {
   const GptConfig& a = ckpt.model;
-  const GptConfig& b = model->config();
   std::string diff;
   auto compare = [&diff](const char* field, int in_ckpt, int in_model) {
     if (in_ckpt == in_model) return;
@@ -278,15 +292,21 @@ Status RestoreCheckpoint(const Checkpoint& ckpt, Gpt* model, AdamWState* optimiz
   compare("n_head", a.n_head, b.n_head);
   if (!diff.empty())
     return Status::Error(diff + ": build the model from the checkpoint's GptConfig");
-  if (gpt_tensor_table(a).digest() != model->table().digest())
+  const TensorTable table = gpt_tensor_table(b);
+  if (gpt_tensor_table(a).digest() != table.digest())
     return Status::Error("checkpoint tensor layout differs from the model's (table digest)");
-  const size_t n = model->num_params();
+  const size_t n = table.total_numel();
   if (ckpt.params.size() != n ||
-      (optimizer != nullptr && (ckpt.optimizer.m.size() != n || ckpt.optimizer.v.size() != n)))
+      (with_optimizer && (ckpt.optimizer.m.size() != n || ckpt.optimizer.v.size() != n)))
     return Status::Error("checkpoint holds " + std::to_string(ckpt.params.size()) +
                          " parameters and " + std::to_string(ckpt.optimizer.m.size()) + "/" +
                          std::to_string(ckpt.optimizer.v.size()) +
                          " AdamW moments; the model has " + std::to_string(n) + " parameters");
+  return Status::Ok();
+}
+
+Status RestoreCheckpoint(const Checkpoint& ckpt, Gpt* model, AdamWState* optimizer) {
+  DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, model->config(), optimizer != nullptr));
   std::copy(ckpt.params.begin(), ckpt.params.end(), model->params());
   if (optimizer != nullptr) *optimizer = ckpt.optimizer;
   return Status::Ok();

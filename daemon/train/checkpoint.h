@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "daemon/util/status.h"
+#include "kernels/backend.h"
 #include "kernels/gpt.h"
 #include "kernels/optimizer.h"
 
@@ -55,8 +56,15 @@ struct Checkpoint {
 // Writes path.tmp, fsyncs it, renames it over path and fsyncs the directory:
 // a crash leaves either the old file or the new one. Empty optimizer.m / .v
 // (no AdamW step taken yet) are written as zeros.
+// Parameters and moments in tensor-table layout, so a checkpoint written on one backend resumes
+// on any other (cpu <-> cuda).
+Status SaveCheckpoint(const std::string& path, const GptConfig& model, const float* params,
+                      const AdamWState& optimizer, long step, const std::string& config_yaml);
 Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWState& optimizer,
                       long step, const std::string& config_yaml);
+// The backend's parameters and AdamW state, downloaded from wherever they live.
+Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, long step,
+                      const std::string& config_yaml);
 
 // Reads and verifies (magic, version, dtype, both CRCs, sizes, table digest).
 Status LoadCheckpoint(const std::string& path, Checkpoint* out);
@@ -64,5 +72,8 @@ Status LoadCheckpoint(const std::string& path, Checkpoint* out);
 // Copies the parameters, and the optimizer state unless optimizer is null,
 // into a model built from the same GptConfig; an error if it differs.
 Status RestoreCheckpoint(const Checkpoint& ckpt, Gpt* model, AdamWState* optimizer);
+// Whether ckpt fits a model of shape model (and holds AdamW moments, when with_optimizer): the
+// checks RestoreCheckpoint makes before copying.
+Status CheckCheckpointFits(const Checkpoint& ckpt, const GptConfig& model, bool with_optimizer);
 
 }  // namespace diloco

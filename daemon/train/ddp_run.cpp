@@ -2,25 +2,20 @@
 
 #include <omp.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <limits>
 #include <mutex>
 #include <thread>
 
+#include "daemon/sync/syncer.h"  // LearnerName
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
-#include "daemon/train/thread_ring.h"
+#include "daemon/train/inner_loop.h"
+#include "daemon/train/local_ring.h"
 #include "daemon/util/crc32c.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
-#include "kernels/gpt.h"
-#include "kernels/grad_clip.h"
-#include "kernels/lr_schedule.h"
 #include "kernels/rng.h"
 
 namespace diloco {
@@ -36,10 +31,76 @@ struct DdpLearnerResult {
   long steps = 0;
   long tokens = 0;
   double train_s = 0;
-  double wait_s = 0;  // blocked in the all-reduce
   double final_train_loss = 0;
   uint64_t bytes_up = 0;
-  uint32_t param_crc32c = 0;
+};
+
+// The hook of learner i's first rank: its metrics lines and slowdown; learner 0's also ends the
+// run (train.time_limit_s; every rank stops at the same step because rank 0 decides) and writes
+// the checkpoints (every copy is the same).
+class DdpHook final : public InnerLoopHook {
+ public:
+  DdpHook(const RunConfig& cfg, int learner, int ranks_per_learner, uint64_t ring_bytes, JsonlWriter* metrics,
+          std::mutex* metrics_mu, const std::string& checkpoint_path, DdpLearnerResult* res)
+      : cfg_(cfg), learner_(learner), ring_bytes_(ring_bytes), metrics_(metrics), metrics_mu_(metrics_mu),
+        checkpoint_path_(checkpoint_path), res_(res), slowdown_(SlowdownOf(cfg.learners, learner)),
+        tokens_per_step_((long)ranks_per_learner * cfg.train.batch_size * cfg.model.block_size),
+        started_(Clock::now()) {}
+
+  Status BeforeStep(long, TrainingBackend&, StepControl* control) override {
+    control->stop = TimeLimitReached(cfg_.train, started_);
+    return Status::Ok();
+  }
+
+  Status AfterStep(const StepResult& r, TrainingBackend& backend) override {
+    const TrainConfig& tc = cfg_.train;
+    const std::string me = LearnerName(learner_);
+    if (!r.stats.applied)
+      return Status::Error(me + ": training diverged at step " + std::to_string(r.step) +
+                           " (the averaged loss or gradient is NaN/Inf). Try a lower train.lr or train.grad_clip");
+    // A slow learner is slow at every step: the others wait for it in the next all-reduce.
+    if (slowdown_ > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown_ - 1) * r.step_s));
+    const double step_s = r.step_s * std::max(1.0, slowdown_);
+    res_->train_s += step_s;
+    res_->tokens += tokens_per_step_;
+    res_->bytes_up += ring_bytes_;
+    recent_sum_ += r.stats.loss;
+    recent_n_++;
+    const long done = r.step + 1;
+    res_->steps = done;
+    if (done % tc.log_every == 0 || done == tc.steps) {
+      res_->final_train_loss = recent_sum_ / recent_n_;
+      recent_sum_ = 0;
+      recent_n_ = 0;
+      std::lock_guard<std::mutex> lock(*metrics_mu_);
+      (void)metrics_->Write({{"learner", learner_},
+                             {"step", done},
+                             {"loss", r.stats.loss},
+                             {"lr", r.lr},
+                             {"grad_norm", r.stats.grad_norm},
+                             {"tokens", res_->tokens},
+                             {"step_ms", step_s * 1e3},
+                             {"tok_per_s", res_->tokens / res_->train_s},
+                             {"bytes_up", res_->bytes_up}});
+    }
+    if (learner_ == 0 && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0 && done < tc.steps)
+      return SaveCheckpoint(checkpoint_path_, backend, done, RunConfigToYaml(cfg_));
+    return Status::Ok();
+  }
+
+ private:
+  const RunConfig& cfg_;
+  const int learner_;
+  const uint64_t ring_bytes_;
+  JsonlWriter* metrics_;
+  std::mutex* metrics_mu_;
+  const std::string checkpoint_path_;
+  DdpLearnerResult* res_;
+  const double slowdown_;
+  const long tokens_per_step_;
+  const Clock::time_point started_;
+  double recent_sum_ = 0;
+  int recent_n_ = 0;
 };
 
 }  // namespace
@@ -48,178 +109,99 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   const auto run_start = Clock::now();
   const RunConfig& cfg = options.config;
   const TrainConfig& tc = cfg.train;
-  const int M = cfg.sync.learners;
+  const int M = cfg.sync.learners, R = tc.ranks;
+  TrainConfig whole_ring = tc;  // the M learners share one ring
+  whole_ring.ranks = M * R;
+  DL_RETURN_IF_ERROR(CheckTrainDevice(whole_ring));
+  const int total_threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
+  omp_set_num_threads(total_threads);
 
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
-  if (ec) return Status::Error("cannot create run directory '" + options.run_dir + "': " + ec.message());
-  const std::string checkpoint_path = (fs::path(options.run_dir) / "checkpoint.bin").string();
-  const std::string config_yaml = RunConfigToYaml(cfg);
+  // Every learner's shard, and the validation split (the same tail for everyone).
+  std::vector<std::unique_ptr<Corpus>> corpora(M);
+  for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, i, M), &corpora[i]));
+  const int B = tc.batch_size, T = cfg.model.block_size;
+  std::vector<BatchSampler> samplers;
+  for (int i = 0; i < M; i++) samplers.push_back(TrainSampler(*corpora[i], R * B, T, mix_seed(tc.seed, (uint64_t)i)));
+  const BatchSampler val = ValSampler(*corpora[0], B, T, tc.seed);
+
+  LocalRingOptions ro = LocalRingOptionsOf(cfg, total_threads);
+  ro.ranks = M * R;
+  std::unique_ptr<LocalRing> ring;
+  DL_RETURN_IF_ERROR(LocalRing::Create(ro, &ring));
   const GptConfig gc = GptConfigOf(cfg.model);
-  const TensorTable table = gpt_tensor_table(gc);
-  const size_t N = table.total_numel();
-  std::vector<float> init(N);
-  AdamWState init_opt;
+  const size_t N = ring->backend(0).num_params();
+  const std::string checkpoint_path = (fs::path(options.run_dir) / "checkpoint.bin").string();
   long start_step = 0;
   if (options.resume) {
     Checkpoint ckpt;
     DL_RETURN_IF_ERROR(LoadCheckpoint(checkpoint_path, &ckpt).WithContext("cannot resume the ddp run"));
-    Gpt probe(gc, 1);
-    DL_RETURN_IF_ERROR(RestoreCheckpoint(ckpt, &probe, &init_opt).WithContext("cannot resume the ddp run"));
-    std::memcpy(init.data(), probe.params(), N * sizeof(float));
+    DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, gc, true).WithContext("cannot resume the ddp run"));
+    ring->Upload(ckpt.params.data(), &ckpt.optimizer);
     start_step = ckpt.step;
   } else {
     if (fs::exists(checkpoint_path))
       return Status::Error("run directory '" + options.run_dir +
                            "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
+    std::vector<float> init(N);
     gpt_init_params(gc, tc.seed, init.data());
+    ring->Upload(init.data());
   }
-  {
-    std::ofstream f(fs::path(options.run_dir) / "config.yaml", std::ios::binary | std::ios::trunc);
-    f << config_yaml;
-    if (!f) return Status::Error("cannot write config.yaml in '" + options.run_dir + "'");
-  }
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
   JsonlWriter metrics;
   std::mutex metrics_mu;
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
-  std::unique_ptr<Corpus> val_corpus;
-  DL_RETURN_IF_ERROR(
-      Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, M}, &val_corpus));
-  const BatchSampler val(val_corpus->val(), tc.batch_size, cfg.model.block_size, mix_seed(tc.seed, ~0ULL));
-  const int total_threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
-  omp_set_num_threads(total_threads);
   TrainSummary s;
   s.learners = M;
   s.run_dir = options.run_dir;
   s.checkpoint = checkpoint_path;
-  s.initial_val_loss = EvaluateParams(gc, init.data(), val, cfg.eval.batches);
+  s.initial_val_loss = EvaluateBackend(ring->backend(0), val, cfg.eval.batches);
   DL_RETURN_IF_ERROR(metrics.Write({{"event", start_step > 0 ? "resume" : "start"},
                                     {"step", start_step},
                                     {"params", N},
                                     {"learners", M},
                                     {"mode", "ddp"},
+                                    {"device", ring->description()},
+                                    {"ranks", R},
                                     {"val_loss", s.initial_val_loss},
                                     {"threads", total_threads}}));
 
-  ThreadRing ring(M, N);
-  // train.time_limit_s: learner 0 names the last step (the one it is about to start) before that
-  // step's all-reduce; every learner compares it with the step it just all-reduced. Whoever reads
-  // before the write is at an earlier step, so all stop after the same step.
-  const auto started = Clock::now();
-  std::atomic<long> last_step{std::numeric_limits<long>::max()};
-  std::vector<float> final_params;  // learner 0's (= everyone's) at the end
-  const uint64_t ring_bytes = ThreadRing::RingBytesPerMember(M, N);
+  const uint64_t ring_bytes = RingBytesPerMember(M, N);
   std::vector<DdpLearnerResult> results(M);
-  std::vector<Status> statuses(M);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < M; i++) {
-    threads.emplace_back([&, i] {
-      Status& st = statuses[i];
-      DdpLearnerResult& res = results[i];
-      const std::string me = "learner-" + std::to_string(i);
-      // Every way out of this thread that is not the end of training stops the others too.
-      struct AbortOnError {
-        ThreadRing& ring;
-        Status& st;
-        ~AbortOnError() {
-          if (!st.ok()) ring.Abort();
-        }
-      } guard{ring, st};
-      omp_set_num_threads(std::max(1, total_threads / M));
-      std::unique_ptr<Corpus> corpus;
-      st = Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, i, M}, &corpus);
-      if (!st.ok()) return;
-      const int B = tc.batch_size, T = cfg.model.block_size;
-      Gpt model(gc, B);
-      std::memcpy(model.params(), init.data(), N * sizeof(float));
-      AdamWState optimizer = init_opt;
-      const BatchSampler train(corpus->train(), B, T, mix_seed(tc.seed, (uint64_t)i));
-      const LrSchedule schedule = LrScheduleOf(tc);
-      AdamWHyper hp = AdamWHyperOf(tc);
-      const double slowdown = SlowdownOf(cfg.learners, i);
-      std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-      double recent_sum = 0;
-      int recent_n = 0;
-      long step = start_step;
-      for (; step < tc.steps; step++) {
-        train.Sample(step, inputs.data(), targets.data());
-        hp.lr = lr_at(schedule, (int)step);
-        if (i == 0 && last_step == std::numeric_limits<long>::max() && TimeLimitReached(tc, started))
-          last_step = step;
-        const auto t0 = Clock::now();
-        const double loss = model.forward(inputs.data(), targets.data(), B, T);
-        model.zero_grad();
-        model.backward();  // a non-finite loss gives non-finite gradients: the mean shows it to all
-        if (slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * Seconds(t0, Clock::now())));
-        const auto w0 = Clock::now();
-        if (!ring.MeanInPlace(i, model.grads())) {
-          st = Status::Error(me + ": stopped at step " + std::to_string(step) + " because another learner failed");
-          return;
-        }
-        res.wait_s += Seconds(w0, Clock::now());
-        res.bytes_up += ring_bytes;
-        const double norm = global_norm(model.grads(), N);
-        if (!std::isfinite(norm)) {
-          st = Status::Error(me + ": training diverged at step " + std::to_string(step) +
-                             " (the averaged gradient is NaN/Inf). Try a lower train.lr or train.grad_clip");
-          return;
-        }
-        AdamWHyper clipped = hp;
-        clipped.grad_scale = hp.grad_scale * clip_scale(norm, tc.grad_clip);
-        adamw_step(model.params(), model.grads(), optimizer, model.table(), clipped);
-        const double step_s = Seconds(t0, Clock::now());
-        res.train_s += step_s;
-        res.tokens += (long)B * T;
-        recent_sum += loss;
-        recent_n++;
-        const long done = step + 1;
-        if (done % tc.log_every == 0 || done == tc.steps) {
-          res.final_train_loss = recent_sum / recent_n;
-          recent_sum = 0;
-          recent_n = 0;
-          std::lock_guard<std::mutex> lock(metrics_mu);
-          (void)metrics.Write({{"learner", i},
-                               {"step", done},
-                               {"loss", loss},
-                               {"lr", hp.lr},
-                               {"grad_norm", norm},
-                               {"tokens", res.tokens},
-                               {"step_ms", step_s * 1e3},
-                               {"tok_per_s", res.tokens / res.train_s},
-                               {"wait_s", res.wait_s},
-                               {"bytes_up", res.bytes_up}});
-        }
-        // Every copy is the same: learner 0 checkpoints for all.
-        if (i == 0 && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0 && done < tc.steps) {
-          st = SaveCheckpoint(checkpoint_path, model, optimizer, done, config_yaml);
-          if (!st.ok()) return;
-        }
-        if (step >= last_step) {
-          step = done;
-          break;
-        }
-      }
-      res.steps = step;
-      res.param_crc32c = Crc32c(model.params(), N * sizeof(float));
-      if (i == 0) {
-        st = SaveCheckpoint(checkpoint_path, model, optimizer, step, config_yaml);
-        if (!st.ok()) return;
-        final_params.assign(model.params(), model.params() + N);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<DdpHook>> hooks;
   for (int i = 0; i < M; i++)
-    if (!statuses[i].ok()) return statuses[i];
-  for (int i = 1; i < M; i++)
-    if (results[i].param_crc32c != results[0].param_crc32c)
-      return Status::Error("ddp: learner " + std::to_string(i) + " ended with other parameters than learner 0 " +
+    hooks.push_back(std::make_unique<DdpHook>(cfg, i, R, ring_bytes, &metrics, &metrics_mu, checkpoint_path, &results[i]));
+  long step = start_step;
+  std::vector<uint32_t> param_crc(M * R);
+  DL_RETURN_IF_ERROR(ring->Run([&](int g) -> Status {
+    const int learner = g / R, rank = g % R;
+    InnerLoopOptions lo;
+    lo.start_step = start_step;
+    lo.end_step = tc.steps;
+    lo.train = &tc;
+    lo.sampler = &samplers[learner];
+    lo.row_begin = rank * B;
+    lo.rows = B;
+    lo.block_size = T;
+    long done = 0;
+    DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring->backend(g), ring->comm(g), rank == 0 ? hooks[learner].get() : nullptr,
+                                    &done));
+    std::vector<float> params(N);
+    ring->backend(g).download_params(params.data());
+    param_crc[g] = Crc32c(params.data(), N * sizeof(float));
+    if (g == 0) step = done;
+    return Status::Ok();
+  }));
+  for (int g = 1; g < M * R; g++)
+    if (param_crc[g] != param_crc[0])
+      return Status::Error("ddp: rank " + std::to_string(g) + " ended with other parameters than rank 0 " +
                            "(the all-reduce must leave every copy bitwise equal); this is a bug");
+  DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, ring->backend(0), step, RunConfigToYaml(cfg)));
 
   if (details) *details = {};
   for (int i = 0; i < M; i++) {
-    const DdpLearnerResult& r = results[i];
-    s.steps += r.tokens / ((long)tc.batch_size * cfg.model.block_size);
+    DdpLearnerResult& r = results[i];
+    r.steps = step;
+    s.steps += r.tokens / ((long)B * T);
     s.tokens += r.tokens;
     s.train_s = std::max(s.train_s, r.train_s);
     s.bytes_up += r.bytes_up;
@@ -230,22 +212,21 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
       details->crc_mismatches.push_back(0);
       details->gaps.push_back(0);
       details->incarnations.push_back(1);
-      details->param_crc32c.push_back(r.param_crc32c);
+      details->param_crc32c.push_back(param_crc[i * R]);
     }
     DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
                                       {"learner", i},
                                       {"steps", r.steps},
                                       {"tokens", r.tokens},
-                                      {"wait_s", r.wait_s},
                                       {"bytes_up", r.bytes_up},
-                                      {"param_crc32c", r.param_crc32c}}));
+                                      {"param_crc32c", param_crc[i * R]}}));
   }
-  s.outer_steps = (uint64_t)(results[0].steps - start_step);  // one all-reduce per step
-  s.versions = {(uint64_t)results[0].steps};
+  s.outer_steps = (uint64_t)(step - start_step);  // one all-reduce per step
+  s.versions = {(uint64_t)step};
   omp_set_num_threads(total_threads);
-  s.final_val_loss = EvaluateParams(gc, final_params.data(), val, cfg.eval.batches);
+  s.final_val_loss = EvaluateBackend(ring->backend(0), val, cfg.eval.batches);
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
-  DL_RETURN_IF_ERROR(metrics.Write({{"event", "checkpoint"}, {"step", results[0].steps}, {"path", checkpoint_path}}));
+  DL_RETURN_IF_ERROR(metrics.Write({{"event", "checkpoint"}, {"step", step}, {"path", checkpoint_path}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   s.peak_rss_mb = peak_rss_mb();
   s.wall_s = Seconds(run_start, Clock::now());

@@ -20,11 +20,12 @@
 #include "daemon/sync/merge.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/train/data.h"
+#include "daemon/train/inner_loop.h"
+#include "daemon/train/local_ring.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/train/trainer.h"
 #include "daemon/util/crc32c.h"
-#include "kernels/lr_schedule.h"
 #include "kernels/rng.h"
-#include "kernels/train_step.h"
 
 namespace diloco {
 
@@ -62,34 +63,50 @@ net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& nam
   return so;
 }
 
-}  // namespace
+// A fragment's parameters on the backend, packed (fragments.h) on the host.
+void GatherFragment(const Fragment& frag, const TrainingBackend& backend, float* packed) {
+  for (const FragmentRange& r : frag.ranges) backend.download_params(packed + r.packed_offset, r.offset, r.numel);
+}
 
-Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResult* result) {
+// The inverse; the ranges written are added to *changed (the local ring copies them from rank 0).
+void ScatterFragment(const Fragment& frag, const float* packed, TrainingBackend& backend,
+                     std::vector<ParamRange>* changed) {
+  for (const FragmentRange& r : frag.ranges) {
+    backend.upload_params(packed + r.packed_offset, r.offset, r.numel);
+    changed->push_back({r.offset, r.numel});
+  }
+}
+
+// The learner's hook on the inner loop (inner_loop.h): the outer sync around every step.
+class LearnerHook final : public InnerLoopHook {
+ public:
+  std::function<Status(long, StepControl*)> before;
+  std::function<Status(const StepResult&)> after;
+  Status BeforeStep(long step, TrainingBackend&, StepControl* control) override { return before(step, control); }
+  Status AfterStep(const StepResult& r, TrainingBackend&) override { return after(r); }
+};
+
+// Rank 0 of the learner's ring: everything of RunLearner but the followers.
+Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const Corpus& corpus_ref,
+                        LocalRing& ring, bool* loop_entered, LearnerResult* result) {
   const RunConfig& cfg = *o.config;
   const TrainConfig& tc = cfg.train;
   const SyncConfig& sc = cfg.sync;
   const std::string me = LearnerName(o.index);
-  omp_set_num_threads(std::max(1, o.threads));
+  const Corpus* corpus = &corpus_ref;
+  TrainingBackend& backend = ring.backend(0);
   LearnerResult res;
-
-  std::unique_ptr<Corpus> corpus;
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus,
-                                  {cfg.data.val_fraction, cfg.model.block_size, o.index, sc.learners}, &corpus));
-  const GptConfig gc = GptConfigOf(cfg.model);
-  Gpt model(gc, tc.batch_size);
-  if (o.init_params != nullptr) {
-    std::memcpy(model.params(), o.init_params, model.num_params() * sizeof(float));
-  } else if (!o.join_from_snapshot) {
-    return Status::Error(me + ": no initial parameters: give init_params or join_from_snapshot");
-  }
-  AdamWState optimizer;
+  std::vector<ParamRange> changed;  // parameters rewritten since the ring last copied them
 
   std::vector<Fragment> frags;
-  DL_RETURN_IF_ERROR(PartitionFragments(model.table(), EffectiveFragments(sc), &frags));
+  DL_RETURN_IF_ERROR(PartitionFragments(backend.table(), EffectiveFragments(sc), &frags));
   const int P = (int)frags.size();
   const int H = sc.inner_steps;
   std::vector<FragState> fs(P);
-  for (int p = 0; p < P; p++) fs[p].base = GatherFragment(frags[p], model.params());
+  for (int p = 0; p < P; p++) {
+    fs[p].base.resize(frags[p].numel);
+    GatherFragment(frags[p], backend, fs[p].base.data());
+  }
   ErrorFeedback ef(CodecOptions{sc.codec.up, sc.codec.block, 0});
   const long block_after = sc.mode == SyncMode::kDiloco      ? 0
                            : sc.mode == SyncMode::kStreaming ? sc.overlap
@@ -100,7 +117,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   ParseOptions expect;
   expect.job_id = o.job_id;
   expect.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
-  expect.model_params = model.num_params();
+  expect.model_params = backend.num_params();
   expect.allowed_senders = {kSyncerName};
   net::ReceiveOptions ro;
   // Globals are verified and decoded where ZeroMQ received them (no copy of the payload).
@@ -168,7 +185,15 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   net::CloneClient clone;  // awaiting a snapshot until the start decides otherwise
   LearnerProgress progress;
   progress.index = o.index;
+  progress.device = ring.description();
+  progress.ranks = ring.ranks();
+  auto last_step_save = Clock::now() - std::chrono::hours(1);
   auto report = [&](LearnerState state) {
+    // What a restart continues from (a few times a second; a step is cheap to lose).
+    if (!o.run_dir.empty() && Clock::now() - last_step_save > std::chrono::milliseconds(250)) {
+      last_step_save = Clock::now();
+      (void)SaveLearnerStep(o.run_dir, o.index, step);
+    }
     if (!o.on_progress) return;
     progress.state = state;
     progress.step = step;
@@ -206,7 +231,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     SnapshotRequestMsg rq;
     rq.request_id = ++request_id;
     rq.reason = resync_reason;
-    assembler = std::make_unique<SnapshotAssembler>(request_id, model.num_params() * sizeof(float) + (1 << 20));
+    assembler = std::make_unique<SnapshotAssembler>(request_id, backend.num_params() * sizeof(float) + (1 << 20));
     request_outstanding = true;
     requested_at = Clock::now();
     return send_dealer(rq);
@@ -238,12 +263,12 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
       return Status::Ok();
     }
     local.resize(frag.numel);
-    GatherFragment(frag, model.params(), local.data());
+    GatherFragment(frag, backend, local.data());
     const float* included = sc.fold != FoldRule::kReplay ? nullptr
                             : (included_self && f.in_flight) ? f.theta_at_send.data()
                                                              : old_base.data();
     FoldGlobal(sc.fold, sc.alpha, f.base.data(), included, local.data(), frag.numel);
-    ScatterFragment(frag, local.data(), model.params());
+    ScatterFragment(frag, local.data(), backend, &changed);
     if (sc.fold != FoldRule::kReplay) {
       f.c_steps = 0;
       f.c_tokens = 0;
@@ -321,7 +346,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
                         Crc32c(f.base.data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
       if (!same) {
         f.base = scratch;
-        ScatterFragment(frag, f.base.data(), model.params());
+        ScatterFragment(frag, f.base.data(), backend, &changed);
         f.base_version = sm.version;
         f.c_steps = 0;
         f.c_tokens = 0;
@@ -392,7 +417,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     FragState& f = fs[p];
     const Fragment& frag = frags[p];
     local.resize(frag.numel);
-    GatherFragment(frag, model.params(), local.data());
+    GatherFragment(frag, backend, local.data());
     delta.resize(frag.numel);
     for (size_t i = 0; i < frag.numel; i++) delta[i] = f.base[i] - local[i];
     auto payload = std::make_shared<std::vector<uint8_t>>();
@@ -419,11 +444,10 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   };
 
   const int B = tc.batch_size, T = cfg.model.block_size;
-  const BatchSampler train(corpus->train(), B, T, mix_seed(tc.seed, (uint64_t)o.index));
-  const LrSchedule schedule = LrScheduleOf(tc);
-  AdamWHyper hp = AdamWHyperOf(tc);
+  const int R = ring.ranks();
+  const long tokens_per_step = (long)R * B * T;
+  const BatchSampler train = TrainSampler(*corpus, R * B, T, mix_seed(tc.seed, (uint64_t)o.index));
   const double slowdown = SlowdownOf(cfg.learners, o.index);
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double recent_sum = 0;
   int recent_n = 0;
   auto last_beat = Clock::now() - std::chrono::hours(1);
@@ -444,8 +468,8 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   {
     HelloMsg hello;
     hello.role = PeerRole::kLearner;
-    hello.tensor_table_digest = model.table().digest();
-    hello.num_params = model.num_params();
+    hello.tensor_table_digest = backend.table().digest();
+    hello.num_params = backend.num_params();
     hello.num_fragments = (uint32_t)P;
     hello.fragment_layout_digest = FragmentsDigest(frags);
     hello.build = "dilocod learner";
@@ -516,15 +540,22 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   report(state_now());
 
   const auto train_start = Clock::now();
-  for (; step < tc.steps; step++) {
-    if (TimeLimitReached(tc, train_start)) break;
+  LearnerHook hook;
+  hook.before = [&](long at, StepControl* control) -> Status {
+    step = at;
+    if (TimeLimitReached(tc, train_start)) {
+      control->stop = true;
+      return Status::Ok();
+    }
     if (crashed()) {
       res.crashed = true;
-      break;
+      control->stop = true;
+      return Status::Ok();
     }
     if (stopping()) {
       res.stopped = true;
-      break;
+      control->stop = true;
+      return Status::Ok();
     }
     if (o.before_step) o.before_step(step);
     DL_RETURN_IF_ERROR(poll(0));
@@ -542,34 +573,34 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
       res.wait_s += std::chrono::duration<double>(Clock::now() - w0).count();
     }
     DL_RETURN_IF_ERROR(beat_if_due());
-    train.Sample(step, inputs.data(), targets.data());
-    hp.lr = lr_at(schedule, (int)step);
-    const auto t0 = Clock::now();
-    const StepStats st = train_step(model, optimizer, inputs.data(), targets.data(), B, T, hp, tc.grad_clip);
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    control->changed = std::move(changed);
+    changed.clear();
+    return Status::Ok();
+  };
+  hook.after = [&](const StepResult& r) -> Status {
+    const StepStats& st = r.stats;
     if (!st.applied)
       return Status::Error(me + ": training diverged at step " + std::to_string(step) +
                            " (loss or gradient NaN/Inf). Try a lower train.lr or sync.outer.lr");
-    if (slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * dt));
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * r.step_s));
+    const double step_s = r.step_s * std::max(1.0, slowdown);
     step_ms_ema = step_ms_ema == 0 ? step_s * 1e3 : step_ms_ema + 0.2 * (step_s * 1e3 - step_ms_ema);
     res.train_s += step_s;
-    res.tokens += (long)B * T;
+    res.tokens += tokens_per_step;
     last_loss = (float)st.loss;
     recent_sum += st.loss;
     recent_n++;
     for (auto& f : fs) {
       f.c_steps++;
-      f.c_tokens += (uint64_t)B * T;
+      f.c_tokens += (uint64_t)tokens_per_step;
     }
-    const long done = step + 1;
+    const long done = r.step + 1;
+    step = done;
     // No deltas while a snapshot is awaited: the bases are about to change.
     for (int p = 0; p < P; p++)
       if (Fires(p, done, H, P) && !fs[p].in_flight && !clone.awaiting_snapshot())
         DL_RETURN_IF_ERROR(send_delta(p, done));
-    step = done;  // for report(); the loop increments from step
     report(state_now());
-    step = done - 1;
     if (done % tc.log_every == 0 || done == tc.steps) {
       res.final_train_loss = recent_sum / recent_n;
       recent_sum = 0;
@@ -579,7 +610,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
         (void)o.metrics->Write({{"learner", o.index},
                                 {"step", done},
                                 {"loss", st.loss},
-                                {"lr", hp.lr},
+                                {"lr", r.lr},
                                 {"grad_norm", st.grad_norm},
                                 {"tokens", res.tokens},
                                 {"step_ms", step_s * 1e3},
@@ -593,8 +624,20 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
                                  }()}});
       }
     }
-  }
+    return Status::Ok();
+  };
+  InnerLoopOptions lo;
+  lo.start_step = step;
+  lo.end_step = tc.steps;
+  lo.train = &tc;
+  lo.sampler = &train;
+  lo.row_begin = 0;
+  lo.rows = B;
+  lo.block_size = T;
+  *loop_entered = true;
+  DL_RETURN_IF_ERROR(RunInnerLoop(lo, backend, ring.comm(0), &hook, &step));
   res.steps = step;
+  if (!o.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o.run_dir, o.index, step));
   if (!res.crashed) {
     // The work since each fragment's last send goes to the syncer too.
     DL_RETURN_IF_ERROR(poll(0));
@@ -609,6 +652,48 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     report(LearnerState::kFailed);
   }
   *result = res;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResult* result) {
+  const RunConfig& cfg = *o.config;
+  const std::string me = LearnerName(o.index);
+  if (o.init_params == nullptr && !o.join_from_snapshot)
+    return Status::Error(me + ": no initial parameters: give init_params or join_from_snapshot");
+  std::unique_ptr<Corpus> corpus;
+  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, o.index, cfg.sync.learners), &corpus));
+  std::unique_ptr<LocalRing> ring;
+  DL_RETURN_IF_ERROR(LocalRing::Create(LocalRingOptionsOf(cfg, std::max(1, o.threads)), &ring).WithContext(me));
+  // A joining learner starts from the syncer's snapshot: rank 0 installs it, the ring copies it.
+  if (o.init_params != nullptr) ring->Upload(o.init_params);
+  DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
+    if (rank == 0) {
+      bool loop_entered = false;
+      Status st = RunLearnerLeader(context, o, *corpus, *ring, &loop_entered, result);
+      // Ended before training (a crash or a stop during the handshake): release the followers.
+      if (st.ok() && !loop_entered) (void)StopFollowers(ring->comm(0));
+      return st;
+    }
+    const int B = cfg.train.batch_size, T = cfg.model.block_size;
+    const BatchSampler train = TrainSampler(*corpus, ring->ranks() * B, T, mix_seed(cfg.train.seed, (uint64_t)o.index));
+    InnerLoopOptions lo;
+    lo.end_step = cfg.train.steps;  // rank 0 decides
+    lo.train = &cfg.train;
+    lo.sampler = &train;
+    lo.row_begin = rank * B;
+    lo.rows = B;
+    lo.block_size = T;
+    long done = 0;
+    return RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &done);
+  }));
+  // The ranks must end bitwise equal (every rank applies the same mean gradient).
+  std::vector<float> params(ring->backend(0).num_params());
+  for (int r = 0; r < ring->ranks(); r++) {
+    ring->backend(r).download_params(params.data());
+    result->rank_param_crc32c.push_back(Crc32c(params.data(), params.size() * sizeof(float)));
+  }
   return Status::Ok();
 }
 

@@ -1,5 +1,6 @@
-// One learner of a multi-learner run (DESIGN.md §3): inner AdamW steps on its own Gpt and data
-// shard; per fragment it counts c_steps/c_tokens since it last folded the fragment; when the
+// One learner of a multi-learner run (DESIGN.md §3): a local ring of train.ranks ranks on
+// train.device (local_ring.h) running the one inner loop (inner_loop.h) on its data shard, with
+// the outer sync as the loop's hook on rank 0; per fragment it counts c_steps/c_tokens since it last folded the fragment; when the
 // fragment's cadence fires (fragments.h: Fires) and no delta for it is in flight it publishes
 // Δ = base_p − θ_p (with error feedback, codec sync.codec.up) and keeps θ_p at send; on a Global
 // newer than base_p it applies the decoded update to its copy of Θ_p, verifies the CRC32C and
@@ -73,6 +74,9 @@ struct LearnerOptions {
   int heartbeat_interval_ms = 200;
   int handshake_timeout_ms = 60000;  // no Welcome + downlink message by then: error
   int snapshot_retry_ms = 3000;      // a snapshot request unanswered this long is sent again
+  // The run directory: the learner keeps learner-<index>.step there (run_dir.h), what a resumed
+  // learner continues from. Empty: nothing is written.
+  std::string run_dir;
   // metrics.jsonl lines ("learner": index), shared by all learners; may be null.
   JsonlWriter* metrics = nullptr;
   std::mutex* metrics_mu = nullptr;
@@ -93,6 +97,8 @@ struct LearnerOptions {
 // What a learner is doing (LearnerOptions::on_progress).
 struct LearnerProgress {
   int index = 0;
+  std::string device;  // the local ring: "cpu", "cpu x 2 ranks (threads)", "cuda:0 NVIDIA H200 ..."
+  int ranks = 1;
   LearnerState state = LearnerState::kJoining;
   long step = 0;  // inner steps done (counting from 0, start_step included)
   long tokens = 0;  // tokens trained on by this incarnation
@@ -120,6 +126,7 @@ struct LearnerResult {
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop
+  std::vector<uint32_t> rank_param_crc32c;  // CRC32C of each local rank's final parameters
 };
 
 Status RunLearner(net::NetContext& context, const LearnerOptions& options, LearnerResult* result);

@@ -33,30 +33,6 @@ bool HasLink(const LinkConfig& l) {
   return l.bandwidth_mbps > 0 || l.latency_ms > 0 || l.jitter_ms > 0 || l.loss > 0;
 }
 
-// Where each learner of an earlier run got to: the last step its metrics.jsonl lines show
-// (logged every train.log_every steps and at the end; the steps after that are trained again).
-Status ResumeSteps(const std::string& metrics_path, std::vector<long>* steps) {
-  std::ifstream f(metrics_path);
-  if (!f) return Status::Error("cannot resume: cannot read '" + metrics_path + "'");
-  int line_no = 0;
-  for (std::string line; std::getline(f, line);) {
-    line_no++;
-    if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      // A run killed mid-write leaves a torn last line; anything else is a damaged file.
-      if (f.peek() == EOF) break;
-      return Status::Error("cannot resume: '" + metrics_path + "' line " + std::to_string(line_no) + " is not JSON");
-    }
-    if (!j.is_object() || !j.contains("learner") || !j["learner"].is_number_integer()) continue;
-    const int i = j["learner"].get<int>();
-    if (i < 0 || i >= (int)steps->size()) continue;
-    for (const char* key : {"step", "steps"})
-      if (j.contains(key) && j[key].is_number_integer()) (*steps)[i] = std::max((*steps)[i], j[key].get<long>());
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks,
@@ -66,38 +42,32 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const SyncConfig& sc = cfg.sync;
   const int M = sc.learners;
   if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details);
+  DL_RETURN_IF_ERROR(CheckTrainDevice(cfg.train));
 
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
-  if (ec) return Status::Error("cannot create run directory '" + options.run_dir + "': " + ec.message());
   const fs::path state_path = fs::path(options.run_dir) / "global_state.bin";
   std::vector<long> start_steps(M, 0);
   if (options.resume) {
     if (!fs::exists(state_path))
       return Status::Error("cannot resume: run directory '" + options.run_dir +
                            "' holds no global_state.bin (was it a run with sync.learners > 1 in a syncer mode?)");
-    DL_RETURN_IF_ERROR(ResumeSteps((fs::path(options.run_dir) / "metrics.jsonl").string(), &start_steps));
+    for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, i, &start_steps[i]));
   } else if (fs::exists(state_path)) {
     return Status::Error("run directory '" + options.run_dir +
                          "' already holds a run (global_state.bin): pass --resume to continue it, or choose another --out");
   }
-  {
-    std::ofstream f(fs::path(options.run_dir) / "config.yaml", std::ios::binary | std::ios::trunc);
-    f << RunConfigToYaml(cfg);
-    if (!f) return Status::Error("cannot write config.yaml in '" + options.run_dir + "'");
-  }
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
   JsonlWriter metrics;
   std::mutex metrics_mu;
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
 
   // Validation data (the same tail for every learner) and the initial model.
   std::unique_ptr<Corpus> corpus;
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, M}, &corpus));
+  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, M), &corpus));
   const GptConfig gc = GptConfigOf(cfg.model);
   const TensorTable table = gpt_tensor_table(gc);
   std::vector<float> init(table.total_numel());
   gpt_init_params(gc, cfg.train.seed, init.data());
-  const BatchSampler val(corpus->val(), cfg.train.batch_size, cfg.model.block_size, mix_seed(cfg.train.seed, ~0ULL));
+  const BatchSampler val = ValSampler(*corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
   const int total_threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
   omp_set_num_threads(total_threads);
   TrainSummary s;
@@ -113,7 +83,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                            .WithContext("cannot resume from '" + state_path.string() + "' with this config"));
     for (size_t p = 0; p < frags.size(); p++) ScatterFragment(frags[p], gs.fragments[p].theta.data(), init.data());
   }
-  s.initial_val_loss = EvaluateParams(gc, init.data(), val, cfg.eval.batches);
+  DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
   DL_RETURN_IF_ERROR(metrics.Write({{"event", options.resume ? "resume" : "start"},
                                     {"start_steps", start_steps},
                                     {"step", 0},
@@ -199,6 +169,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       lo.start_step = std::min<long>(start_steps[i], cfg.train.steps);
     }
     lo.threads = std::max(1, total_threads / M);
+    lo.run_dir = options.run_dir;
     lo.metrics = &metrics;
     lo.metrics_mu = &metrics_mu;
     lo.crash = crash[i].get();
@@ -339,7 +310,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::vector<float> global(table.total_numel());
   syncer->GlobalParams(global.data());
   omp_set_num_threads(total_threads);
-  s.final_val_loss = EvaluateParams(gc, global.data(), val, cfg.eval.batches);
+  DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
   s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;

@@ -5,8 +5,9 @@
 // events.log (the syncer's merge tape) and global_state.bin; the final validation loss is that
 // of the syncer's global model.
 // Resume (TrainOptions::resume): the syncer restores run_dir/global_state.bin (versions, Θ, u and
-// the ledger go on), and each learner joins from a snapshot at the last step metrics.jsonl shows
-// for it, with fresh AdamW moments (only the syncer's state is saved).
+// the ledger go on), and each learner joins from a snapshot at the step its learner-<i>.step file
+// holds (run_dir.h; the same files the daemon's learner roles keep), with fresh AdamW moments
+// (only the syncer's state is saved).
 // Modes: decoupled, diloco and streaming here; ddp runs in ddp_run.h (threads averaging gradients,
 // no syncer).
 #pragma once

@@ -13,13 +13,15 @@
 
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
+#include "daemon/train/inner_loop.h"
 #include "daemon/train/local_run.h"
+#include "daemon/train/local_ring.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/util/progress.h"
 #include "kernels/lr_schedule.h"
 #include "kernels/rng.h"
-#include "kernels/train_step.h"
 
 namespace diloco {
 
@@ -51,18 +53,40 @@ class StopSignals {
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-Status WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) return Status::Error("cannot write '" + path + "'");
-  return Status::Ok();
+}  // namespace
+
+CorpusOptions CorpusOptionsOf(const RunConfig& config, int learner, int num_learners) {
+  CorpusOptions co;
+  co.val_fraction = config.data.val_fraction;
+  co.block_size = config.model.block_size;
+  co.learner = learner;
+  co.num_learners = num_learners;
+  co.format = config.data.format;
+  co.vocab_size = config.model.vocab_size;
+  return co;
 }
 
-}  // namespace
+BatchSampler TrainSampler(const Corpus& corpus, int batch, int block_size, uint64_t seed) {
+  return BatchSampler(corpus.train_tokens(), batch, block_size, seed);
+}
+
+BatchSampler ValSampler(const Corpus& corpus, int batch, int block_size, uint64_t run_seed) {
+  return BatchSampler(corpus.val_tokens(), batch, block_size, mix_seed(run_seed, /*validation=*/~0ULL));
+}
+
+LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads) {
+  LocalRingOptions ro;
+  ro.device = config.train.device;
+  ro.ranks = config.train.ranks;
+  ro.model = GptConfigOf(config.model);
+  ro.batch_size = config.train.batch_size;
+  ro.threads = threads;
+  return ro;
+}
 
 GptConfig GptConfigOf(const ModelConfig& m) {
   GptConfig g;
+  g.vocab_size = m.vocab_size;
   g.block_size = m.block_size;
   g.n_layer = m.n_layer;
   g.n_embd = m.n_embd;
@@ -82,152 +106,210 @@ AdamWHyper AdamWHyperOf(const TrainConfig& tc) {
           .weight_decay = (float)tc.weight_decay};
 }
 
-double EvaluateModel(Gpt& model, const BatchSampler& val, int batches) {
+double EvaluateBackend(TrainingBackend& backend, const BatchSampler& val, int batches) {
   const int B = val.batch_size(), T = val.block_size();
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double sum = 0;
   for (int i = 0; i < batches; i++) {
     val.Sample(i, inputs.data(), targets.data());
-    sum += model.forward(inputs.data(), targets.data(), B, T);
+    sum += backend.eval_loss(inputs.data(), targets.data(), B, T);
   }
   return sum / batches;
 }
 
-double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches) {
-  Gpt model(gc, val.batch_size());
-  std::copy(params, params + model.num_params(), model.params());
-  return EvaluateModel(model, val, batches);
+Status EvaluateParams(const std::string& device, const GptConfig& gc, const float* params, const BatchSampler& val,
+                      int batches, double* loss) {
+  std::unique_ptr<TrainingBackend> backend;
+  if (std::string err = CreateBackend(device, {gc, val.batch_size()}, &backend); !err.empty())
+    return Status::Error("cannot evaluate on " + device + ": " + err);
+  backend->upload_params(params);
+  *loss = EvaluateBackend(*backend, val, batches);
+  return Status::Ok();
 }
+
+Status CheckTrainDevice(const TrainConfig& tc) {
+  if (std::string err = CheckDeviceAvailable(tc.device, tc.ranks); !err.empty())
+    return Status::Error("train.device " + tc.device + " with train.ranks " + std::to_string(tc.ranks) + ": " + err);
+  return Status::Ok();
+}
+
+namespace {
+
+// The hook of a single learner (no outer sync): metrics.jsonl, progress, eval, checkpoints, and
+// the ends of a run (time limit, SIGINT/SIGTERM, divergence).
+class SingleLearnerHook final : public InnerLoopHook {
+ public:
+  SingleLearnerHook(const TrainOptions& options, JsonlWriter* metrics, const BatchSampler* val, long tokens_per_step,
+                    long start_step, TrainSummary* summary)
+      : o_(options), cfg_(options.config), metrics_(metrics), val_(val), tokens_per_step_(tokens_per_step),
+        start_step_(start_step), s_(summary), progress_(options.progress, options.config.train.log_every),
+        config_yaml_(RunConfigToYaml(options.config)), started_(Clock::now()) {}
+
+  Status Save(TrainingBackend& backend, long at_step) {
+    DL_RETURN_IF_ERROR(SaveCheckpoint(s_->checkpoint, backend, at_step, config_yaml_));
+    return metrics_->Write({{"event", "checkpoint"}, {"step", at_step}, {"path", s_->checkpoint}});
+  }
+
+  Status BeforeStep(long step, TrainingBackend& backend, StepControl* control) override {
+    if (TimeLimitReached(cfg_.train, started_)) {
+      control->stop = true;
+      return Status::Ok();
+    }
+    if (g_stop_signal == 0) return Status::Ok();
+    progress_.Finish();
+    DL_RETURN_IF_ERROR(Save(backend, step));
+    return Status::Error("stopped by signal " + std::to_string(g_stop_signal.load()) + " at step " +
+                         std::to_string(step) + "; checkpoint saved to '" + s_->checkpoint +
+                         "': continue with --resume --out " + o_.run_dir);
+  }
+
+  Status AfterStep(const StepResult& r, TrainingBackend& backend) override {
+    const TrainConfig& tc = cfg_.train;
+    const long step = r.step;
+    const StepStats& st = r.stats;
+    if (!st.applied) {
+      progress_.Finish();
+      (void)metrics_->Write({{"event", "nonfinite"}, {"step", step}, {"loss", std::isfinite(st.loss) ? st.loss : -1.0},
+                             {"grad_norm", std::isfinite(st.grad_norm) ? st.grad_norm : -1.0}});
+      const bool have_ckpt = fs::exists(s_->checkpoint);
+      return Status::Error("training diverged at step " + std::to_string(step) + ": the " +
+                           (std::isfinite(st.loss) ? "gradient norm" : "loss") +
+                           " is NaN or Inf; the step was not applied. " +
+                           (have_ckpt ? "The last good checkpoint is '" + s_->checkpoint + "'"
+                                      : std::string("No checkpoint was written yet")) +
+                           ". Try a lower train.lr or train.grad_clip");
+    }
+    s_->train_s += r.step_s;
+    s_->tokens += tokens_per_step_;
+    recent_loss_sum_ += st.loss;
+    recent_count_++;
+    const double tok_s = s_->tokens / s_->train_s;
+    DL_RETURN_IF_ERROR(metrics_->Write({{"step", step + 1},
+                                        {"loss", st.loss},
+                                        {"lr", r.lr},
+                                        {"grad_norm", st.grad_norm},
+                                        {"tokens", s_->tokens},
+                                        {"step_ms", r.step_s * 1e3},
+                                        {"tok_per_s", tok_s}}));
+    if (!o_.quiet) {
+      char line[160];
+      std::snprintf(line, sizeof line, "step %ld/%d | loss %.4f | lr %.2e | %.0f tok/s", step + 1, tc.steps, st.loss,
+                    r.lr, tok_s);
+      progress_.Update(step + 1 - start_step_, tc.steps - start_step_, line);
+    }
+    if ((step + 1) % tc.log_every == 0) {
+      s_->final_train_loss = recent_loss_sum_ / recent_count_;
+      recent_loss_sum_ = 0;
+      recent_count_ = 0;
+    }
+    const bool last = step + 1 == tc.steps;
+    if (!last && cfg_.eval.every > 0 && (step + 1) % cfg_.eval.every == 0) {
+      const double vl = EvaluateBackend(backend, *val_, cfg_.eval.batches);
+      DL_RETURN_IF_ERROR(metrics_->Write({{"event", "eval"}, {"step", step + 1}, {"val_loss", vl}}));
+      if (!o_.quiet) {
+        progress_.Finish();
+        std::fprintf(stderr, "step %ld: val loss %.4f\n", step + 1, vl);
+      }
+    }
+    if (!last && tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0)
+      DL_RETURN_IF_ERROR(Save(backend, step + 1));
+    return Status::Ok();
+  }
+
+  void Finish() {
+    progress_.Finish();
+    if (recent_count_ > 0) s_->final_train_loss = recent_loss_sum_ / recent_count_;
+  }
+
+ private:
+  const TrainOptions& o_;
+  const RunConfig& cfg_;
+  JsonlWriter* metrics_;
+  const BatchSampler* val_;
+  const long tokens_per_step_;
+  const long start_step_;
+  TrainSummary* s_;
+  ProgressLine progress_;
+  const std::string config_yaml_;
+  const Clock::time_point started_;
+  double recent_loss_sum_ = 0;
+  int recent_count_ = 0;
+};
+
+}  // namespace
 
 Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   if (options.config.sync.learners > 1) return RunLocal(options, summary);
   const auto run_start = Clock::now();
   const RunConfig& cfg = options.config;
   const TrainConfig& tc = cfg.train;
-  omp_set_num_threads(tc.threads > 0 ? tc.threads : omp_get_num_procs());
+  DL_RETURN_IF_ERROR(CheckTrainDevice(tc));
+  const int total_threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
+  omp_set_num_threads(total_threads);
 
   std::unique_ptr<Corpus> corpus;
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, {cfg.data.val_fraction, cfg.model.block_size, 0, 1}, &corpus));
+  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus));
+  std::unique_ptr<LocalRing> ring;
+  DL_RETURN_IF_ERROR(LocalRing::Create(LocalRingOptionsOf(cfg, total_threads), &ring));
 
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
-  if (ec) return Status::Error("cannot create run directory '" + options.run_dir + "': " + ec.message());
-  const std::string checkpoint_path = (fs::path(options.run_dir) / "checkpoint.bin").string();
-  const std::string config_yaml = RunConfigToYaml(cfg);
-
-  Gpt model(GptConfigOf(cfg.model), tc.batch_size);
-  AdamWState optimizer;
+  TrainSummary s;
+  s.run_dir = options.run_dir;
+  s.checkpoint = (fs::path(options.run_dir) / "checkpoint.bin").string();
   long start_step = 0;
   if (options.resume) {
     Checkpoint ckpt;
-    DL_RETURN_IF_ERROR(LoadCheckpoint(checkpoint_path, &ckpt).WithContext("cannot resume"));
-    DL_RETURN_IF_ERROR(RestoreCheckpoint(ckpt, &model, &optimizer).WithContext("cannot resume"));
+    DL_RETURN_IF_ERROR(LoadCheckpoint(s.checkpoint, &ckpt).WithContext("cannot resume"));
+    DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, GptConfigOf(cfg.model), true).WithContext("cannot resume"));
+    ring->Upload(ckpt.params.data(), &ckpt.optimizer);
     start_step = ckpt.step;
   } else {
-    if (fs::exists(checkpoint_path))
+    if (fs::exists(s.checkpoint))
       return Status::Error("run directory '" + options.run_dir +
                            "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
-    model.init_weights(tc.seed);
+    std::vector<float> init(ring->backend(0).num_params());
+    gpt_init_params(GptConfigOf(cfg.model), tc.seed, init.data());
+    ring->Upload(init.data());
   }
-  DL_RETURN_IF_ERROR(WriteTextFile((fs::path(options.run_dir) / "config.yaml").string(), config_yaml));
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
   JsonlWriter metrics;
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
 
-  const int B = tc.batch_size, T = cfg.model.block_size;
-  const BatchSampler train(corpus->train(), B, T, mix_seed(tc.seed, /*learner=*/0));
-  const BatchSampler val(corpus->val(), B, T, mix_seed(tc.seed, /*validation=*/~0ULL));
-  const LrSchedule schedule = LrScheduleOf(tc);
-  AdamWHyper hp = AdamWHyperOf(tc);
-
+  const int B = tc.batch_size, T = cfg.model.block_size, R = ring->ranks();
+  const BatchSampler train = TrainSampler(*corpus, R * B, T, mix_seed(tc.seed, /*learner=*/0));
+  const BatchSampler val = ValSampler(*corpus, B, T, tc.seed);
   DL_RETURN_IF_ERROR(metrics.Write({{"event", start_step > 0 ? "resume" : "start"},
                                     {"step", start_step},
-                                    {"params", model.num_params()},
-                                    {"train_bytes", corpus->train().size()},
-                                    {"val_bytes", corpus->val().size()},
-                                    {"threads", omp_get_max_threads()}}));
+                                    {"params", ring->backend(0).num_params()},
+                                    {"train_tokens", corpus->train_tokens().size()},
+                                    {"val_tokens", corpus->val_tokens().size()},
+                                    {"device", ring->description()},
+                                    {"ranks", R},
+                                    {"threads", total_threads}}));
 
   StopSignals signals;
-  ProgressLine progress(options.progress, tc.log_every);
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  TrainSummary s;
-  s.run_dir = options.run_dir;
-  s.checkpoint = checkpoint_path;
-  double recent_loss_sum = 0;
-  int recent_count = 0;
+  SingleLearnerHook hook(options, &metrics, &val, (long)R * B * T, start_step, &s);
   long step = start_step;
-  auto save = [&](long at_step) -> Status {
-    DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, model, optimizer, at_step, config_yaml));
-    return metrics.Write({{"event", "checkpoint"}, {"step", at_step}, {"path", checkpoint_path}});
-  };
+  DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
+    InnerLoopOptions lo;
+    lo.start_step = start_step;
+    lo.end_step = tc.steps;
+    lo.train = &tc;
+    lo.sampler = &train;
+    lo.row_begin = rank * B;
+    lo.rows = B;
+    lo.block_size = T;
+    long done = 0;
+    Status st = RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), rank == 0 ? &hook : nullptr, &done);
+    if (rank == 0) step = done;
+    return st;
+  }));
+  hook.Finish();
 
-  const auto started = std::chrono::steady_clock::now();
-  for (; step < tc.steps; step++) {
-    if (TimeLimitReached(tc, started)) break;
-    if (g_stop_signal != 0) {
-      progress.Finish();
-      DL_RETURN_IF_ERROR(save(step));
-      return Status::Error("stopped by signal " + std::to_string(g_stop_signal.load()) + " at step " +
-                           std::to_string(step) + "; checkpoint saved to '" + checkpoint_path +
-                           "': continue with --resume --out " + options.run_dir);
-    }
-    train.Sample(step, inputs.data(), targets.data());
-    hp.lr = lr_at(schedule, (int)step);
-    const auto t0 = Clock::now();
-    const StepStats st = train_step(model, optimizer, inputs.data(), targets.data(), B, T, hp, tc.grad_clip);
-    const double dt = Seconds(t0, Clock::now());
-    if (!st.applied) {
-      progress.Finish();
-      (void)metrics.Write({{"event", "nonfinite"}, {"step", step}, {"loss", std::isfinite(st.loss) ? st.loss : -1.0},
-                           {"grad_norm", std::isfinite(st.grad_norm) ? st.grad_norm : -1.0}});
-      const bool have_ckpt = fs::exists(checkpoint_path);
-      return Status::Error("training diverged at step " + std::to_string(step) + ": the " +
-                           (std::isfinite(st.loss) ? "gradient norm" : "loss") +
-                           " is NaN or Inf; the step was not applied. " +
-                           (have_ckpt ? "The last good checkpoint is '" + checkpoint_path + "'"
-                                      : std::string("No checkpoint was written yet")) +
-                           ". Try a lower train.lr or train.grad_clip");
-    }
-    s.train_s += dt;
-    s.tokens += (long)B * T;
-    recent_loss_sum += st.loss;
-    recent_count++;
-    const double tok_s = s.tokens / s.train_s;
-    DL_RETURN_IF_ERROR(metrics.Write({{"step", step + 1},
-                                      {"loss", st.loss},
-                                      {"lr", hp.lr},
-                                      {"grad_norm", st.grad_norm},
-                                      {"tokens", s.tokens},
-                                      {"step_ms", dt * 1e3},
-                                      {"tok_per_s", tok_s}}));
-    if (!options.quiet) {
-      char line[160];
-      std::snprintf(line, sizeof line, "step %ld/%d | loss %.4f | lr %.2e | %.0f tok/s", step + 1, tc.steps, st.loss,
-                    hp.lr, tok_s);
-      progress.Update(step + 1 - start_step, tc.steps - start_step, line);
-    }
-    if ((step + 1) % tc.log_every == 0) {
-      s.final_train_loss = recent_loss_sum / recent_count;
-      recent_loss_sum = 0;
-      recent_count = 0;
-    }
-    const bool last = step + 1 == tc.steps;
-    if (!last && cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) {
-      const double vl = EvaluateModel(model, val, cfg.eval.batches);
-      DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", step + 1}, {"val_loss", vl}}));
-      if (!options.quiet) {
-        progress.Finish();
-        std::fprintf(stderr, "step %ld: val loss %.4f\n", step + 1, vl);
-      }
-    }
-    if (!last && tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0) DL_RETURN_IF_ERROR(save(step + 1));
-  }
-  progress.Finish();
-  if (recent_count > 0) s.final_train_loss = recent_loss_sum / recent_count;
-
-  s.final_val_loss = EvaluateModel(model, val, cfg.eval.batches);
+  TrainingBackend& backend = ring->backend(0);
+  s.final_val_loss = EvaluateBackend(backend, val, cfg.eval.batches);
   s.steps = step;
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", step}, {"val_loss", s.final_val_loss}}));
-  DL_RETURN_IF_ERROR(save(step));
+  DL_RETURN_IF_ERROR(hook.Save(backend, step));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   s.peak_rss_mb = peak_rss_mb();
   s.wall_s = Seconds(run_start, Clock::now());

@@ -12,8 +12,11 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/train/data.h"
+#include "daemon/train/local_ring.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/util/status.h"
 #include "kernels/adamw.h"
+#include "kernels/backend.h"
 #include "kernels/gpt.h"
 #include "kernels/lr_schedule.h"
 
@@ -50,7 +53,7 @@ struct TrainSummary {
   std::string checkpoint;
 };
 
-// The engine's model shape for a run config's `model` section (vocab: bytes).
+// The engine's model shape for a run config's `model` section.
 GptConfig GptConfigOf(const ModelConfig& m);
 
 // The inner optimizer of a run config's `train` section: its LR schedule (decay over all steps
@@ -64,10 +67,25 @@ inline bool TimeLimitReached(const TrainConfig& tc, std::chrono::steady_clock::t
          std::chrono::steady_clock::now() - start >= std::chrono::duration<double>(tc.time_limit_s);
 }
 
-// Mean validation loss over the first `batches` batches of val (the same every time): of a model,
-// or of a parameter vector (in a fresh model of shape gc).
-double EvaluateModel(Gpt& model, const BatchSampler& val, int batches);
-double EvaluateParams(const GptConfig& gc, const float* params, const BatchSampler& val, int batches);
+// Mean validation loss over the first `batches` batches of val (the same every time): of a
+// backend's parameters, or of a parameter vector (on a fresh backend of shape gc on device).
+double EvaluateBackend(TrainingBackend& backend, const BatchSampler& val, int batches);
+Status EvaluateParams(const std::string& device, const GptConfig& gc, const float* params, const BatchSampler& val,
+                      int batches, double* loss);
+
+// train.device and train.ranks against this build and machine: a clear error (no CUDA in this
+// build, no GPU, too few GPUs) before anything starts.
+Status CheckTrainDevice(const TrainConfig& tc);
+
+// The corpus options of learner `learner` of `num_learners` (its shard, the format, the vocab).
+CorpusOptions CorpusOptionsOf(const RunConfig& config, int learner, int num_learners);
+// Samplers over a corpus of either format: a learner's training shard (batch = ranks × batch_size
+// rows; rank r takes rows r × batch_size ...) and the validation split (the same for everyone).
+BatchSampler TrainSampler(const Corpus& corpus, int batch, int block_size, uint64_t seed);
+BatchSampler ValSampler(const Corpus& corpus, int batch, int block_size, uint64_t run_seed);
+
+// A learner's local ring for a run config (train.device, train.ranks, the model, the batch).
+LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads);
 
 // Trains to config.train.steps. Stops with an error naming the step when
 // the loss or gradients become NaN/Inf (the last checkpoint is kept), or

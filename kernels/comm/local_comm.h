@@ -55,19 +55,29 @@ class LocalComm {
   virtual CommStatus all_reduce_host(double* values, int count, ReduceOp op) = 0;
 };
 
-// Threads as ranks. Create one group, hand comm(r) to the thread of rank r.
-class ThreadCommGroup {
+// A group of ranks: hands comm(r) to the thread of rank r. The group must
+// outlive its comms.
+class LocalCommGroup {
+ public:
+  virtual ~LocalCommGroup() = default;
+  virtual int world_size() const = 0;
+  // The comm of rank r (0 <= r < world_size).
+  virtual std::unique_ptr<LocalComm> comm(int rank) = 0;
+  // Fails every pending and later collective of the group with reason (any thread).
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// Threads as ranks.
+class ThreadCommGroup final : public LocalCommGroup {
  public:
   explicit ThreadCommGroup(int world_size);
-  ~ThreadCommGroup();
+  ~ThreadCommGroup() override;
   ThreadCommGroup(const ThreadCommGroup&) = delete;
   ThreadCommGroup& operator=(const ThreadCommGroup&) = delete;
 
-  int world_size() const;
-  // The comm of rank r (0 <= r < world_size); the group must outlive it.
-  std::unique_ptr<LocalComm> comm(int rank);
-  // Fails every pending and later collective of the group with reason.
-  void abort(const std::string& reason);
+  int world_size() const override;
+  std::unique_ptr<LocalComm> comm(int rank) override;
+  void abort(const std::string& reason) override;
 
   struct State;
 

@@ -16,6 +16,8 @@ class CpuBackend final : public TrainingBackend {
 
   void upload_params(const float* host, size_t offset, size_t count) override;
   void download_params(float* host, size_t offset, size_t count) const override;
+  float* param_buffer() override { return model_.params(); }
+  void params_written(size_t, size_t) override {}  // no second copy on the CPU
   void download_optimizer(AdamWState* out) const override { *out = optimizer_; }
   void upload_optimizer(const AdamWState& state) override { optimizer_ = state; }
 
@@ -25,6 +27,7 @@ class CpuBackend final : public TrainingBackend {
   void download_grads(float* host) const override;
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
   double eval_loss(const int* inputs, const int* targets, int B, int T) override;
+  size_t activation_bytes() const override { return model_.activation_bytes(); }
 
   Gpt& model() { return model_; }
 

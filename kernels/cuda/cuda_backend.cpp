@@ -34,6 +34,8 @@ class CudaBackend final : public TrainingBackend {
 
   void upload_params(const float* host, size_t offset, size_t count) override;
   void download_params(float* host, size_t offset, size_t count) const override;
+  float* param_buffer() override { return params_.get(); }
+  void params_written(size_t offset, size_t count) override;
   void download_optimizer(AdamWState* out) const override;
   void upload_optimizer(const AdamWState& state) override;
 
@@ -43,6 +45,9 @@ class CudaBackend final : public TrainingBackend {
   void download_grads(float* host) const override;
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
   double eval_loss(const int* inputs, const int* targets, int B, int T) override;
+  size_t activation_bytes() const override {
+    return act16_.size() * sizeof(bf16) + act32_.size() * sizeof(float) + scratch_.size() * sizeof(float);
+  }
 
  private:
   struct Acts {
@@ -190,6 +195,13 @@ void CudaBackend::upload_params(const float* host, size_t offset, size_t count) 
   set_device(device_);  // the caller's thread may not have selected it
   DL_CHECK(offset + count <= num_params(), "params range [%zu, +%zu) outside %zu", offset, count, num_params());
   copy_to_device(params_.get() + offset, host, count * sizeof(float), stream_);
+  float_to_bf16(params16_.get() + offset, params_.get() + offset, count, stream_);
+  synchronize(stream_);
+}
+
+void CudaBackend::params_written(size_t offset, size_t count) {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(offset + count <= num_params(), "params range [%zu, +%zu) outside %zu", offset, count, num_params());
   float_to_bf16(params16_.get() + offset, params_.get() + offset, count, stream_);
   synchronize(stream_);
 }

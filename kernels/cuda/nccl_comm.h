@@ -29,21 +29,21 @@ struct NcclOptions {
   bool bf16_all_reduce = false;
 };
 
-class NcclCommGroup {
+class NcclCommGroup final : public LocalCommGroup {
  public:
   // Returns an empty string on success, else the NCCL/CUDA error and what
   // to check.
   [[nodiscard]] static std::string Create(const std::vector<int>& devices, const NcclOptions& options,
                                           std::unique_ptr<NcclCommGroup>* out);
-  ~NcclCommGroup();
+  ~NcclCommGroup() override;
   NcclCommGroup(const NcclCommGroup&) = delete;
   NcclCommGroup& operator=(const NcclCommGroup&) = delete;
 
-  int world_size() const;
+  int world_size() const override;
   // The comm of rank r (device devices[r]); the group must outlive it.
-  std::unique_ptr<LocalComm> comm(int rank);
+  std::unique_ptr<LocalComm> comm(int rank) override;
   // Every pending and later collective fails fast with reason (any thread).
-  void abort(const std::string& reason);
+  void abort(const std::string& reason) override;
 
   struct State;
 

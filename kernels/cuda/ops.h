@@ -158,7 +158,7 @@ void outer_delta(float* delta, const float* base, const float* theta, size_t n, 
 //   0 overwrite: theta = global
 //   1 replay:    theta = global + (theta - theta_at_send)
 //   2 mix:       theta = alpha * theta + (1 - alpha) * global
-void fold(float* theta, const float* global, const float* theta_at_send, int mode, float alpha, size_t n,
+void fold(float* theta, const float* global, const float* theta_at_send, int mode, double alpha, size_t n,
           Stream stream);
 
 // The wire codecs on the device, byte for byte the payloads of the CPU

@@ -1,20 +1,27 @@
-// Sync-path ops (CPU: kernels/cpu/sync_ops.cpp): outer delta, fold, and the
-// dense wire codecs with error feedback, byte for byte the CPU payloads.
-// Every rounding step is an explicit _rn intrinsic so that nvcc cannot
-// contract a multiply and a subtract into an FMA where the CPU does not (that
-// would change bits); the code rounding is an explicit FMA where it does.
+// Sync-path ops on the device: outer delta, fold, and the dense wire codecs
+// with error feedback. kernels/sync_ops.h states the arithmetic and
+// kernels/cpu/sync_ops.cpp is the reference: the payloads, residuals, decoded
+// values and folds here are byte-identical to it (tests/kernels/test_cuda_ops.cpp).
+// Every rounding step is an explicit _rn intrinsic, so nvcc cannot contract
+// a multiply and an add into an FMA the rule does not have (or split one it
+// has): the int8 code is __fmaf_rn(x, inv, 1.5 * 2^23), the round-half-even of
+// the exact product, and the mix fold is __fmaf_rn(a, theta, b * global).
 // Codec kernels: one warp per codec block, a grid-stride loop over blocks.
 #include <cfloat>
 #include <cmath>
 
 #include "kernels/check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/sync_ops.h"
 
 namespace diloco::cuda {
 
 namespace {
 
 constexpr int kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4;
+static_assert(kFp32 == (int)SyncCodec::kFp32 && kBf16 == (int)SyncCodec::kBf16 && kInt8 == (int)SyncCodec::kInt8 &&
+              kInt4 == (int)SyncCodec::kInt4);
+static_assert((int)FoldMode::kOverwrite == 0 && (int)FoldMode::kReplay == 1 && (int)FoldMode::kMix == 2);
 constexpr uint32_t kAbsMask = 0x7fffffffu;
 constexpr uint32_t kInfBits = 0x7f800000u;
 constexpr int kThreads = 256;
@@ -24,7 +31,8 @@ __global__ void outer_delta_kernel(float* delta, const float* base, const float*
     delta[i] = __fsub_rn(base[i], theta[i]);
 }
 
-__global__ void fold_kernel(float* theta, const float* global, const float* theta_at_send, int mode, float alpha,
+// mix: a = fl32(alpha), b = fl32(1 - alpha) from the host (kernels/sync_ops.h).
+__global__ void fold_kernel(float* theta, const float* global, const float* theta_at_send, int mode, float a, float b,
                             size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     if (mode == 0) {
@@ -32,7 +40,7 @@ __global__ void fold_kernel(float* theta, const float* global, const float* thet
     } else if (mode == 1) {
       theta[i] = __fadd_rn(global[i], __fsub_rn(theta[i], theta_at_send[i]));
     } else {
-      theta[i] = __fadd_rn(__fmul_rn(alpha, theta[i]), __fmul_rn(__fsub_rn(1.0f, alpha), global[i]));
+      theta[i] = __fmaf_rn(a, theta[i], __fmul_rn(b, global[i]));
     }
   }
 }
@@ -41,19 +49,26 @@ __device__ __forceinline__ float sum_at(const float* delta, const float* residua
   return residual ? __fadd_rn(residual[i], delta[i]) : delta[i];
 }
 
-// round-half-even of the exact product x * inv_scale (kernels/cpu/sync_ops.cpp).
+// round-half-even of the EXACT product x * inv_scale: one rounding of
+// x * inv_scale + 1.5 * 2^23 leaves the integer in the low mantissa bits
+// (|x * inv_scale| <= 127 * (1 + 2^-23) < 2^22). The CPU computes the same
+// integer from the product in double (kernels/sync_ops.h).
 __device__ __forceinline__ int code_of(float x, float inv_scale, int qm) {
   const int q = __float_as_int(__fmaf_rn(x, inv_scale, 12582912.0f)) - 0x4b400000;
   return min(max(q, -qm), qm);
 }
 
-// int4: code c decodes to kInt4Levels[c] * scale, scale = the block's absmax (the wire codec's
-// 16 Lloyd-Max levels of a Gaussian scaled to +-1; kernels/cpu/sync_ops.cpp is the reference).
+// int4: code c decodes to kInt4Levels[c] * scale, scale = the block's absmax;
+// the table is kernels/sync_ops.h's kSyncInt4Levels, copied to constant memory.
 __constant__ float kInt4Levels[16] = {
-    -1.0f,      -0.7571544f, -0.5921467f, -0.4597087f, -0.344873f, -0.2403572f, -0.1420259f, -0.0469882f,
-    0.0469882f, 0.1420259f,  0.2403572f,  0.344873f,   0.4597087f, 0.5921467f,  0.7571544f,  1.0f};
+    kSyncInt4Levels[0],  kSyncInt4Levels[1],  kSyncInt4Levels[2],  kSyncInt4Levels[3],
+    kSyncInt4Levels[4],  kSyncInt4Levels[5],  kSyncInt4Levels[6],  kSyncInt4Levels[7],
+    kSyncInt4Levels[8],  kSyncInt4Levels[9],  kSyncInt4Levels[10], kSyncInt4Levels[11],
+    kSyncInt4Levels[12], kSyncInt4Levels[13], kSyncInt4Levels[14], kSyncInt4Levels[15]};
 
-// The nearest level to v = x / absmax (a value on a midpoint takes the level nearer to zero).
+// The nearest level to v = fl(x * (1 / absmax)): m = how many of the 7 positive
+// midpoints fl(0.5 * fl(L[8+k] + L[9+k])) |v| exceeds; a value on a midpoint
+// takes the level nearer to zero; -0 takes level 8.
 __device__ __forceinline__ int int4_code(float v) {
   int m = 0;
   for (int k = 0; k < 7; k++)
@@ -61,6 +76,7 @@ __device__ __forceinline__ int int4_code(float v) {
   return v < 0.0f ? 7 - m : 8 + m;
 }
 
+// bf16: round-to-nearest-even on the bits (an integer computation).
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
   const uint32_t b = __float_as_uint(x);
   return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
@@ -180,12 +196,6 @@ __global__ void feedback_kernel(float* residual, const int* bad, const float* de
   }
 }
 
-float max_scale(int qmax) {
-  float s = FLT_MAX / (float)qmax;
-  while (!std::isfinite(s * (float)qmax)) s = std::nextafter(s, 0.0f);
-  return s;
-}
-
 void check_codec_args(const void* payload, int kind, int block) {
   DL_CHECK(kind >= kFp32 && kind <= kInt4, "sync codec kind %d: use 1 fp32, 2 bf16, 3 int8 or 4 int4", kind);
   DL_CHECK((kind != kInt8 && kind != kInt4) || (block >= 2 && block % 2 == 0),
@@ -201,24 +211,20 @@ void outer_delta(float* delta, const float* base, const float* theta, size_t n, 
   CUDA_CHECK_LAUNCH();
 }
 
-void fold(float* theta, const float* global, const float* theta_at_send, int mode, float alpha, size_t n,
+void fold(float* theta, const float* global, const float* theta_at_send, int mode, double alpha, size_t n,
           Stream stream) {
   DL_CHECK(mode >= 0 && mode <= 2, "fold mode %d", mode);
   if (n == 0) return;
-  fold_kernel<<<grid_for(n, kThreads), kThreads, 0, as_cuda(stream)>>>(theta, global, theta_at_send, mode, alpha,
+  // a and b exactly as the CPU fold computes them from the double alpha.
+  const float a = (float)alpha, b = (float)(1.0 - alpha);
+  fold_kernel<<<grid_for(n, kThreads), kThreads, 0, as_cuda(stream)>>>(theta, global, theta_at_send, mode, a, b,
                                                                        n);
   CUDA_CHECK_LAUNCH();
 }
 
 size_t sync_payload_bytes(int kind, size_t n, int block) {
-  const size_t nb = block > 0 ? (n + block - 1) / block : 0;
-  switch (kind) {
-    case kFp32: return 4 * n;
-    case kBf16: return 2 * n;
-    case kInt8: return 4 * nb + n;
-    case kInt4: return 4 * nb + (n + 1) / 2;
-  }
-  return 0;
+  if (kind < kFp32 || kind > kInt4 || ((kind == kInt8 || kind == kInt4) && block < 1)) return 0;
+  return diloco::sync_payload_bytes(static_cast<SyncCodec>(kind), n, block);
 }
 
 void sync_encode(uint8_t* payload, float* residual, int* bad, const float* delta, int kind, int block, size_t n,
@@ -232,7 +238,7 @@ void sync_encode(uint8_t* payload, float* residual, int* bad, const float* delta
   } else {
     const size_t nb = (n + block - 1) / block;
     encode_blocks_kernel<<<grid_for(nb * 32, kThreads), kThreads, 0, s>>>(
-        payload, bad, delta, residual, kind, block, n, max_scale(kind == kInt8 ? 127 : 7));
+        payload, bad, delta, residual, kind, block, n, sync_max_scale(kind == kInt8 ? 127 : 7));
   }
   CUDA_CHECK_LAUNCH();
   if (residual) {
@@ -246,7 +252,7 @@ void sync_decode(float* out, int* bad, const uint8_t* payload, int kind, int blo
   cudaStream_t s = as_cuda(stream);
   CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
   if (n == 0) return;
-  const uint32_t max_scale_bits = __builtin_bit_cast(uint32_t, kind == kInt8 ? max_scale(127) : FLT_MAX);
+  const uint32_t max_scale_bits = __builtin_bit_cast(uint32_t, kind == kInt8 ? sync_max_scale(127) : FLT_MAX);
   decode_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, bad, payload, kind, block, n, max_scale_bits);
   CUDA_CHECK_LAUNCH();
 }

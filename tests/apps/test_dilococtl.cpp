@@ -163,6 +163,19 @@ TEST_CASE("dilococtl train reports bad input clearly", "[e2e]") {
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Contains("short.txt") && Catch::Contains("block_size"));
   }
+  SECTION("train.device cuda on a machine or build without a GPU: usage error, nothing started") {
+    const Result r = Dilococtl(dir, "train run.yaml --out gpu-run --set train.device=cuda");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("train.device cuda") && Catch::Contains("train on the cpu"));
+    CHECK_FALSE(fs::exists(dir / "gpu-run"));
+  }
+  SECTION("train.ranks 2: one learner as a ring of two CPU ranks") {
+    const Result r = Dilococtl(dir, "train run.yaml --out ranks-run --json --set train.ranks=2");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const nlohmann::json j = LastLineJson(r.out);
+    CHECK(j["tokens"] == 20 * 2 * 2 * 16);  // steps x ranks x batch_size x block_size
+  }
   SECTION("corrupt checkpoint") {
     std::ofstream(dir / "junk.bin") << "this is not a checkpoint at all, not even close to one, no.....";
     const Result r = Dilococtl(dir, "sample --checkpoint junk.bin");

@@ -29,8 +29,10 @@ const char* kFull = R"(model:
   n_embd: 96
   n_head: 3
   block_size: 128
+  vocab_size: 50257
 data:
   corpus: "/data/my corpus: x.txt"
+  format: tokens
   val_fraction: 0.05
 train:
   batch_size: 32
@@ -48,6 +50,8 @@ train:
   threads: 2
   checkpoint_every: 500
   log_every: 1
+  device: cuda:1
+  ranks: 4
 eval:
   every: 100
   batches: 7
@@ -64,14 +68,19 @@ TEST_CASE("defaults fill the keys a file leaves out", "[unit][config]") {
   CHECK(config.train.lr == 1e-3);
   CHECK(config.train.seed == 1337);
   CHECK(config.eval.batches == 20);
+  CHECK(config.model.vocab_size == 256);
+  CHECK(config.data.format == DataFormat::kBytes);
+  CHECK(config.train.device == "cpu");
+  CHECK(config.train.ranks == 1);
 }
 
 TEST_CASE("every key is read and the YAML form round-trips", "[unit][config]") {
   RunConfig config;
   Status status = Parse(kFull, {}, &config);
   REQUIRE(status.message() == "");
-  CHECK(config.model == ModelConfig{6, 96, 3, 128});
+  CHECK(config.model == ModelConfig{6, 96, 3, 128, 50257});
   CHECK(config.data.corpus == "/data/my corpus: x.txt");
+  CHECK(config.data.format == DataFormat::kTokens);
   CHECK(config.data.val_fraction == 0.05);
   CHECK(config.train.batch_size == 32);
   CHECK(config.train.steps == 5000);
@@ -88,6 +97,8 @@ TEST_CASE("every key is read and the YAML form round-trips", "[unit][config]") {
   CHECK(config.train.threads == 2);
   CHECK(config.train.checkpoint_every == 500);
   CHECK(config.train.log_every == 1);
+  CHECK(config.train.device == "cuda:1");
+  CHECK(config.train.ranks == 4);
   CHECK(config.eval.every == 100);
   CHECK(config.eval.batches == 7);
 
@@ -98,6 +109,10 @@ TEST_CASE("every key is read and the YAML form round-trips", "[unit][config]") {
   INFO(yaml);
   CHECK_THAT(yaml, Contains("corpus:"));
   CHECK_THAT(yaml, Contains("log_every: 1"));
+  CHECK_THAT(yaml, Contains("vocab_size: 50257"));
+  CHECK_THAT(yaml, Contains("format: tokens"));
+  CHECK_THAT(yaml, Contains("device: cuda:1"));
+  CHECK_THAT(yaml, Contains("ranks: 4"));
   RunConfig again;
   REQUIRE(ParseRunConfig(yaml, "resolved.yaml", "/elsewhere", {}, &again).ok());
   CHECK(again == config);
@@ -391,6 +406,103 @@ TEST_CASE("placement names a syncer site and one site per learner", "[unit][conf
              Catch::Contains("'a b' is not a site name"));
   CHECK_THAT(ErrorOf(std::string(kMinimal) + "placement: {sycner: s}\n"),
              StartsWith("run.yaml:3:13: unknown key 'placement.sycner'"));
+}
+
+}  // namespace
+}  // namespace diloco
+
+namespace diloco {
+namespace {
+
+TEST_CASE("device, ranks, vocabulary and data format", "[unit][config]") {
+  RunConfig config;
+  REQUIRE(Parse(kMinimal,
+                {"train.device=cuda:2", "train.ranks=3", "data.format=tokens", "model.vocab_size=50257"},
+                &config)
+              .message() == "");
+  CHECK(config.train.device == "cuda:2");
+  CHECK(config.train.ranks == 3);
+  CHECK(config.data.format == DataFormat::kTokens);
+  CHECK(config.model.vocab_size == 50257);
+  RunConfig again;
+  REQUIRE(Parse(RunConfigToYaml(config), {}, &again).message() == "");
+  CHECK(again == config);
+
+  // The edges of the vocabulary range.
+  REQUIRE(Parse(kMinimal, {"data.format=tokens", "model.vocab_size=2"}, &config).ok());
+  REQUIRE(Parse(kMinimal, {"data.format=tokens", "model.vocab_size=65536"}, &config).ok());
+  REQUIRE(Parse(kMinimal, {"data.format=tokens"}, &config).ok());  // 256 is a valid token vocabulary
+  REQUIRE(Parse(kMinimal, {"train.device=cuda"}, &config).ok());
+  REQUIRE(Parse(kMinimal, {"train.device=cpu", "train.ranks=16"}, &config).ok());
+
+  // Each bad value names the place, the key and the rule.
+  const std::string head = std::string(kMinimal) + "model:\n";  // line 3
+  CHECK_THAT(ErrorOf(head + "  vocab_size: 1\n"),
+             StartsWith("run.yaml:4:15: model.vocab_size: must be in [2, 65536]"));
+  CHECK_THAT(ErrorOf(head + "  vocab_size: 65537\n", {"data.format=tokens"}),
+             StartsWith("run.yaml:4:15: model.vocab_size: must be in [2, 65536] (token files store uint16 ids), "
+                        "got 65537"));
+  CHECK_THAT(ErrorOf(head + "  vocab_size: 50257\n"),
+             StartsWith("run.yaml:4:15: model.vocab_size: 50257 does not fit data.format bytes"));
+  CHECK_THAT(ErrorOf(head + "  vocab_size: 50257\n"), Contains("data.format: tokens"));
+  CHECK_THAT(ErrorOf(kMinimal, {"model.vocab_size=1000"}),
+             StartsWith("--set model.vocab_size=1000: model.vocab_size: 1000 does not fit data.format bytes"));
+  CHECK_THAT(ErrorOf("data:\n  corpus: a\n  format: token\n"),
+             StartsWith("run.yaml:3:11: data.format: expected one of bytes, tokens, got 'token'"));
+  CHECK_THAT(ErrorOf("data:\n  corpus: a\n  format: token\n"), Contains("did you mean 'tokens'?"));
+
+  const std::string train = std::string(kMinimal) + "train:\n";  // line 3
+  for (const char* bad : {"gpu", "CUDA", "'cuda:'", "cuda:-1", "cuda:+1", "cuda:x", "cuda:1.5", "cuda:99999",
+                          "cpu:0", "''"}) {
+    INFO(bad);
+    CHECK_THAT(ErrorOf(train + "  device: " + bad + "\n"), StartsWith("run.yaml:4:11: train.device: '"));
+    CHECK_THAT(ErrorOf(train + "  device: " + bad + "\n"),
+               Contains("is not a device; write cpu, cuda (= cuda:0) or cuda:N"));
+  }
+  CHECK_THAT(ErrorOf(kMinimal, {"train.device=tpu"}), StartsWith("--set train.device=tpu: train.device: 'tpu'"));
+  CHECK_THAT(ErrorOf(train + "  device: [cuda]\n"),
+             StartsWith("run.yaml:4:11: train.device: expected a name, got a sequence"));
+  CHECK_THAT(ErrorOf(train + "  ranks: 0\n"),
+             StartsWith("run.yaml:4:10: train.ranks: must be >= 1 (the learner's local ring size), got 0"));
+  CHECK_THAT(ErrorOf(kMinimal, {"train.ranks=-2"}), StartsWith("--set train.ranks=-2: train.ranks: must be >= 1"));
+  CHECK_THAT(ErrorOf(train + "  ranks: two\n"), StartsWith("run.yaml:4:10: train.ranks: expected an integer"));
+}
+
+TEST_CASE("ParseDevice reads cpu, cuda and cuda:N", "[unit][config]") {
+  DeviceSpec spec;
+  REQUIRE(ParseDevice("cpu", &spec).ok());
+  CHECK(spec == DeviceSpec{false, 0});
+  REQUIRE(ParseDevice("cuda", &spec).ok());
+  CHECK(spec == DeviceSpec{true, 0});
+  REQUIRE(ParseDevice("cuda:0", &spec).ok());
+  CHECK(spec == DeviceSpec{true, 0});
+  REQUIRE(ParseDevice("cuda:7", &spec).ok());
+  CHECK(spec == DeviceSpec{true, 7});
+  spec = DeviceSpec{true, 3};
+  CHECK_FALSE(ParseDevice("cuda:", &spec).ok());
+  CHECK(spec == DeviceSpec{true, 3});  // left untouched on error
+}
+
+TEST_CASE("the GPT-2 124M config loads", "[unit][config]") {
+  const fs::path source = DILOCO_SOURCE_DIR;
+  RunConfig config;
+  // The corpus is a placeholder the user edits; parsing does not need it to exist.
+  Status status = LoadRunConfig((source / "configs/gpt2-124m.yaml").string(), {}, &config);
+  REQUIRE(status.message() == "");
+  CHECK(config.model == ModelConfig{12, 768, 12, 1024, 50257});
+  CHECK(config.data.format == DataFormat::kTokens);
+  CHECK(config.data.corpus.size() > 4);
+  CHECK(config.data.corpus.substr(config.data.corpus.size() - 4) == ".bin");
+  CHECK(config.train.device == "cuda");
+  CHECK(config.train.ranks == 1);
+  CHECK(config.train.lr == 6e-4);
+  CHECK(config.train.beta2 == 0.95);
+  // A GPU's ring and a CPU smoke run are one --set away.
+  REQUIRE(LoadRunConfig((source / "configs/gpt2-124m.yaml").string(), {"train.ranks=8", "train.device=cpu"},
+                        &config)
+              .ok());
+  CHECK(config.train.ranks == 8);
+  CHECK(config.train.device == "cpu");
 }
 
 }  // namespace

@@ -109,3 +109,69 @@ TEST_CASE("a peer's public key can come from a file", "[unit]") {
 }
 
 }  // namespace diloco
+
+namespace diloco {
+
+TEST_CASE("devices: cpu by default, or a list of GPUs", "[unit]") {
+  const std::string head = "site: a\nstate_dir: s\nallow_plaintext: true\n";  // devices on line 4
+  DaemonConfig c;
+  REQUIRE(Parse(head, &c).ok());
+  CHECK(c.devices.gpus.empty());
+  CHECK(c.devices.ToString() == "cpu");
+  REQUIRE(Parse(head + "devices: cpu\n", &c).ok());
+  CHECK(c.devices == SiteDevices{});
+  REQUIRE(Parse(head + "devices: {cuda: [0, 1, 2, 3]}\n", &c).message() == "");
+  CHECK(c.devices.gpus == std::vector<int>{0, 1, 2, 3});
+  CHECK(c.devices.ToString() == "cuda [0, 1, 2, 3]");
+  REQUIRE(Parse(head + "devices:\n  cuda:\n    - 2\n    - 5\n", &c).message() == "");
+  CHECK(c.devices.gpus == std::vector<int>{2, 5});
+
+  CHECK_THAT(ErrorOf(head + "devices: gpu\n"),
+             Catch::StartsWith("d.yaml:4:10: devices: expected cpu or {cuda: [...]}, got 'gpu'"));
+  CHECK_THAT(ErrorOf(head + "devices: [0, 1]\n"),
+             Catch::StartsWith("d.yaml:4:10: devices: expected cpu or {cuda: [...]}, got a sequence"));
+  CHECK_THAT(ErrorOf(head + "devices: {cuda: []}\n"),
+             Catch::StartsWith("d.yaml:4:17: devices.cuda: expected a non-empty list of GPU indices"));
+  CHECK_THAT(ErrorOf(head + "devices: {cuda: 0}\n"), Catch::StartsWith("d.yaml:4:17: devices.cuda: expected a"));
+  CHECK_THAT(ErrorOf(head + "devices: {cuda: [0, x]}\n"),
+             Catch::StartsWith("d.yaml:4:21: devices.cuda.1: expected a GPU index (0, 1, ...), got 'x'"));
+  CHECK_THAT(ErrorOf(head + "devices: {cuda: [-1]}\n"), Catch::StartsWith("d.yaml:4:18: devices.cuda.0:"));
+  CHECK_THAT(ErrorOf(head + "devices: {cuda: [1, 1]}\n"),
+             Catch::StartsWith("d.yaml:4:21: devices.cuda.1: GPU 1 is listed twice"));
+  CHECK_THAT(ErrorOf(head + "devices: {gpu: [0]}\n"),
+             Catch::StartsWith("d.yaml:4:11: unknown key 'devices.gpu'"));
+}
+
+TEST_CASE("CheckJobFitsSite refuses what a site cannot serve, naming the site and what it has", "[unit]") {
+  const SiteDevices cpu;
+  const SiteDevices gpus{{0, 1, 2, 3}};
+  const SiteDevices upper{{2, 3}};
+  // CPU jobs fit everywhere, with any number of ranks.
+  CHECK(CheckJobFitsSite("a", cpu, "cpu", 1).ok());
+  CHECK(CheckJobFitsSite("a", cpu, "cpu", 64).ok());
+  CHECK(CheckJobFitsSite("g", gpus, "cpu", 8).ok());
+  // GPU jobs need their GPUs listed.
+  CHECK(CheckJobFitsSite("g", gpus, "cuda", 4).ok());
+  CHECK(CheckJobFitsSite("g", gpus, "cuda:0", 1).ok());
+  CHECK(CheckJobFitsSite("g", gpus, "cuda:2", 2).ok());
+  CHECK(CheckJobFitsSite("g", gpus, "cuda:3", 1).ok());
+  CHECK(CheckJobFitsSite("u", upper, "cuda:2", 2).ok());
+
+  CHECK(CheckJobFitsSite("a", cpu, "cuda", 2).message() ==
+        "site 'a' has devices cpu; the job asks for train.device cuda with 2 ranks: place this learner on a GPU "
+        "site or set train.device: cpu");
+  CHECK_THAT(CheckJobFitsSite("a", cpu, "cuda:1", 1).message(),
+             Catch::StartsWith("site 'a' has devices cpu; the job asks for train.device cuda:1 with 1 rank:"));
+  CHECK_THAT(CheckJobFitsSite("g", gpus, "cuda", 5).message(),
+             Catch::StartsWith("site 'g' has devices cuda [0, 1, 2, 3]; the job asks for train.device cuda with 5 "
+                               "ranks: GPU 4 (rank 4) is not listed"));
+  CHECK_THAT(CheckJobFitsSite("g", gpus, "cuda:3", 2).message(), Catch::Contains("GPU 4 (rank 1) is not listed"));
+  CHECK_THAT(CheckJobFitsSite("g", gpus, "cuda:7", 1).message(), Catch::Contains("GPU 7 (rank 0) is not listed"));
+  CHECK_THAT(CheckJobFitsSite("u", upper, "cuda", 1).message(),
+             Catch::StartsWith("site 'u' has devices cuda [2, 3]; the job asks for train.device cuda with 1 rank: "
+                               "GPU 0 (rank 0) is not listed"));
+  CHECK_THAT(CheckJobFitsSite("g", gpus, "gpu", 1).message(), Catch::Contains("'gpu' is not a device"));
+  CHECK_THAT(CheckJobFitsSite("g", gpus, "cpu", 0).message(), Catch::Contains("train.ranks must be >= 1"));
+}
+
+}  // namespace diloco

@@ -251,6 +251,41 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   }
 }
 
+TEST_CASE("learners with train.ranks 2 train as local rings, and a job asking for GPUs of cpu sites is refused",
+          "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
+  std::string yaml = JobYaml(300);
+  yaml.replace(yaml.find("log_every: 50}"), 14, "log_every: 50, ranks: 2}");
+  CtlResult r = Ctl(dir, "submit '" + dir.Write("ranks.yaml", yaml) + "'" + sock);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::string job = r.out.substr(0, r.out.find('\n'));
+  // Status shows each learner's ring while it trains.
+  WaitStatus(*c, "site-a", job,
+             [](const nlohmann::json& s) {
+               for (const auto& l : s["learners"])
+                 if (!l.contains("progress") || l["progress"].value("ranks", 0) != 2) return false;
+               return true;
+             },
+             60, "both learners reporting 2 ranks");
+  r = Ctl(dir, "status " + job + sock);
+  CHECK_THAT(r.out, Catch::Contains("cpu x2"));
+  const nlohmann::json done = WaitStatus(*c, "site-a", job, Completed, 120, "the job to complete");
+  for (const auto& l : done["learners"]) CHECK(l["result"].value("steps", 0L) == 300);
+
+  // train.device cuda on sites whose daemon config lists only the cpu: refused at submit, naming
+  // the site and what it has; nothing is left running.
+  std::string gpu = JobYaml(100);
+  gpu.replace(gpu.find("log_every: 50}"), 14, "log_every: 50, device: cuda}");
+  r = Ctl(dir, "submit '" + dir.Write("gpu.yaml", gpu) + "'" + sock);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.err, Catch::Contains("site-") && Catch::Contains("has devices cpu"));
+  r = Ctl(dir, "list --json" + sock);
+  for (const auto& j : nlohmann::json::parse(r.out)) CHECK(j.value("state", "") != "running");
+}
+
 TEST_CASE("a learner daemon killed with -9 and started again rejoins and the job completes", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);

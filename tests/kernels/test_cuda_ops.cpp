@@ -12,6 +12,7 @@
 // Run on a GPU by scripts/gpu-check.sh. Written and compiled on a machine
 // without a GPU: until that script has run on one, nothing here has been
 // observed to pass (see the commit message / issue note for the status).
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -466,11 +467,13 @@ TEST_CASE("cuda: sync ops (delta, folds) and codecs byte for byte", "[cuda]") {
   outer_delta(ref.data(), base.data(), theta.data(), n);
   CHECK(delta.download() == ref);
   for (FoldMode mode : {FoldMode::kOverwrite, FoldMode::kReplay, FoldMode::kMix}) {
-    DeviceArray<float> t(theta);
-    cuda::fold(t.get(), dglob.get(), dsend.get(), (int)mode, 0.3f, n, nullptr);
-    std::vector<float> r = theta;
-    fold(r.data(), glob.data(), at_send.data(), mode, 0.3f, n);
-    CHECK(t.download() == r);
+    for (float alpha : {0.3f, 0.9f}) {
+      DeviceArray<float> t(theta);
+      cuda::fold(t.get(), dglob.get(), dsend.get(), (int)mode, alpha, n, nullptr);
+      std::vector<float> r = theta;
+      fold(r.data(), glob.data(), at_send.data(), mode, alpha, n);  // the same float alpha
+      CHECK(t.download() == r);
+    }
   }
 
   for (SyncCodec kind : {SyncCodec::kFp32, SyncCodec::kBf16, SyncCodec::kInt8, SyncCodec::kInt4}) {
@@ -484,6 +487,12 @@ TEST_CASE("cuda: sync ops (delta, folds) and codecs byte for byte", "[cuda]") {
     DeviceArray<int> bad(1);
     for (int round = 0; round < 3; round++) {
       std::vector<float> d = random_vec<float>(m, 90 + round, 0.01);
+      // int8 near-ties: x * 127 / absmax within ~1e-6 of k + 1/2 (the exact product decides).
+      for (size_t i = 1; i < m; i += 3) {
+        const double k = (int)(i % 254) - 127 + 0.5, e = ((double)(i % 2001) - 1000) * 1e-9;
+        d[i] = (float)((k + e) * 0.03 / 127.0);
+      }
+      for (size_t i = 0; i < m; i += block) d[i] = 0.03f;
       if (m > 200) std::fill(d.begin() + 64, d.begin() + 192, 0.0f);  // a zero block somewhere
       std::vector<uint8_t> cpu_payload(bytes);
       REQUIRE(sync_encode(cpu_payload.data(), residual.data(), d.data(), kind, block, m));
@@ -508,6 +517,35 @@ TEST_CASE("cuda: sync ops (delta, folds) and codecs byte for byte", "[cuda]") {
     cuda::sync_encode(payload.get(), dres.get(), bad.get(), dd.get(), (int)kind, block, m, nullptr);
     CHECK(bad.download()[0] == 1);
     CHECK(dres.download() == residual);
+  }
+  // The pinned ties (tests/kernels/test_sync_ops.cpp): exact int8 ties and a near-tie whose
+  // rounded product would tie, int4 midpoints, bf16 halfway cases.
+  {
+    // Blocks of 16: the exact int8 ties; the near-tie (absmax 381); the int4 midpoints (absmax 1).
+    std::vector<float> ties = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f};
+    ties.resize(16, 0.0f);
+    for (float v : {381.0f, 7.5f, -7.5f, 4.5f}) ties.push_back(v);
+    ties.resize(32, 0.0f);
+    ties.push_back(1.0f);
+    for (int k = 0; k < 7; k++) {
+      const float mid = 0.5f * (kSyncInt4Levels[8 + k] + kSyncInt4Levels[9 + k]);
+      ties.push_back(mid);
+      ties.push_back(-mid);
+    }
+    ties.push_back(std::bit_cast<float>(0x3f818000u));  // bf16 halfway cases
+    ties.push_back(std::bit_cast<float>(0xbf818000u));
+    for (SyncCodec kind : {SyncCodec::kBf16, SyncCodec::kInt8, SyncCodec::kInt4}) {
+      INFO("ties codec " << (int)kind);
+      const size_t bytes = sync_payload_bytes(kind, ties.size(), 16);
+      std::vector<uint8_t> cpu_payload(bytes);
+      REQUIRE(sync_encode(cpu_payload.data(), nullptr, ties.data(), kind, 16, ties.size()));
+      DeviceArray<float> dt(ties);
+      DeviceArray<uint8_t> payload = poisoned<uint8_t>(bytes);
+      DeviceArray<int> bad(1);
+      cuda::sync_encode(payload.get(), nullptr, bad.get(), dt.get(), (int)kind, 16, ties.size(), nullptr);
+      CHECK(bad.download()[0] == 0);
+      CHECK(payload.download() == cpu_payload);
+    }
   }
   // A corrupt int8 payload (code -128) is flagged by the decoder.
   const size_t m = 100;

@@ -165,6 +165,13 @@ TEST_CASE("codec: int8/int4 codes, rounding and packing by hand", "[unit][net]")
   CHECK(ReadF32(p.data()) == 1.0f);
   CHECK(std::vector<uint8_t>(p.begin() + 4, p.end()) == std::vector<uint8_t>{127, 0x81, 0, 2, 0, 0xfe});
   CHECK(w == std::vector<float>{127, -127, 0, 2, -0.0f, -2});
+
+  // The code rounds the EXACT product x * 127/absmax (kernels/sync_ops.h), never a rounded one:
+  // absmax 381, 127/381 rounds to 1/3 + 9.9e-9, and 7.5 * that is 2.50000007 -> 3 (a build
+  // that rounded the product to 2.5 first would write 2). Every site writes these bytes.
+  const std::vector<float> near_tie = {381.0f, 7.5f, -7.5f, 4.5f};
+  CHECK(RoundTrip({CodecKind::kInt8, 64, 0}, near_tie, &p) == std::vector<float>{381, 9, -9, 6});
+  CHECK(p == std::vector<uint8_t>{0x00, 0x00, 0x40, 0x40, 127, 3, 0xfd, 2});
 }
 
 TEST_CASE("codec: zero and tiny blocks decode to zeros", "[unit][net]") {

@@ -149,6 +149,37 @@ TEST_CASE("sync: a global state for another layout does not fit", "[unit][sync]"
   CHECK_THAT(status.message(), StartsWith("the global state was saved for a different model"));
 }
 
+TEST_CASE("sync: a global state of a partition with row pieces saves, loads and fits",
+          "[unit][sync]") {
+  TempDir dir;
+  GptConfig config = TinyGpt();
+  config.vocab_size = 4096;  // wte is 90% of the model: P = 4 cuts it
+  const TensorTable table = gpt_tensor_table(config);
+  const std::vector<Fragment> fragments = FragmentsOf(table, 4);
+  size_t pieces = 0;
+  for (const Fragment& f : fragments) {
+    for (const FragmentRange& r : f.ranges) pieces += r.piece;
+  }
+  REQUIRE(pieces > 0);
+  const GlobalState state = SomeState(table, fragments);
+  const std::string path = dir.file("global.bin");
+  REQUIRE(SaveGlobalState(path, state).message() == "");
+  GlobalState loaded;
+  REQUIRE(LoadGlobalState(path, &loaded).message() == "");
+  CHECK(loaded == state);
+  CHECK(CheckGlobalStateFits(loaded, table, fragments).ok());
+  // The same fragment sizes cut at other rows (another partition rule) do not fit.
+  std::vector<Fragment> other = fragments;
+  for (Fragment& f : other) {
+    for (FragmentRange& r : f.ranges) {
+      if (r.piece) r.row_begin += 1, r.row_end += 1;
+    }
+  }
+  const Status status = CheckGlobalStateFits(loaded, table, other);
+  REQUIRE_FALSE(status.ok());
+  CHECK_THAT(status.message(), Contains("laid out differently"));
+}
+
 TEST_CASE("sync: corrupt, truncated and foreign global state files are rejected clearly",
           "[unit][sync]") {
   TempDir dir;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "daemon/sync/merge.h"
+#include "kernels/gpt.h"
 #include "kernels/rng.h"
 
 namespace diloco {
@@ -170,6 +171,50 @@ TEST_CASE("sync: embedding tensors take the plain weighted mean even under RDA",
   CHECK(out[2] == 1);                       // wpe: mean
   CHECK(out[4] == Approx(std::sqrt(2.0)));  // block tensor: RDA
   CHECK(out[5] == Approx(std::sqrt(2.0)));
+}
+
+TEST_CASE("sync: a fragment with row pieces merges each range on its own", "[unit][sync]") {
+  // A GPT-2 vocabulary on a narrow model: wte is 97% of it, so the partition
+  // cuts it into row pieces that share fragments with block tensors.
+  GptConfig config;
+  config.vocab_size = 50257;
+  config.block_size = 256;
+  config.n_layer = 2;
+  config.n_embd = 64;
+  std::vector<Fragment> fragments;
+  REQUIRE(PartitionFragments(gpt_tensor_table(config), 8, &fragments).ok());
+  const Fragment* mixed = nullptr;
+  for (const Fragment& f : fragments) {
+    bool piece = false, other = false;
+    for (const FragmentRange& r : f.ranges) {
+      piece = piece || (r.piece && r.embedding);
+      other = other || !r.embedding;
+    }
+    if (piece && other) mixed = &f;
+  }
+  REQUIRE(mixed != nullptr);
+  const Fragment& f = *mixed;
+  Rng rng(3);
+  std::vector<std::vector<float>> deltas(3, std::vector<float>(f.numel));
+  for (auto& d : deltas) {
+    for (float& x : d) x = (float)(0.01 * rng.normal());
+  }
+  const std::vector<double> w = {0.5, 0.3, 0.2};
+  const std::vector<float> merged = Merge(f, deltas, w, MergeRule::kRda);
+  for (const FragmentRange& r : f.ranges) {
+    INFO(RangeName(r));
+    std::vector<std::vector<float>> slices;
+    for (const auto& d : deltas) {
+      slices.emplace_back(d.begin() + r.packed_offset, d.begin() + r.packed_offset + r.numel);
+    }
+    const std::vector<double> rda = RdaReference(slices, w);
+    for (size_t i = 0; i < r.numel; i += 97) {
+      const double mean = w[0] * slices[0][i] + w[1] * slices[1][i] + w[2] * slices[2][i];
+      // Embedding pieces: the weighted mean; the rest: RDA over this range alone.
+      const double expected = r.embedding ? mean : rda[i];
+      CHECK(merged[r.packed_offset + i] == Approx(expected).epsilon(1e-6).margin(1e-9));
+    }
+  }
 }
 
 TEST_CASE("sync: the norm filter rejects non-finite deltas and outlier norms", "[unit][sync]") {

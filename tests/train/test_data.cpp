@@ -248,3 +248,268 @@ TEST_CASE("corpus errors name the path and the fix", "[unit][train]") {
 
 }  // namespace
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+// The bytes of tokens as little-endian uint16, as nanoGPT's prepare.py writes them.
+std::string raw_tokens(const std::vector<uint16_t>& tokens) {
+  std::string out;
+  for (uint16_t t : tokens) {
+    out.push_back((char)(t & 0xff));
+    out.push_back((char)(t >> 8));
+  }
+  return out;
+}
+
+std::string le_int32(int32_t v) {
+  std::string out(4, '\0');
+  for (int i = 0; i < 4; i++) out[i] = (char)(((uint32_t)v >> (8 * i)) & 0xff);
+  return out;
+}
+
+// llm.c's layout: 256 int32 (magic, version, n, zeros), then the tokens.
+std::string llmc_tokens(const std::vector<uint16_t>& tokens, int32_t version = 1, int64_t n = -1) {
+  std::string header = le_int32(20240520) + le_int32(version) + le_int32((int32_t)(n < 0 ? tokens.size() : n));
+  header.resize(1024, '\0');
+  return header + raw_tokens(tokens);
+}
+
+std::vector<uint16_t> random_tokens(size_t n, int vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<uint16_t> out(n);
+  for (uint16_t& t : out) t = (uint16_t)rng.below(vocab);
+  return out;
+}
+
+CorpusOptions token_options(int vocab = 50257, int block_size = 16) {
+  CorpusOptions options;
+  options.format = DataFormat::kTokens;
+  options.vocab_size = vocab;
+  options.block_size = block_size;
+  return options;
+}
+
+std::vector<uint16_t> to_vector(TokenSpan span) {
+  std::vector<uint16_t> out;
+  for (size_t i = 0; i < span.size(); i++) out.push_back((uint16_t)span[i]);
+  return out;
+}
+
+TEST_CASE("token files in both layouts load and split like bytes", "[unit][train]") {
+  TempDir dir;
+  const std::vector<uint16_t> tokens = random_tokens(1000, 50257, 11);
+  // Both edges of the vocabulary and a value with its high byte set.
+  std::vector<uint16_t> expected = tokens;
+  expected[0] = 0;
+  expected[1] = 50256;
+  expected[2] = 0x1234;
+  write_file(dir.file("raw.bin"), raw_tokens(expected));
+  write_file(dir.file("llmc.bin"), llmc_tokens(expected));
+  for (const char* name : {"raw.bin", "llmc.bin"}) {
+    INFO(name);
+    std::unique_ptr<Corpus> corpus;
+    const Status st = load(dir.file(name), token_options(), &corpus);
+    REQUIRE(st.message() == "");
+    CHECK(corpus->format() == DataFormat::kTokens);
+    CHECK(corpus->total_tokens() == 1000);
+    CHECK(corpus->total_bytes() == 2000);
+    CHECK(corpus->files_read() == 1);
+    CHECK(corpus->train_tokens().width() == 2);
+    CHECK(to_vector(corpus->train_tokens()) == std::vector<uint16_t>(expected.begin(), expected.begin() + 900));
+    CHECK(to_vector(corpus->val_tokens()) == std::vector<uint16_t>(expected.begin() + 900, expected.end()));
+  }
+
+  // Shards as for bytes: disjoint, in order, covering the training part.
+  CorpusOptions options = token_options();
+  options.num_learners = 3;
+  std::vector<uint16_t> joined;
+  for (int i = 0; i < 3; i++) {
+    options.learner = i;
+    std::unique_ptr<Corpus> corpus;
+    REQUIRE(load(dir.file("llmc.bin"), options, &corpus).ok());
+    const std::vector<uint16_t> shard = to_vector(corpus->train_tokens());
+    joined.insert(joined.end(), shard.begin(), shard.end());
+  }
+  CHECK(joined == std::vector<uint16_t>(expected.begin(), expected.begin() + 900));
+}
+
+TEST_CASE("a token directory reads its .bin files in path order, both layouts mixed", "[unit][train]") {
+  TempDir dir;
+  const std::vector<uint16_t> a = random_tokens(300, 50257, 1), b = random_tokens(200, 50257, 2),
+                              c = random_tokens(100, 50257, 3);
+  write_file(dir.file("b.bin"), raw_tokens(b));
+  write_file(dir.file("a/shard.bin"), llmc_tokens(a));
+  write_file(dir.file("c.bin"), llmc_tokens(c));
+  write_file(dir.file("README.md"), "not tokens");
+  write_file(dir.file("meta.pkl"), "x");
+  write_file(dir.file(".hidden.bin"), "odd");  // would be refused if read
+  write_file(dir.file(".cache/x.bin"), "odd");
+  fs::create_symlink(dir.file("b.bin"), dir.file("link.bin"));  // read once, as b.bin
+  std::unique_ptr<Corpus> corpus;
+  CorpusOptions options = token_options();
+  options.val_fraction = 0.0;
+  const Status st = load(dir.path().string(), options, &corpus);
+  REQUIRE(st.message() == "");
+  CHECK(corpus->files_read() == 3);
+  CHECK(corpus->files_skipped() == 2);  // README.md, meta.pkl
+  std::vector<uint16_t> expected = a;
+  expected.insert(expected.end(), b.begin(), b.end());
+  expected.insert(expected.end(), c.begin(), c.end());
+  CHECK(to_vector(corpus->train_tokens()) == expected);
+
+  fs::create_directories(dir.file("none"));
+  write_file(dir.file("none/train.txt"), "text");
+  require_error(load(dir.file("none"), options, &corpus), {"none", "no .bin token files", "1 other"});
+}
+
+TEST_CASE("sampled tokens are windows of the token data, below the vocabulary", "[unit][train]") {
+  TempDir dir;
+  const int vocab = 50257, B = 4, T = 16;
+  const std::vector<uint16_t> tokens = random_tokens(5000, vocab, 21);
+  write_file(dir.file("t.bin"), raw_tokens(tokens));
+  std::unique_ptr<Corpus> corpus;
+  REQUIRE(load(dir.file("t.bin"), token_options(vocab, T), &corpus).ok());
+  BatchSampler sampler(corpus->train_tokens(), B, T, 7);
+  std::vector<int> in(B * T), tg(B * T);
+  int max_token = 0;
+  for (long step = 0; step < 20; step++) {
+    sampler.Sample(step, in.data(), tg.data());
+    for (int b = 0; b < B; b++) {
+      // Find the window by its first token pair and compare all of it.
+      bool found = false;
+      for (size_t s = 0; s + T < 4500 && !found; s++) {
+        found = true;
+        for (int t = 0; t < T && found; t++)
+          found = tokens[s + t] == in[b * T + t] && tokens[s + t + 1] == tg[b * T + t];
+      }
+      REQUIRE(found);
+    }
+    for (int v : in) {
+      REQUIRE(v >= 0);
+      REQUIRE(v < vocab);
+      max_token = std::max(max_token, v);
+    }
+  }
+  CHECK(max_token > 255);  // the high bytes are there: not read as bytes
+}
+
+TEST_CASE("the byte sampler gives the same batches through a TokenSpan and rows slice the batch",
+          "[unit][train]") {
+  const std::string text = random_text(5000, 3);
+  const std::span<const uint8_t> data((const uint8_t*)text.data(), text.size());
+  const int B = 6, T = 16;
+  BatchSampler bytes(data, B, T, 42), spans(TokenSpan(data), B, T, 42);
+  std::vector<int> in(B * T), tg(B * T), in2(B * T), tg2(B * T);
+  for (long step : {0L, 7L, 1000L}) {
+    bytes.Sample(step, in.data(), tg.data());
+    spans.Sample(step, in2.data(), tg2.data());
+    CHECK(in == in2);
+    CHECK(tg == tg2);
+    // Ranks of a local ring: R = 3 slices of 2 rows, concatenated, are the batch.
+    std::vector<int> rin, rtg;
+    for (int r = 0; r < 3; r++) {
+      std::vector<int> sin(2 * T), stg(2 * T);
+      bytes.SampleRows(step, r * 2, 2, sin.data(), stg.data());
+      rin.insert(rin.end(), sin.begin(), sin.end());
+      rtg.insert(rtg.end(), stg.begin(), stg.end());
+    }
+    CHECK(rin == in);
+    CHECK(rtg == tg);
+    // Uneven slices too, and an empty one.
+    std::vector<int> one(T), one_t(T);
+    bytes.SampleRows(step, 5, 1, one.data(), one_t.data());
+    CHECK(std::equal(one.begin(), one.end(), in.begin() + 5 * T));
+    bytes.SampleRows(step, 6, 0, nullptr, nullptr);
+  }
+
+  // Bit-exact with the sampler as it was before TokenSpan: a golden batch.
+  const std::string golden_text = "the quick brown fox jumps over the lazy dog";
+  BatchSampler golden({(const uint8_t*)golden_text.data(), golden_text.size()}, 2, 4, 1);
+  std::vector<int> gin(8), gtg(8);
+  golden.Sample(3, gin.data(), gtg.data());
+  Rng rng(mix_seed(1, 3));
+  for (int b = 0; b < 2; b++) {
+    const size_t start = rng.below(golden_text.size() - 4);
+    for (int t = 0; t < 4; t++) {
+      CHECK(gin[b * 4 + t] == (uint8_t)golden_text[start + t]);
+      CHECK(gtg[b * 4 + t] == (uint8_t)golden_text[start + t + 1]);
+    }
+  }
+}
+
+TEST_CASE("token sampler rows slice the batch", "[unit][train]") {
+  const std::vector<uint16_t> tokens = random_tokens(3000, 50257, 5);
+  const TokenSpan data{std::span<const uint16_t>(tokens)};
+  const int R = 4, B = 3, T = 8;
+  BatchSampler sampler(data, R * B, T, 9);
+  std::vector<int> in(R * B * T), tg(R * B * T), rin(R * B * T), rtg(R * B * T);
+  sampler.Sample(12, in.data(), tg.data());
+  for (int r = 0; r < R; r++) sampler.SampleRows(12, r * B, B, rin.data() + r * B * T, rtg.data() + r * B * T);
+  CHECK(rin == in);
+  CHECK(rtg == tg);
+}
+
+TEST_CASE("malformed token files are refused with the file, the offset and the reason", "[unit][train]") {
+  TempDir dir;
+  std::unique_ptr<Corpus> corpus;
+  const std::vector<uint16_t> good = random_tokens(200, 1000, 31);
+  auto refuse = [&](const std::string& name, const std::string& bytes, const std::vector<std::string>& parts,
+                    const CorpusOptions& options = token_options()) {
+    write_file(dir.file(name), bytes);
+    INFO(name);
+    std::vector<std::string> all = {"token file '" + dir.file(name) + "'"};
+    all.insert(all.end(), parts.begin(), parts.end());
+    require_error(load(dir.file(name), options, &corpus), all);
+  };
+
+  refuse("version.bin", llmc_tokens(good, 2), {"at byte 4:", "version is 2, expected 1"});
+  refuse("short_n.bin", llmc_tokens(good, 1, 150),
+         {"at byte 8:", "header says 150 tokens", "1324 bytes", "but it has 1424"});
+  refuse("long_n.bin", llmc_tokens(good, 1, 201), {"at byte 8:", "header says 201 tokens"});
+  refuse("negative_n.bin", llmc_tokens(good, 1, -1 & 0xffffffff), {"at byte 8:", "header says -1 tokens"});
+  std::string truncated = llmc_tokens(good);
+  truncated.pop_back();
+  refuse("truncated.bin", truncated, {"at byte 8:", "but it has 1423"});
+  refuse("header_only.bin", llmc_tokens(good).substr(0, 512), {"at byte 0:", "less than its 1024-byte header"});
+  refuse("odd.bin", raw_tokens(good) + "x", {"at byte 400:", "odd length of 401 bytes"});
+
+  // A token past the vocabulary: the first one, its offset and value, in both layouts.
+  std::vector<uint16_t> bad = good;
+  bad[37] = 1000;
+  bad[90] = 60000;
+  refuse("vocab_raw.bin", raw_tokens(bad), {"at byte 74:", "token 1000 is not below model.vocab_size 1000"},
+         token_options(1000));
+  refuse("vocab_llmc.bin", llmc_tokens(bad), {"at byte 1098:", "token 1000 is not below model.vocab_size 1000"},
+         token_options(1000));
+  refuse("vocab_50257.bin", raw_tokens(bad), {"at byte 180:", "token 60000 is not below model.vocab_size 50257"});
+
+  // In a directory the message names the file inside it.
+  fs::create_directories(dir.file("d"));
+  write_file(dir.file("d/a.bin"), raw_tokens(good));
+  write_file(dir.file("d/b.bin"), raw_tokens(good) + "x");
+  require_error(load(dir.file("d"), token_options(), &corpus), {"token file '" + dir.file("d/b.bin") + "'", "odd"});
+
+  // Too few tokens: counted in tokens, for the whole corpus, the validation part and a shard.
+  write_file(dir.file("few.bin"), raw_tokens(std::vector<uint16_t>(10, 1)));
+  require_error(load(dir.file("few.bin"), token_options(), &corpus),
+                {"few.bin", "has 10 tokens", "block_size + 1 = 17"});
+  write_file(dir.file("small_val.bin"), llmc_tokens(good));  // 20 tokens of validation
+  require_error(load(dir.file("small_val.bin"), token_options(50257, 32), &corpus),
+                {"small_val.bin", "20 tokens of validation", "33"});
+  CorpusOptions sharded = token_options();
+  sharded.val_fraction = 0;
+  sharded.num_learners = 20;  // 10 tokens a learner
+  require_error(load(dir.file("small_val.bin"), sharded, &corpus),
+                {"small_val.bin", "has 10 tokens of training data for learner 0 of 20"});
+  write_file(dir.file("empty.bin"), "");
+  require_error(load(dir.file("empty.bin"), token_options(), &corpus), {"empty.bin", "has 0 tokens"});
+
+  require_error(load(dir.file("missing.bin"), token_options(), &corpus),
+                {"missing.bin", "does not exist", "uint16 token file"});
+  require_error(load(dir.file("few.bin"), token_options(1), &corpus), {"vocab_size is 1"});
+  require_error(load(dir.file("few.bin"), token_options(65537), &corpus), {"vocab_size is 65537"});
+}
+
+}  // namespace
+}  // namespace diloco

@@ -1,0 +1,125 @@
+#include "daemon/train/inner_loop.h"
+
+#include <chrono>
+#include <string>
+
+#include "daemon/train/trainer.h"
+#include "kernels/lr_schedule.h"
+
+namespace diloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The control header every rank reduces (rank 0 writes it, the others add zeros): doubles hold
+// steps, flags and offsets exactly (below 2^53).
+enum ControlSlot { kStop, kAllParams, kRanges, kStep, kControlSlots };
+
+Status FromComm(const CommStatus& st, long step) {
+  if (st.ok()) return Status::Ok();
+  return Status::Error("local ring failed at step " + std::to_string(step) + ": " + st.error);
+}
+
+// Every rank: learn rank 0's control for `step` and copy the parameters it changed.
+// On rank 0, *control is the input; elsewhere the output (stop and the step to take).
+CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* control, long* step) {
+  if (comm.world_size() == 1) return CommStatus::Ok();
+  const bool leader = comm.rank() == 0;
+  double header[kControlSlots] = {0, 0, 0, 0};
+  if (leader) {
+    header[kStop] = control->stop;
+    header[kAllParams] = control->all_params;
+    header[kRanges] = control->all_params ? 0 : (double)control->changed.size();
+    header[kStep] = (double)*step;
+  }
+  CommStatus st = comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
+  if (!st.ok()) return st;
+  control->stop = header[kStop] != 0;
+  control->all_params = header[kAllParams] != 0;
+  *step = (long)header[kStep];
+  if (control->stop) return CommStatus::Ok();
+  const size_t n = (size_t)header[kRanges];
+  std::vector<double> ranges(2 * n, 0.0);
+  if (leader)
+    for (size_t i = 0; i < n; i++) {
+      ranges[2 * i] = (double)control->changed[i].offset;
+      ranges[2 * i + 1] = (double)control->changed[i].count;
+    }
+  if (n > 0) {
+    st = comm.all_reduce_host(ranges.data(), (int)ranges.size(), ReduceOp::kSum);
+    if (!st.ok()) return st;
+  }
+  if (control->all_params) ranges = {0.0, (double)backend.num_params()};
+  for (size_t i = 0; i < ranges.size(); i += 2) {
+    const size_t offset = (size_t)ranges[i], count = (size_t)ranges[i + 1];
+    st = comm.broadcast(backend.param_buffer() + offset, count, 0);
+    if (!st.ok()) return st;
+    if (!leader) backend.params_written(offset, count);
+  }
+  return CommStatus::Ok();
+}
+
+}  // namespace
+
+CommStatus StopFollowers(LocalComm& comm) {
+  if (comm.world_size() == 1) return CommStatus::Ok();
+  double header[kControlSlots] = {1, 0, 0, 0};
+  return comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
+}
+
+Status RunInnerLoop(const InnerLoopOptions& o, TrainingBackend& backend, LocalComm& comm, InnerLoopHook* hook,
+                    long* steps_done) {
+  const bool leader = comm.rank() == 0;
+  const TrainConfig& tc = *o.train;
+  const LrSchedule schedule = LrScheduleOf(tc);
+  AdamWHyper hp = AdamWHyperOf(tc);
+  const int B = o.rows, T = o.block_size;
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  long step = o.start_step;
+  *steps_done = step;
+  for (;;) {
+    StepControl control;
+    Status hook_error;
+    if (leader) {
+      if (step >= o.end_step) {
+        control.stop = true;
+      } else if (hook) {
+        hook_error = hook->BeforeStep(step, backend, &control);
+        if (!hook_error.ok()) {
+          control = StepControl();
+          control.stop = true;
+        }
+      }
+    }
+    DL_RETURN_IF_ERROR(FromComm(ShareControl(comm, backend, &control, &step), step));
+    DL_RETURN_IF_ERROR(hook_error);
+    if (control.stop) break;
+
+    o.sampler->SampleRows(step, o.row_begin, B, inputs.data(), targets.data());
+    hp.lr = lr_at(schedule, (int)step);
+    const auto t0 = Clock::now();
+    StepResult r;
+    r.step = step;
+    r.lr = hp.lr;
+    DL_RETURN_IF_ERROR(
+        FromComm(ring_train_step(backend, comm, inputs.data(), targets.data(), B, T, hp, tc.grad_clip, &r.stats),
+                 step));
+    r.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    Status after = hook ? hook->AfterStep(r, backend) : Status::Ok();
+    if (!r.stats.applied && after.ok())
+      after = Status::Error("training diverged at step " + std::to_string(step) +
+                            " (loss or gradient NaN/Inf); the step was not applied. Try a lower train.lr");
+    if (!after.ok()) {
+      // Every rank saw the same non-finite mean; a hook error on rank 0 must release the others.
+      if (leader && r.stats.applied) (void)StopFollowers(comm);
+      *steps_done = step;
+      return after;
+    }
+    step++;
+    *steps_done = step;
+  }
+  return Status::Ok();
+}
+
+}  // namespace diloco

@@ -1,0 +1,63 @@
+#include "daemon/train/local_ring.h"
+
+#include <omp.h>
+
+#include <thread>
+
+namespace diloco {
+
+Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out) {
+  if (options.ranks < 1) return Status::Error("train.ranks must be at least 1, not " + std::to_string(options.ranks));
+  std::unique_ptr<LocalRing> ring(new LocalRing());
+  ring->options_ = options;
+  ring->threads_per_rank_ = std::max(1, options.threads / options.ranks);
+  BackendOptions bo;
+  bo.model = options.model;
+  bo.max_batch = options.batch_size;
+  for (int r = 0; r < options.ranks; r++) {
+    std::unique_ptr<TrainingBackend> backend;
+    if (std::string err = CreateBackend(RankDevice(options.device, r), bo, &backend); !err.empty())
+      return Status::Error("train.device " + options.device + " (rank " + std::to_string(r) + " of " +
+                           std::to_string(options.ranks) + "): " + err);
+    ring->backends_.push_back(std::move(backend));
+  }
+  if (std::string err = CreateLocalCommGroup(options.device, options.ranks, &ring->group_); !err.empty())
+    return Status::Error("train.device " + options.device + ", train.ranks " + std::to_string(options.ranks) + ": " +
+                         err);
+  for (int r = 0; r < options.ranks; r++) ring->comms_.push_back(ring->group_->comm(r));
+  *out = std::move(ring);
+  return Status::Ok();
+}
+
+std::string LocalRing::description() const {
+  std::string d = backends_.front()->name();
+  if (ranks() > 1) d += " x " + std::to_string(ranks()) + " ranks (" + comms_.front()->name() + ")";
+  return d;
+}
+
+void LocalRing::Upload(const float* params, const AdamWState* optimizer) {
+  for (auto& b : backends_) {
+    b->upload_params(params);
+    b->upload_optimizer(optimizer ? *optimizer : AdamWState{});
+  }
+}
+
+Status LocalRing::Run(const std::function<Status(int rank)>& fn) {
+  const int R = ranks();
+  std::vector<Status> statuses(R);
+  auto run_rank = [&](int r) {
+    omp_set_num_threads(threads_per_rank_);
+    statuses[r] = fn(r);
+    if (!statuses[r].ok()) group_->abort(statuses[r].message());
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < R; r++) threads.emplace_back(run_rank, r);
+  run_rank(0);
+  for (auto& t : threads) t.join();
+  if (!statuses[0].ok()) return statuses[0];
+  for (int r = 1; r < R; r++)
+    if (!statuses[r].ok()) return statuses[r].WithContext("rank " + std::to_string(r));
+  return Status::Ok();
+}
+
+}  // namespace diloco

@@ -1,0 +1,56 @@
+// A learner's local ring (DESIGN.md §2): `ranks` ranks, each with its own TrainingBackend on its
+// device (kernels/backend.h: CPU threads, or GPUs cuda:N..N+ranks-1) and its LocalComm (threads or
+// NCCL). Run() gives every rank a thread; rank 0 runs on the caller's thread and is the one that
+// talks to the world (inner_loop.h). ddp in local mode is one ring of learners × ranks.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/util/status.h"
+#include "kernels/backend.h"
+
+namespace diloco {
+
+struct LocalRingOptions {
+  std::string device = "cpu";  // train.device
+  int ranks = 1;
+  GptConfig model;
+  int batch_size = 1;  // sequences per rank per forward_backward (train.batch_size)
+  int threads = 1;     // CPU threads for the whole ring (OpenMP), shared by the ranks
+};
+
+class LocalRing {
+ public:
+  // Makes every rank's backend and comm. A device this machine or build lacks is a clear error
+  // (no CUDA in this build, no GPU visible, too few GPUs for the ranks).
+  static Status Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out);
+
+  int ranks() const { return (int)backends_.size(); }
+  const std::string& device() const { return options_.device; }
+  // "cpu × 2" or "cuda:0 NVIDIA H200 (...) × 4": for logs and status.
+  std::string description() const;
+  TrainingBackend& backend(int rank) { return *backends_[rank]; }
+  LocalComm& comm(int rank) { return *comms_[rank]; }
+  int threads_per_rank() const { return threads_per_rank_; }
+
+  // Every rank from the same host parameters (and AdamW state, when given).
+  void Upload(const float* params, const AdamWState* optimizer = nullptr);
+
+  // Runs fn(rank) on one thread per rank (rank 0 on this thread), each with threads_per_rank()
+  // OpenMP threads. A rank that fails aborts the ring, so no rank waits forever in a collective.
+  // Returns rank 0's status if it failed, else the first failure of another rank.
+  Status Run(const std::function<Status(int rank)>& fn);
+
+ private:
+  LocalRing() = default;
+  LocalRingOptions options_;
+  int threads_per_rank_ = 1;
+  std::unique_ptr<LocalCommGroup> group_;
+  std::vector<std::unique_ptr<TrainingBackend>> backends_;
+  std::vector<std::unique_ptr<LocalComm>> comms_;
+};
+
+}  // namespace diloco

@@ -1,0 +1,223 @@
+// The one inner loop on a local ring of ranks (inner_loop.h, local_ring.h), and ddp's ring bytes.
+#include "daemon/train/inner_loop.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "daemon/train/ddp_run.h"
+#include "daemon/train/local_ring.h"
+#include "daemon/train/trainer.h"
+#include "kernels/rng.h"
+#include "tests/temp_dir.h"
+
+namespace diloco {
+namespace {
+namespace fs = std::filesystem;
+using diloco::testing::TempDir;
+
+std::string WriteCorpus(const fs::path& dir) {
+  std::string text;
+  uint64_t x = 99;
+  const char* words[] = {"alpha ", "beta ", "gamma ", "delta\n", "epsilon, "};
+  while (text.size() < 20000) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    text += words[(x >> 33) % 5];
+  }
+  const std::string path = (dir / "corpus.txt").string();
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+RunConfig SmallConfig(const std::string& corpus) {
+  RunConfig c;
+  c.model = {.n_layer = 2, .n_embd = 32, .n_head = 2, .block_size = 16};
+  c.data.corpus = corpus;
+  c.train.batch_size = 4;
+  c.train.steps = 20;
+  c.train.lr = 3e-3;
+  c.train.warmup_steps = 3;
+  c.train.threads = 2;
+  return c;
+}
+
+// Trains `steps` steps on a ring of `ranks` ranks, each taking `batch` rows; returns every rank's
+// final parameters. hook (may be null) runs on rank 0.
+std::vector<std::vector<float>> TrainRing(const RunConfig& cfg, int ranks, int batch, InnerLoopHook* hook) {
+  std::unique_ptr<Corpus> corpus;
+  REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
+  LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
+  ro.ranks = ranks;
+  ro.batch_size = batch;
+  std::unique_ptr<LocalRing> ring;
+  REQUIRE(LocalRing::Create(ro, &ring).ok());
+  std::vector<float> init(ring->backend(0).num_params());
+  gpt_init_params(ro.model, cfg.train.seed, init.data());
+  ring->Upload(init.data());
+  const BatchSampler train = TrainSampler(*corpus, ranks * batch, cfg.model.block_size, mix_seed(cfg.train.seed, 0));
+  const Status st = ring->Run([&](int rank) {
+    InnerLoopOptions lo;
+    lo.end_step = cfg.train.steps;
+    lo.train = &cfg.train;
+    lo.sampler = &train;
+    lo.row_begin = rank * batch;
+    lo.rows = batch;
+    lo.block_size = cfg.model.block_size;
+    long done = 0;
+    Status s = RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), rank == 0 ? hook : nullptr, &done);
+    if (s.ok() && done != cfg.train.steps) s = Status::Error("rank ended at step " + std::to_string(done));
+    return s;
+  });
+  REQUIRE(st.ok());
+  std::vector<std::vector<float>> out;
+  for (int r = 0; r < ranks; r++) {
+    out.emplace_back(init.size());
+    ring->backend(r).download_params(out.back().data());
+  }
+  return out;
+}
+
+double MaxAbs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, (double)std::fabs(x));
+  return m;
+}
+
+TEST_CASE("local ring: 2 ranks for 20 steps match 1 rank at twice the batch, the ranks stay bitwise equal",
+          "[unit]") {
+  TempDir tmp;
+  const RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
+  const auto two = TrainRing(cfg, 2, 4, nullptr);
+  const auto one = TrainRing(cfg, 1, 8, nullptr);
+  CHECK(std::memcmp(two[0].data(), two[1].data(), two[0].size() * sizeof(float)) == 0);
+  double max_diff = 0;
+  for (size_t i = 0; i < one[0].size(); i++) max_diff = std::max(max_diff, (double)std::fabs(one[0][i] - two[0][i]));
+  const double scale = MaxAbs(one[0]);
+  INFO("max |ranks=2 - ranks=1 x 2B| = " << max_diff << ", largest parameter " << scale);
+  CHECK(max_diff <= 1e-5 * scale);
+  // The model moved: equal because both trained, not because neither did.
+  std::vector<float> init(one[0].size());
+  gpt_init_params(GptConfigOf(cfg.model), cfg.train.seed, init.data());
+  CHECK(std::memcmp(init.data(), one[0].data(), init.size() * sizeof(float)) != 0);
+}
+
+// Rewrites a range of rank 0's parameters before step 5 (as a fold of a Global does) and lists it.
+class RewriteHook final : public InnerLoopHook {
+ public:
+  Status BeforeStep(long step, TrainingBackend& backend, StepControl* control) override {
+    if (step != 5) return Status::Ok();
+    std::vector<float> ones(100, 0.25f);
+    backend.upload_params(ones.data(), 1000, ones.size());
+    control->changed.push_back({1000, ones.size()});
+    return Status::Ok();
+  }
+  Status AfterStep(const StepResult&, TrainingBackend&) override { return Status::Ok(); }
+};
+
+TEST_CASE("local ring: parameters rank 0 rewrites between steps reach every rank", "[unit]") {
+  TempDir tmp;
+  const RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
+  RewriteHook hook;
+  const auto ranks = TrainRing(cfg, 3, 2, &hook);
+  CHECK(std::memcmp(ranks[0].data(), ranks[1].data(), ranks[0].size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(ranks[0].data(), ranks[2].data(), ranks[0].size() * sizeof(float)) == 0);
+  // Without the copy the ranks would differ: the rewrite did change rank 0.
+  const auto plain = TrainRing(cfg, 3, 2, nullptr);
+  CHECK(std::memcmp(ranks[0].data(), plain[0].data(), ranks[0].size() * sizeof(float)) != 0);
+}
+
+class FailingHook final : public InnerLoopHook {
+ public:
+  Status BeforeStep(long step, TrainingBackend&, StepControl*) override {
+    return step == 3 ? Status::Error("the outer sync broke") : Status::Ok();
+  }
+  Status AfterStep(const StepResult&, TrainingBackend&) override { return Status::Ok(); }
+};
+
+TEST_CASE("local ring: a failure on rank 0 stops every rank with its error", "[unit]") {
+  TempDir tmp;
+  const RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
+  std::unique_ptr<Corpus> corpus;
+  REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
+  LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
+  ro.ranks = 2;
+  std::unique_ptr<LocalRing> ring;
+  REQUIRE(LocalRing::Create(ro, &ring).ok());
+  std::vector<float> init(ring->backend(0).num_params());
+  gpt_init_params(ro.model, 1, init.data());
+  ring->Upload(init.data());
+  const BatchSampler train = TrainSampler(*corpus, 2 * 4, 16, 7);
+  FailingHook hook;
+  std::vector<long> reached(2, -1);
+  const Status st = ring->Run([&](int rank) {
+    InnerLoopOptions lo;
+    lo.end_step = 20;
+    lo.train = &cfg.train;
+    lo.sampler = &train;
+    lo.row_begin = rank * 4;
+    lo.rows = 4;
+    lo.block_size = 16;
+    return RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), rank == 0 ? &hook : nullptr, &reached[rank]);
+  });
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.message().find("the outer sync broke") != std::string::npos);
+  CHECK(reached == std::vector<long>{3, 3});
+}
+
+TEST_CASE("local ring: StopFollowers releases ranks waiting for a loop that never starts", "[unit]") {
+  TempDir tmp;
+  const RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
+  std::unique_ptr<Corpus> corpus;
+  REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
+  LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
+  ro.ranks = 2;
+  std::unique_ptr<LocalRing> ring;
+  REQUIRE(LocalRing::Create(ro, &ring).ok());
+  const BatchSampler train = TrainSampler(*corpus, 8, 16, 7);
+  long follower_reached = -1;
+  const Status st = ring->Run([&](int rank) -> Status {
+    if (rank == 0) return StopFollowers(ring->comm(0)).ok() ? Status::Ok() : Status::Error("stop failed");
+    InnerLoopOptions lo;
+    lo.end_step = 20;
+    lo.train = &cfg.train;
+    lo.sampler = &train;
+    lo.row_begin = 4;
+    lo.rows = 4;
+    lo.block_size = 16;
+    return RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &follower_reached);
+  });
+  CHECK(st.ok());
+  CHECK(follower_reached == 0);
+}
+
+TEST_CASE("local ring: a device this build or machine lacks is refused before anything starts", "[unit]") {
+  LocalRingOptions ro;
+  ro.device = "cuda";
+  std::unique_ptr<LocalRing> ring;
+  const Status st = LocalRing::Create(ro, &ring);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.message().find("train.device cuda") != std::string::npos);
+  TrainConfig tc;
+  tc.device = "cuda:1";
+  tc.ranks = 2;
+  const Status check = CheckTrainDevice(tc);
+  REQUIRE_FALSE(check.ok());
+  CHECK(check.message().find("train.device cuda:1") != std::string::npos);
+  tc.device = "tpu";
+  CHECK_FALSE(CheckTrainDevice(tc).ok());
+  tc.device = "cpu";
+  tc.ranks = 4;
+  CHECK(CheckTrainDevice(tc).ok());
+}
+
+TEST_CASE("ddp: wire bytes of a ring all-reduce of fp32 values", "[unit]") {
+  CHECK(RingBytesPerMember(1, 1000) == 0);
+  CHECK(RingBytesPerMember(2, 1000) == 4000);  // 2 * 1/2 * 4 bytes * n
+  CHECK(RingBytesPerMember(4, 1000) == 6000);  // 2 * 3/4 * 4 bytes * n
+}
+
+}  // namespace
+}  // namespace diloco
