@@ -86,6 +86,10 @@ class TrainingBackend {
     return apply_update(loss, hp, grad_clip);
   }
 
+  // The logits (vocab_size floats, host) of the position after tokens[0, T)
+  // (T <= block_size): what sampling draws the next token from.
+  virtual void next_token_logits(const int* tokens, int T, float* out) = 0;
+
   // Bytes held for activations and their gradients (what scales with
   // max_batch), for memory reports.
   virtual size_t activation_bytes() const = 0;

@@ -146,9 +146,11 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
   const std::string ckpt_path = summary.value("checkpoint", "");
   Checkpoint ckpt;
   if (!ckpt_path.empty() && LoadCheckpoint(ckpt_path, &ckpt).ok()) {
-    Gpt model(ckpt.model, 1);
-    if (RestoreCheckpoint(ckpt, &model, nullptr).ok()) {
-      const std::string sample = Generate(model, "", {.tokens = 300, .temperature = 0.8, .seed = 1});
+    std::unique_ptr<TrainingBackend> model;
+    if (ckpt.model.vocab_size == 256 && CreateBackend("cpu", {ckpt.model, 1}, &model).empty() &&
+        CheckCheckpointFits(ckpt, ckpt.model, false).ok()) {
+      model->upload_params(ckpt.params.data());
+      const std::string sample = Generate(*model, "", {.tokens = 300, .temperature = 0.8, .seed = 1});
       std::fprintf(stderr, "\n--- sample from the merged model (300 bytes, temperature 0.8) ---\n%s\n---\n",
                    sample.c_str());
     }

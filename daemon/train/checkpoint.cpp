@@ -246,11 +246,6 @@ Status SaveCheckpoint(const std::string& path, const GptConfig& model, const flo
                              "checkpoint");
 }
 
-Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWState& optimizer, long step,
-                      const std::string& config_yaml) {
-  return SaveCheckpoint(path, model.config(), model.params(), optimizer, step, config_yaml);
-}
-
 Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, long step,
                       const std::string& config_yaml) {
   std::vector<float> params(backend.num_params());
@@ -302,13 +297,6 @@ Status CheckCheckpointFits(const Checkpoint& ckpt, const GptConfig& b, bool with
                          " parameters and " + std::to_string(ckpt.optimizer.m.size()) + "/" +
                          std::to_string(ckpt.optimizer.v.size()) +
                          " AdamW moments; the model has " + std::to_string(n) + " parameters");
-  return Status::Ok();
-}
-
-Status RestoreCheckpoint(const Checkpoint& ckpt, Gpt* model, AdamWState* optimizer) {
-  DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, model->config(), optimizer != nullptr));
-  std::copy(ckpt.params.begin(), ckpt.params.end(), model->params());
-  if (optimizer != nullptr) *optimizer = ckpt.optimizer;
   return Status::Ok();
 }
 

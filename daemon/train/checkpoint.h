@@ -60,8 +60,6 @@ struct Checkpoint {
 // on any other (cpu <-> cuda).
 Status SaveCheckpoint(const std::string& path, const GptConfig& model, const float* params,
                       const AdamWState& optimizer, long step, const std::string& config_yaml);
-Status SaveCheckpoint(const std::string& path, const Gpt& model, const AdamWState& optimizer,
-                      long step, const std::string& config_yaml);
 // The backend's parameters and AdamW state, downloaded from wherever they live.
 Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, long step,
                       const std::string& config_yaml);
@@ -69,11 +67,8 @@ Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, l
 // Reads and verifies (magic, version, dtype, both CRCs, sizes, table digest).
 Status LoadCheckpoint(const std::string& path, Checkpoint* out);
 
-// Copies the parameters, and the optimizer state unless optimizer is null,
-// into a model built from the same GptConfig; an error if it differs.
-Status RestoreCheckpoint(const Checkpoint& ckpt, Gpt* model, AdamWState* optimizer);
-// Whether ckpt fits a model of shape model (and holds AdamW moments, when with_optimizer): the
-// checks RestoreCheckpoint makes before copying.
+// Whether ckpt fits a model of shape model (and holds AdamW moments, when with_optimizer):
+// check before uploading its parameters and moments to a backend.
 Status CheckCheckpointFits(const Checkpoint& ckpt, const GptConfig& model, bool with_optimizer);
 
 }  // namespace diloco

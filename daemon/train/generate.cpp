@@ -8,7 +8,7 @@
 
 namespace diloco {
 
-std::string Generate(Gpt& model, const std::string& prompt, const GenerateOptions& options,
+std::string Generate(TrainingBackend& model, const std::string& prompt, const GenerateOptions& options,
                      const std::function<void(char)>& emit) {
   const int V = model.config().vocab_size, block = model.config().block_size;
   std::vector<int> context;
@@ -16,10 +16,11 @@ std::string Generate(Gpt& model, const std::string& prompt, const GenerateOption
   Rng rng(options.seed);
   std::string out;
   std::vector<double> probs(V);
+  std::vector<float> logit_row(V);
   for (int i = 0; i < options.tokens; i++) {
     const int T = std::min<int>(context.size(), block);
-    model.forward(context.data() + context.size() - T, nullptr, 1, T);
-    const float* logits = model.logits() + (size_t)(T - 1) * V;
+    model.next_token_logits(context.data() + context.size() - T, T, logit_row.data());
+    const float* logits = logit_row.data();
     int next = (int)(std::max_element(logits, logits + V) - logits);
     if (options.temperature > 0) {
       // Softmax of logits / temperature, then one draw.

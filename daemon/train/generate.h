@@ -1,12 +1,12 @@
-// Text generation from a trained model: byte by byte, each step running the
-// model on the last block_size tokens.
+// Text generation from a trained byte-level model (vocab 256): byte by byte, each step running
+// the model on the last block_size tokens.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
-#include "kernels/gpt.h"
+#include "kernels/backend.h"
 
 namespace diloco {
 
@@ -18,7 +18,7 @@ struct GenerateOptions {
 
 // Continues prompt (an empty prompt starts from "\n"); calls emit with each
 // new byte as soon as it is chosen and returns the continuation.
-std::string Generate(Gpt& model, const std::string& prompt, const GenerateOptions& options,
+std::string Generate(TrainingBackend& model, const std::string& prompt, const GenerateOptions& options,
                      const std::function<void(char)>& emit = nullptr);
 
 }  // namespace diloco

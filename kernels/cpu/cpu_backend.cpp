@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,6 +48,12 @@ StepStats CpuBackend::apply_update(double loss, const AdamWHyper& hp, double gra
 
 double CpuBackend::eval_loss(const int* inputs, const int* targets, int B, int T) {
   return model_.forward(inputs, targets, B, T);
+}
+
+void CpuBackend::next_token_logits(const int* tokens, int T, float* out) {
+  const int V = model_.config().vocab_size;
+  model_.forward(tokens, nullptr, 1, T);
+  std::copy_n(model_.logits() + (size_t)(T - 1) * V, V, out);
 }
 
 }  // namespace diloco

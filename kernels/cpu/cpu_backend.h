@@ -28,6 +28,7 @@ class CpuBackend final : public TrainingBackend {
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
   double eval_loss(const int* inputs, const int* targets, int B, int T) override;
   size_t activation_bytes() const override { return model_.activation_bytes(); }
+  void next_token_logits(const int* tokens, int T, float* out) override;
 
   Gpt& model() { return model_; }
 

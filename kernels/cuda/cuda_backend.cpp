@@ -45,6 +45,7 @@ class CudaBackend final : public TrainingBackend {
   void download_grads(float* host) const override;
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
   double eval_loss(const int* inputs, const int* targets, int B, int T) override;
+  void next_token_logits(const int* tokens, int T, float* out) override;
   size_t activation_bytes() const override {
     return act16_.size() * sizeof(bf16) + act32_.size() * sizeof(float) + scratch_.size() * sizeof(float);
   }
@@ -358,6 +359,17 @@ double CudaBackend::forward_backward(const int* inputs, const int* targets, int 
   forward(B, T, /*backward_follows=*/true);
   backward(B, T);
   return read_loss();  // waits for the whole step
+}
+
+void CudaBackend::next_token_logits(const int* tokens, int T, float* out) {
+  set_device(device_);  // the caller's thread may not have selected it
+  const int V = config_.vocab_size;
+  const std::vector<int> no_targets(T, 0);  // the loss is computed and ignored; the logits stay
+  upload_batch(tokens, no_targets.data(), 1, T);
+  forward(1, T, /*backward_follows=*/false);
+  DeviceArray<float> row(V);
+  bf16_to_float(row.get(), a_.logits + (size_t)(T - 1) * V, V, stream_);
+  copy_to_host(out, row.get(), V * sizeof(float), stream_);
 }
 
 double CudaBackend::eval_loss(const int* inputs, const int* targets, int B, int T) {

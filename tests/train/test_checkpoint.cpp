@@ -14,6 +14,20 @@
 #include "tests/temp_dir.h"
 namespace diloco {
 namespace {
+
+// The checkpoint API takes a model shape and a parameter buffer; these tests build Gpt models.
+Status SaveModel(const std::string& path, const Gpt& model, const AdamWState& optimizer, long step,
+                 const std::string& config_yaml) {
+  return SaveCheckpoint(path, model.config(), model.params(), optimizer, step, config_yaml);
+}
+
+Status RestoreModel(const Checkpoint& ckpt, Gpt* model, AdamWState* optimizer) {
+  DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, model->config(), optimizer != nullptr));
+  std::copy(ckpt.params.begin(), ckpt.params.end(), model->params());
+  if (optimizer != nullptr) *optimizer = ckpt.optimizer;
+  return Status::Ok();
+}
+
 namespace fs = std::filesystem;
 
 using diloco::testing::TempDir;
@@ -84,7 +98,7 @@ struct Saved {
   Saved() {
     model.init_weights(3);
     state = random_state(model.num_params(), 4);
-    REQUIRE(SaveCheckpoint(path, model, state, 123, kYaml).ok());
+    REQUIRE(SaveModel(path, model, state, 123, kYaml).ok());
     bytes = read_bytes(path);
   }
 };
@@ -114,7 +128,7 @@ TEST_CASE("checkpoint round trip is bit-exact", "[unit][train]") {
 
   Gpt restored(small_config(), 2);
   AdamWState state;
-  REQUIRE(RestoreCheckpoint(ckpt, &restored, &state).ok());
+  REQUIRE(RestoreModel(ckpt, &restored, &state).ok());
   CHECK(same_bits(restored.params(), s.model.params(), n));
   CHECK(state.step == 17);
   CHECK(state.m == s.state.m);
@@ -122,7 +136,7 @@ TEST_CASE("checkpoint round trip is bit-exact", "[unit][train]") {
 
   // Parameters only.
   Gpt params_only(small_config(), 1);
-  REQUIRE(RestoreCheckpoint(ckpt, &params_only, nullptr).ok());
+  REQUIRE(RestoreModel(ckpt, &params_only, nullptr).ok());
   CHECK(same_bits(params_only.params(), s.model.params(), n));
 }
 
@@ -130,7 +144,7 @@ TEST_CASE("checkpoint saves empty AdamW moments as zeros", "[unit][train]") {
   TempDir dir;
   Gpt model(small_config(), 1);
   model.init_weights(5);
-  REQUIRE(SaveCheckpoint(dir.file("c"), model, AdamWState(), 0, "").ok());
+  REQUIRE(SaveModel(dir.file("c"), model, AdamWState(), 0, "").ok());
   Checkpoint ckpt;
   REQUIRE(LoadCheckpoint(dir.file("c"), &ckpt).ok());
   CHECK(ckpt.config_yaml.empty());
@@ -233,14 +247,14 @@ TEST_CASE("restoring into a different model names the difference", "[unit][train
   other.n_embd = 8;
   Gpt model(other, 1);
   AdamWState state;
-  const Status st = RestoreCheckpoint(ckpt, &model, &state);
+  const Status st = RestoreModel(ckpt, &model, &state);
   REQUIRE_FALSE(st.ok());
   CHECK(st.message().find("checkpoint has n_embd 16, model has 8") != std::string::npos);
   CHECK(state.m.empty());
 
   ckpt.optimizer.m.pop_back();
   Gpt same(small_config(), 1);
-  require_error(RestoreCheckpoint(ckpt, &same, &state), {"AdamW moments"});
+  require_error(RestoreModel(ckpt, &same, &state), {"AdamW moments"});
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temp file", "[unit][train]") {
@@ -249,18 +263,18 @@ TEST_CASE("a failed save leaves the previous checkpoint and no temp file", "[uni
 
   // No such directory.
   const std::string lost = s.dir.file("no/such/dir/model.ckpt");
-  require_error(SaveCheckpoint(lost, s.model, s.state, 5, kYaml), {lost, "directory exists"});
+  require_error(SaveModel(lost, s.model, s.state, 5, kYaml), {lost, "directory exists"});
 
   // The temp file cannot be created: the old checkpoint stays as it was.
   fs::create_directory(s.path + ".tmp");
-  require_error(SaveCheckpoint(s.path, s.model, AdamWState(), 999, kYaml), {s.path});
+  require_error(SaveModel(s.path, s.model, AdamWState(), 999, kYaml), {s.path});
   CHECK(read_bytes(s.path) == s.bytes);
   fs::remove(s.path + ".tmp");
 
   // Bad optimizer state: rejected before anything is written.
   AdamWState short_state = s.state;
   short_state.v.resize(3);
-  require_error(SaveCheckpoint(s.path, s.model, short_state, 999, kYaml), {"AdamW state"});
+  require_error(SaveModel(s.path, s.model, short_state, 999, kYaml), {"AdamW state"});
   CHECK(read_bytes(s.path) == s.bytes);
   CHECK_FALSE(fs::exists(s.path + ".tmp"));
 
@@ -268,7 +282,7 @@ TEST_CASE("a failed save leaves the previous checkpoint and no temp file", "[uni
   write_bytes(s.path + ".tmp", "half a checkpoint");
   REQUIRE(LoadCheckpoint(s.path, &ckpt).ok());
   CHECK(ckpt.step == 123);
-  REQUIRE(SaveCheckpoint(s.path, s.model, s.state, 124, kYaml).ok());
+  REQUIRE(SaveModel(s.path, s.model, s.state, 124, kYaml).ok());
   CHECK_FALSE(fs::exists(s.path + ".tmp"));
   REQUIRE(LoadCheckpoint(s.path, &ckpt).ok());
   CHECK(ckpt.step == 124);
