@@ -31,7 +31,7 @@ int CudaIndex(const std::string& device) {
   if (device.rfind("cuda:", 0) != 0 || device.size() == 5) return -1;
   char* end = nullptr;
   const long v = std::strtol(device.c_str() + 5, &end, 10);
-  if (*end != '\0' || v < 0 || v > 1024) return -1;
+  if (*end != '\0' || v < 0 || v > 99999) return -1;  // a device count check names the real range
   return (int)v;
 }
 
@@ -140,7 +140,7 @@ std::string CreateBackend(const std::string& device, const BackendOptions& optio
     if (device.size() > 5) {
       char* end = nullptr;
       const long v = std::strtol(device.c_str() + 5, &end, 10);
-      if (*end != '\0' || v < 0 || v > 1024) return "bad device \"" + device + "\": use cuda or cuda:N";
+      if (*end != '\0' || v < 0 || v > 99999) return "bad device \"" + device + "\": use cuda or cuda:N";
       index = (int)v;
     }
     const int count = cuda::device_count();

@@ -7,6 +7,11 @@
 #      gradient norms), and a 1-rank NCCL all-reduce
 #   4. benchmarks: GPT-2 124M training tokens/s and MFU; memory-bound
 #      kernels' GB/s against a measured device copy; codec GB/s
+#   5. dilocod itself on the GPU: `dilococtl train configs/gpt2-124m.yaml
+#      --set train.device=cuda` for TRAIN_STEPS steps on a token corpus made
+#      here (the repo's text as bytes spread over GPT-2's 50257 ids: the loss
+#      must fall from ln 50257), then a 2-learner decoupled local job sharing
+#      the one GPU (loss falls; tokens/s printed)
 # Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
 # step, summary.txt); a short table is printed last.
 # Budget: about 8 minutes on a 16-core machine with one H100/H200.
@@ -26,6 +31,7 @@ LOG_DIR=${LOG_DIR:-$BUILD_DIR/gpu-check-logs/$(date +%Y%m%d-%H%M%S)}
 CUDA_ARCH=${CUDA_ARCH:-90}
 GPT2_BATCH=${GPT2_BATCH:-32}
 GPT2_STEPS=${GPT2_STEPS:-10}
+TRAIN_STEPS=${TRAIN_STEPS:-300}
 mkdir -p "$LOG_DIR"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 t0=$(date +%s)
@@ -83,7 +89,7 @@ else
   failed=1
 fi
 if ((failed == 0)); then
-  if run build 300 cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_tests kernel_engine_tests cuda_bench; then
+  if run build 300 cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_tests kernel_engine_tests cuda_bench dilococtl; then
     row "build (cuda_tests, cuda_bench)" "ok" "-" PASS
   else
     row "build" "see build.log" "-" FAIL
@@ -136,6 +142,58 @@ if ((failed == 0)); then
     esac
     row "$name" "$value $unit" "$target" "$status"
   done < <(cat "$LOG_DIR/bench_kernels.log" "$LOG_DIR/bench_gpt2.log" 2>/dev/null | grep "^RESULT ")
+
+  # ---- 5. dilocod trains on the GPU: one learner, then two learners on one GPU ----
+  tokens=$LOG_DIR/tokens.bin
+  # No tokenizer offline: every byte of the repo's sources becomes id (byte * 197) % 50257, so the
+  # ids span the whole vocabulary and the text's structure is still there to learn.
+  if command -v python3 >/dev/null && python3 - "$tokens" <<'PY'
+import array, pathlib, sys
+data = b"".join(p.read_bytes() for p in sorted(pathlib.Path(".").glob("**/*"))
+                if p.is_file() and p.suffix in (".cpp", ".h", ".md", ".cu", ".yaml") and ".git" not in p.parts
+                and not p.parts[0].startswith("build"))
+array.array("H", [(b * 197) % 50257 for b in data]).tofile(open(sys.argv[1], "wb"))
+PY
+  then
+    # summary_of LOG: "final val L (from I), T tok/s" from dilococtl train --json's last line.
+    summary_of() {
+      python3 - "$1" <<'PY' 2>/dev/null
+import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print("%.3f %.3f %.0f %.3f" % (j.get("initial_val_loss", 0), j["final_val_loss"], j["tokens_per_s"],
+                              j["final_train_loss"]))
+PY
+    }
+    if run train_gpt2 300 "$bin/dilococtl" train configs/gpt2-124m.yaml --json --out "$LOG_DIR/run-gpt2" \
+        --set data.corpus="$tokens" --set train.device=cuda --set train.steps="$TRAIN_STEPS" \
+        --set train.warmup_steps=30 --set train.batch_size=8 --set eval.every=0 --set eval.batches=4 \
+        --set train.checkpoint_every=0; then
+      read -r _ val tps train_loss <<<"$(summary_of "$LOG_DIR/train_gpt2.log")"
+      mfu=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 100 * t * 6 * 124.4e6 / 989e12 }')
+      ok=$(awk -v l="$train_loss" 'BEGIN { print (l < 10.0 - 2) ? "PASS" : "FAIL" }')  # ln 50257 = 10.8
+      row "dilococtl train gpt2-124m cuda" "train loss $train_loss, $tps tok/s (~$mfu% MFU)" "loss < 8" "$ok"
+      [[ $ok == PASS ]] || failed=1
+    else
+      row "dilococtl train gpt2-124m cuda" "see train_gpt2.log" "runs" FAIL
+      failed=1
+    fi
+    if run train_2learners 240 "$bin/dilococtl" train configs/gpt2-124m.yaml --json --out "$LOG_DIR/run-2l" \
+        --set data.corpus="$tokens" --set train.device=cuda --set train.steps=200 --set model.n_layer=4 \
+        --set model.block_size=256 --set train.warmup_steps=20 --set train.batch_size=8 --set eval.every=0 \
+        --set eval.batches=4 --set train.checkpoint_every=0 --set sync.learners=2 --set sync.mode=decoupled \
+        --set sync.fragments=4 --set sync.inner_steps=20; then
+      read -r init val tps _ <<<"$(summary_of "$LOG_DIR/train_2learners.log")"
+      ok=$(awk -v i="$init" -v v="$val" 'BEGIN { print (v < i - 1) ? "PASS" : "FAIL" }')
+      row "2 learners on one GPU (decoupled)" "val $init -> $val, $tps tok/s" "val falls" "$ok"
+      [[ $ok == PASS ]] || failed=1
+    else
+      row "2 learners on one GPU (decoupled)" "see train_2learners.log" "runs" FAIL
+      failed=1
+    fi
+  else
+    row "dilococtl train on cuda" "python3 missing: no token corpus" "runs" FAIL
+    failed=1
+  fi
 fi
 
 elapsed=$(( $(date +%s) - t0 ))

@@ -245,9 +245,13 @@ struct Daemon::Impl {
       DL_RETURN_IF_ERROR(Role::StartSyncer(*context, so, &role).WithContext("starting the syncer"));
       job.roles[kSyncerName] = std::move(role);
     }
+    int ordinal = -1;  // of the learners placed on this site
     for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
-      if (cfg.placement.learners[i] != config.site || !wanted(LearnerName((int)i))) continue;
+      if (cfg.placement.learners[i] != config.site) continue;
+      ordinal++;
+      if (!wanted(LearnerName((int)i))) continue;
       RoleOptions lo = ro;
+      lo.device = RankDevice(cfg.train.device, ordinal * cfg.train.ranks);
       std::string server_key;
       if (cfg.placement.syncer == config.site) {
         lo.uplink = ConnectableEndpoint(config.listen.uplink);
@@ -286,11 +290,14 @@ struct Daemon::Impl {
 
   // Takes a new job: persists it and starts its roles here.
   Status AcceptJob(const std::string& id, const RunConfig& cfg, const std::string& submitted_to) {
-    // A learner placed here must fit this site's devices (daemon config) and this machine.
-    if (std::find(cfg.placement.learners.begin(), cfg.placement.learners.end(), config.site) !=
-        cfg.placement.learners.end()) {
-      DL_RETURN_IF_ERROR(CheckJobFitsSite(config.site, config.devices, cfg.train.device, cfg.train.ranks));
-      DL_RETURN_IF_ERROR(CheckTrainDevice(cfg.train).WithContext("site '" + config.site + "'"));
+    // The learners placed here must fit this site's devices (daemon config) and this machine; each
+    // gets its own GPUs (StartRoles).
+    const int here = (int)std::count(cfg.placement.learners.begin(), cfg.placement.learners.end(), config.site);
+    if (here > 0) {
+      TrainConfig all = cfg.train;
+      all.ranks *= here;
+      DL_RETURN_IF_ERROR(CheckJobFitsSite(config.site, config.devices, all.device, all.ranks));
+      DL_RETURN_IF_ERROR(CheckTrainDevice(all).WithContext("site '" + config.site + "'"));
     }
     JobRecord rec;
     rec.id = id;

@@ -172,7 +172,9 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   im.index = index;
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
   const RunConfig& cfg = options.config;
-  DL_RETURN_IF_ERROR(CheckTrainDevice(cfg.train).WithContext(LearnerName(index)));
+  TrainConfig ring = cfg.train;
+  if (!options.device.empty()) ring.device = options.device;
+  DL_RETURN_IF_ERROR(CheckTrainDevice(ring).WithContext(LearnerName(index)));
   const GptConfig gc = GptConfigOf(cfg.model);
   im.init.resize(gpt_tensor_table(gc).total_numel());
   gpt_init_params(gc, cfg.train.seed, im.init.data());
@@ -197,6 +199,7 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
     lo.start_step = im.start_step;
     lo.threads = std::max(1, im.options.threads);
     lo.run_dir = im.options.run_dir;
+    lo.device = im.options.device;
     lo.metrics = &im.metrics;
     lo.metrics_mu = &im.metrics_mu;
     lo.stop = &im.stop;

@@ -29,6 +29,7 @@ struct RoleOptions {
   RunConfig config;
   std::string run_dir;
   int threads = 1;  // OpenMP threads of this role
+  std::string device;  // a learner: the first device of its ring when not train.device (several per site)
   // The syncer's endpoints: bound by a syncer role, connected by a learner role.
   std::string uplink, downlink, snapshot;
   bool allow_plaintext = false;

@@ -29,10 +29,14 @@ int RunTrainCommand(const TrainCommand& cmd) {
     return 2;
   }
   // A device this build or machine lacks: refused before anything starts (no run directory).
+  const int learners = options.config.sync.learners;
   TrainConfig ring = options.config.train;
-  if (options.config.sync.mode == SyncMode::kDdp) ring.ranks *= options.config.sync.learners;  // one ring
-  if (const Status st = CheckTrainDevice(ring); !st.ok()) {
-    std::fprintf(stderr, "dilococtl train: %s\n", st.message().c_str());
+  if (options.config.sync.mode == SyncMode::kDdp) ring.ranks *= learners;  // one ring of every learner's ranks
+  Status device_ok = CheckTrainDevice(ring);
+  std::string device;
+  if (device_ok.ok() && options.config.sync.mode != SyncMode::kDdp) device_ok = LearnerDevice(ring, 0, learners, &device);
+  if (!device_ok.ok()) {
+    std::fprintf(stderr, "dilococtl train: %s\n", device_ok.message().c_str());
     return 2;
   }
   if (cmd.resume && cmd.out_dir.empty()) {

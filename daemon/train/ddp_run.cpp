@@ -201,7 +201,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   for (int i = 0; i < M; i++) {
     DdpLearnerResult& r = results[i];
     r.steps = step;
-    s.steps += r.tokens / ((long)B * T);
+    s.steps += r.tokens / ((long)R * B * T);
     s.tokens += r.tokens;
     s.train_s = std::max(s.train_s, r.train_s);
     s.bytes_up += r.bytes_up;

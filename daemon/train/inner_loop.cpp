@@ -1,5 +1,6 @@
 #include "daemon/train/inner_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -21,11 +22,28 @@ Status FromComm(const CommStatus& st, long step) {
   return Status::Error("local ring failed at step " + std::to_string(step) + ": " + st.error);
 }
 
+// Sorts ranges and joins overlapping or touching ones: a fragment folded twice while rank 0 waited
+// is broadcast once.
+void MergeRanges(std::vector<ParamRange>* ranges) {
+  std::sort(ranges->begin(), ranges->end(),
+            [](const ParamRange& a, const ParamRange& b) { return a.offset < b.offset; });
+  std::vector<ParamRange> merged;
+  for (const ParamRange& r : *ranges) {
+    if (!merged.empty() && r.offset <= merged.back().offset + merged.back().count) {
+      merged.back().count = std::max(merged.back().count, r.offset + r.count - merged.back().offset);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  *ranges = std::move(merged);
+}
+
 // Every rank: learn rank 0's control for `step` and copy the parameters it changed.
 // On rank 0, *control is the input; elsewhere the output (stop and the step to take).
 CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* control, long* step) {
   if (comm.world_size() == 1) return CommStatus::Ok();
   const bool leader = comm.rank() == 0;
+  if (leader) MergeRanges(&control->changed);
   double header[kControlSlots] = {0, 0, 0, 0};
   if (leader) {
     header[kStop] = control->stop;
@@ -55,7 +73,7 @@ CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* 
     const size_t offset = (size_t)ranges[i], count = (size_t)ranges[i + 1];
     st = comm.broadcast(backend.param_buffer() + offset, count, 0);
     if (!st.ok()) return st;
-    if (!leader) backend.params_written(offset, count);
+    backend.params_written(offset, count);  // rank 0 too: a hook may have written param_buffer()
   }
   return CommStatus::Ok();
 }

@@ -77,6 +77,13 @@ void ScatterFragment(const Fragment& frag, const float* packed, TrainingBackend&
   }
 }
 
+// CRC32C of the backend's parameters: the ranks of a ring must agree bit for bit.
+uint32_t ParamsCrc(const TrainingBackend& backend) {
+  std::vector<float> params(backend.num_params());
+  backend.download_params(params.data());
+  return Crc32c(params.data(), params.size() * sizeof(float));
+}
+
 // The learner's hook on the inner loop (inner_loop.h): the outer sync around every step.
 class LearnerHook final : public InnerLoopHook {
  public:
@@ -88,7 +95,7 @@ class LearnerHook final : public InnerLoopHook {
 
 // Rank 0 of the learner's ring: everything of RunLearner but the followers.
 Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const Corpus& corpus_ref,
-                        LocalRing& ring, bool* loop_entered, LearnerResult* result) {
+                        LocalRing& ring, bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
   const RunConfig& cfg = *o.config;
   const TrainConfig& tc = cfg.train;
   const SyncConfig& sc = cfg.sync;
@@ -636,6 +643,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   lo.block_size = T;
   *loop_entered = true;
   DL_RETURN_IF_ERROR(RunInnerLoop(lo, backend, ring.comm(0), &hook, &step));
+  if (ring.ranks() > 1) *loop_end_crc = ParamsCrc(backend);  // before the last polls fold into rank 0
   res.steps = step;
   if (!o.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o.run_dir, o.index, step));
   if (!res.crashed) {
@@ -665,13 +673,16 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   std::unique_ptr<Corpus> corpus;
   DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, o.index, cfg.sync.learners), &corpus));
   std::unique_ptr<LocalRing> ring;
-  DL_RETURN_IF_ERROR(LocalRing::Create(LocalRingOptionsOf(cfg, std::max(1, o.threads)), &ring).WithContext(me));
+  LocalRingOptions ro = LocalRingOptionsOf(cfg, std::max(1, o.threads));
+  if (!o.device.empty()) ro.device = o.device;
+  DL_RETURN_IF_ERROR(LocalRing::Create(ro, &ring).WithContext(me));
   // A joining learner starts from the syncer's snapshot: rank 0 installs it, the ring copies it.
   if (o.init_params != nullptr) ring->Upload(o.init_params);
+  std::vector<uint32_t> crcs(ring->ranks(), 0);
   DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
     if (rank == 0) {
       bool loop_entered = false;
-      Status st = RunLearnerLeader(context, o, *corpus, *ring, &loop_entered, result);
+      Status st = RunLearnerLeader(context, o, *corpus, *ring, &loop_entered, &crcs[0], result);
       // Ended before training (a crash or a stop during the handshake): release the followers.
       if (st.ok() && !loop_entered) (void)StopFollowers(ring->comm(0));
       return st;
@@ -686,14 +697,11 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     lo.rows = B;
     lo.block_size = T;
     long done = 0;
-    return RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &done);
+    DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &done));
+    crcs[rank] = ParamsCrc(ring->backend(rank));
+    return Status::Ok();
   }));
-  // The ranks must end bitwise equal (every rank applies the same mean gradient).
-  std::vector<float> params(ring->backend(0).num_params());
-  for (int r = 0; r < ring->ranks(); r++) {
-    ring->backend(r).download_params(params.data());
-    result->rank_param_crc32c.push_back(Crc32c(params.data(), params.size() * sizeof(float)));
-  }
+  if (ring->ranks() > 1 && crcs[0] != 0) result->rank_param_crc32c = crcs;
   return Status::Ok();
 }
 

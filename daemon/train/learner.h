@@ -71,6 +71,8 @@ struct LearnerOptions {
   // count from here). AdamW moments start at zero.
   long start_step = 0;
   int threads = 1;  // OpenMP threads of this learner
+  // The first device of this learner's ring when not train.device itself (LearnerDevice).
+  std::string device;
   int heartbeat_interval_ms = 200;
   int handshake_timeout_ms = 60000;  // no Welcome + downlink message by then: error
   int snapshot_retry_ms = 3000;      // a snapshot request unanswered this long is sent again
@@ -126,7 +128,9 @@ struct LearnerResult {
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop
-  std::vector<uint32_t> rank_param_crc32c;  // CRC32C of each local rank's final parameters
+  // With train.ranks > 1: CRC32C of each rank's parameters when the inner loop ended (before the
+  // last Globals folded into rank 0); all equal.
+  std::vector<uint32_t> rank_param_crc32c;
 };
 
 Status RunLearner(net::NetContext& context, const LearnerOptions& options, LearnerResult* result);

@@ -50,10 +50,12 @@ Status LocalRing::Run(const std::function<Status(int rank)>& fn) {
     statuses[r] = fn(r);
     if (!statuses[r].ok()) group_->abort(statuses[r].message());
   };
+  const int caller_threads = omp_get_max_threads();
   std::vector<std::thread> threads;
   for (int r = 1; r < R; r++) threads.emplace_back(run_rank, r);
   run_rank(0);
   for (auto& t : threads) t.join();
+  omp_set_num_threads(caller_threads);  // rank 0 ran on this thread
   if (!statuses[0].ok()) return statuses[0];
   for (int r = 1; r < R; r++)
     if (!statuses[r].ok()) return statuses[r].WithContext("rank " + std::to_string(r));

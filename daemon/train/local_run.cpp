@@ -42,7 +42,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const SyncConfig& sc = cfg.sync;
   const int M = sc.learners;
   if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details);
-  DL_RETURN_IF_ERROR(CheckTrainDevice(cfg.train));
+  std::vector<std::string> devices(M);
+  for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, i, M, &devices[i]));
 
   const fs::path state_path = fs::path(options.run_dir) / "global_state.bin";
   std::vector<long> start_steps(M, 0);
@@ -50,7 +51,16 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     if (!fs::exists(state_path))
       return Status::Error("cannot resume: run directory '" + options.run_dir +
                            "' holds no global_state.bin (was it a run with sync.learners > 1 in a syncer mode?)");
-    for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, i, &start_steps[i]));
+    bool any_step = false;
+    for (int i = 0; i < M; i++) {
+      DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, i, &start_steps[i]));
+      any_step = any_step || fs::exists(LearnerStepPath(options.run_dir, i));
+    }
+    // Every learner that started wrote one; none means a run directory of an older dilocod.
+    if (!any_step)
+      return Status::Error("cannot resume: run directory '" + options.run_dir +
+                           "' holds no learner-<i>.step files, so where each learner got to is unknown (a run of "
+                           "an older dilocod?); start a new run with --out DIR");
   } else if (fs::exists(state_path)) {
     return Status::Error("run directory '" + options.run_dir +
                          "' already holds a run (global_state.bin): pass --resume to continue it, or choose another --out");
@@ -170,6 +180,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     }
     lo.threads = std::max(1, total_threads / M);
     lo.run_dir = options.run_dir;
+    lo.device = devices[i];
     lo.metrics = &metrics;
     lo.metrics_mu = &metrics_mu;
     lo.crash = crash[i].get();
@@ -272,7 +283,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       r.wait_s += x->wait_s;
       r.crashed = x->crashed;
     }
-    s.steps += r.tokens / ((long)cfg.train.batch_size * cfg.model.block_size);
+    s.steps += r.tokens / ((long)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size);
     s.tokens += r.tokens;
     s.train_s = std::max(s.train_s, r.train_s);
     s.bytes_up += r.bytes_up;
@@ -285,6 +296,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       details->gaps.push_back(r.gaps);
       details->deltas_dropped.push_back(r.deltas_dropped);
       details->incarnations.push_back((int)incarnations[i].size());
+      details->rank_param_crc32c.push_back(results[i].rank_param_crc32c);
     }
     DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
                                       {"learner", i},

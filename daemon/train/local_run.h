@@ -52,6 +52,8 @@ struct LocalRunDetails {
   std::vector<uint64_t> deltas_dropped;  // own deltas the syncer said it dropped or rejected
   std::vector<int> incarnations;
   std::vector<uint32_t> param_crc32c;  // ddp: CRC32C of each learner's final parameters
+  // train.ranks > 1: per learner, each rank's parameters when its loop ended (LearnerResult).
+  std::vector<std::vector<uint32_t>> rank_param_crc32c;
 };
 
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks = {},

@@ -74,6 +74,19 @@ BatchSampler ValSampler(const Corpus& corpus, int batch, int block_size, uint64_
   return BatchSampler(corpus.val_tokens(), batch, block_size, mix_seed(run_seed, /*validation=*/~0ULL));
 }
 
+Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::string* device) {
+  *device = tc.device;
+  if (tc.device == "cpu") return Status::Ok();
+  if (CheckDeviceAvailable(tc.device, learners * tc.ranks).empty()) {
+    *device = RankDevice(tc.device, ordinal * tc.ranks);
+    return Status::Ok();
+  }
+  if (tc.ranks == 1) return CheckTrainDevice(tc);  // the learners share the GPU(s)
+  return Status::Error(std::to_string(learners) + " learners of train.ranks " + std::to_string(tc.ranks) + " on " +
+                       tc.device + " need " + std::to_string(learners * tc.ranks) + " GPUs here: " +
+                       CheckDeviceAvailable(tc.device, learners * tc.ranks));
+}
+
 LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads) {
   LocalRingOptions ro;
   ro.device = config.train.device;

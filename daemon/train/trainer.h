@@ -84,6 +84,12 @@ CorpusOptions CorpusOptionsOf(const RunConfig& config, int learner, int num_lear
 BatchSampler TrainSampler(const Corpus& corpus, int batch, int block_size, uint64_t seed);
 BatchSampler ValSampler(const Corpus& corpus, int batch, int block_size, uint64_t run_seed);
 
+// The first device of learner `ordinal`'s ring when `learners` learners of train.ranks ranks share
+// one machine: each gets its own GPUs (cuda:N + ordinal × ranks ...) when there are enough; with
+// one rank each and too few GPUs they share them (a 1-rank ring runs no collective, so sharing
+// cannot deadlock); several multi-GPU rings on too few GPUs are an error. CPU: "cpu".
+Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::string* device);
+
 // A learner's local ring for a run config (train.device, train.ranks, the model, the batch).
 LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads);
 

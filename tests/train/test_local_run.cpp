@@ -456,3 +456,30 @@ TEST_CASE("local run: a decoupled run resumes from its global state", "[e2e]") {
 
 }  // namespace
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+TEST_CASE("local run: decoupled learners of train.ranks 2 keep their ranks bitwise equal", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.train.ranks = 2;
+  o.config.train.threads = 2;
+  o.config.train.steps = 40;
+  TrainSummary s;
+  LocalRunDetails d;
+  const Status st = RunLocal(o, &s, {}, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.steps == 2 * 40);
+  CHECK(s.tokens == 2 * 40 * 2 * 4 * 16);  // learners x steps x ranks x batch_size x block_size
+  CHECK(s.outer_steps > 0);
+  REQUIRE(d.rank_param_crc32c.size() == 2);
+  for (const auto& ranks : d.rank_param_crc32c) {
+    REQUIRE(ranks.size() == 2);
+    CHECK(ranks[0] == ranks[1]);
+  }
+}
+
+}  // namespace
+}  // namespace diloco
