@@ -45,39 +45,57 @@ RunConfig SmallConfig(const std::string& corpus) {
   return c;
 }
 
-// Trains `steps` steps on a ring of `ranks` ranks, each taking `batch` rows; returns every rank's
-// final parameters. hook (may be null) runs on rank 0.
-std::vector<std::vector<float>> TrainRing(const RunConfig& cfg, int ranks, int batch, InnerLoopHook* hook) {
-  std::unique_ptr<Corpus> corpus;
-  REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
-  LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
-  ro.ranks = ranks;
-  ro.batch_size = batch;
-  std::unique_ptr<LocalRing> ring;
-  REQUIRE(LocalRing::Create(ro, &ring).ok());
-  std::vector<float> init(ring->backend(0).num_params());
-  gpt_init_params(ro.model, cfg.train.seed, init.data());
-  ring->Upload(init.data());
-  const BatchSampler train = TrainSampler(*corpus, ranks * batch, cfg.model.block_size, mix_seed(cfg.train.seed, 0));
-  const Status st = ring->Run([&](int rank) {
+// A ring of `ranks` ranks, each taking `batch` rows of the step's batch, from the config's seed.
+struct TestRing {
+  TestRing(const RunConfig& config, int ranks, int batch) : cfg(config), batch(batch) {
+    REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
+    LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
+    ro.ranks = ranks;
+    ro.batch_size = batch;
+    REQUIRE(LocalRing::Create(ro, &ring).ok());
+    std::vector<float> init(ring->backend(0).num_params());
+    gpt_init_params(ro.model, cfg.train.seed, init.data());
+    ring->Upload(init.data());
+    sampler = std::make_unique<BatchSampler>(
+        TrainSampler(*corpus, ranks * batch, cfg.model.block_size, mix_seed(cfg.train.seed, 0)));
+  }
+  InnerLoopOptions Options(int rank) const {
     InnerLoopOptions lo;
     lo.end_step = cfg.train.steps;
     lo.train = &cfg.train;
-    lo.sampler = &train;
+    lo.sampler = sampler.get();
     lo.row_begin = rank * batch;
     lo.rows = batch;
     lo.block_size = cfg.model.block_size;
+    return lo;
+  }
+  std::vector<float> Params(int rank) {
+    std::vector<float> p(ring->backend(rank).num_params());
+    ring->backend(rank).download_params(p.data());
+    return p;
+  }
+
+  RunConfig cfg;
+  int batch;
+  std::unique_ptr<Corpus> corpus;
+  std::unique_ptr<LocalRing> ring;
+  std::unique_ptr<BatchSampler> sampler;
+};
+
+// Trains cfg.train.steps steps on a ring; returns every rank's final parameters. hook (may be
+// null) runs on rank 0.
+std::vector<std::vector<float>> TrainRing(const RunConfig& cfg, int ranks, int batch, InnerLoopHook* hook) {
+  TestRing t(cfg, ranks, batch);
+  const Status st = t.ring->Run([&](int rank) {
     long done = 0;
-    Status s = RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), rank == 0 ? hook : nullptr, &done);
+    Status s = RunInnerLoop(t.Options(rank), t.ring->backend(rank), t.ring->comm(rank), rank == 0 ? hook : nullptr,
+                            &done);
     if (s.ok() && done != cfg.train.steps) s = Status::Error("rank ended at step " + std::to_string(done));
     return s;
   });
   REQUIRE(st.ok());
   std::vector<std::vector<float>> out;
-  for (int r = 0; r < ranks; r++) {
-    out.emplace_back(init.size());
-    ring->backend(r).download_params(out.back().data());
-  }
+  for (int r = 0; r < ranks; r++) out.push_back(t.Params(r));
   return out;
 }
 
@@ -140,28 +158,12 @@ class FailingHook final : public InnerLoopHook {
 
 TEST_CASE("local ring: a failure on rank 0 stops every rank with its error", "[unit]") {
   TempDir tmp;
-  const RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
-  std::unique_ptr<Corpus> corpus;
-  REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
-  LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
-  ro.ranks = 2;
-  std::unique_ptr<LocalRing> ring;
-  REQUIRE(LocalRing::Create(ro, &ring).ok());
-  std::vector<float> init(ring->backend(0).num_params());
-  gpt_init_params(ro.model, 1, init.data());
-  ring->Upload(init.data());
-  const BatchSampler train = TrainSampler(*corpus, 2 * 4, 16, 7);
+  TestRing t(SmallConfig(WriteCorpus(tmp.path())), 2, 4);
   FailingHook hook;
   std::vector<long> reached(2, -1);
-  const Status st = ring->Run([&](int rank) {
-    InnerLoopOptions lo;
-    lo.end_step = 20;
-    lo.train = &cfg.train;
-    lo.sampler = &train;
-    lo.row_begin = rank * 4;
-    lo.rows = 4;
-    lo.block_size = 16;
-    return RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), rank == 0 ? &hook : nullptr, &reached[rank]);
+  const Status st = t.ring->Run([&](int rank) {
+    return RunInnerLoop(t.Options(rank), t.ring->backend(rank), t.ring->comm(rank), rank == 0 ? &hook : nullptr,
+                        &reached[rank]);
   });
   REQUIRE_FALSE(st.ok());
   CHECK(st.message().find("the outer sync broke") != std::string::npos);
@@ -170,25 +172,11 @@ TEST_CASE("local ring: a failure on rank 0 stops every rank with its error", "[u
 
 TEST_CASE("local ring: StopFollowers releases ranks waiting for a loop that never starts", "[unit]") {
   TempDir tmp;
-  const RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
-  std::unique_ptr<Corpus> corpus;
-  REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
-  LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
-  ro.ranks = 2;
-  std::unique_ptr<LocalRing> ring;
-  REQUIRE(LocalRing::Create(ro, &ring).ok());
-  const BatchSampler train = TrainSampler(*corpus, 8, 16, 7);
+  TestRing t(SmallConfig(WriteCorpus(tmp.path())), 2, 4);
   long follower_reached = -1;
-  const Status st = ring->Run([&](int rank) -> Status {
-    if (rank == 0) return StopFollowers(ring->comm(0)).ok() ? Status::Ok() : Status::Error("stop failed");
-    InnerLoopOptions lo;
-    lo.end_step = 20;
-    lo.train = &cfg.train;
-    lo.sampler = &train;
-    lo.row_begin = 4;
-    lo.rows = 4;
-    lo.block_size = 16;
-    return RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &follower_reached);
+  const Status st = t.ring->Run([&](int rank) -> Status {
+    if (rank == 0) return StopFollowers(t.ring->comm(0)).ok() ? Status::Ok() : Status::Error("stop failed");
+    return RunInnerLoop(t.Options(rank), t.ring->backend(rank), t.ring->comm(rank), nullptr, &follower_reached);
   });
   CHECK(st.ok());
   CHECK(follower_reached == 0);
