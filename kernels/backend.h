@@ -21,15 +21,27 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/adamw.h"
 #include "kernels/comm/local_comm.h"
 #include "kernels/gpt.h"
 #include "kernels/optimizer.h"
+#include "kernels/sync_ops.h"
 #include "kernels/tensor_table.h"
 #include "kernels/train_step.h"
 
 namespace diloco {
+
+// A range of the flat parameter buffer, in floats.
+struct ParamRange {
+  size_t offset = 0;
+  size_t count = 0;
+};
+
+// What a replay fold takes as θ_included (kernels/sync_ops.h fold): θ_p as of the learner's delta
+// that the Global includes, or the base before this Global (the Global holds none of our work).
+enum class FoldIncluded { kAtSend, kPreviousBase };
 
 struct BackendOptions {
   GptConfig model;
@@ -93,6 +105,34 @@ class TrainingBackend {
   // Bytes held for activations and their gradients (what scales with
   // max_batch), for memory reports.
   virtual size_t activation_bytes() const = 0;
+
+  // ---- The learner's outer sync, where the parameters live (DESIGN.md §3) ----
+  // Fragment p is a list of parameter ranges; its packed form lays them back to back. For each
+  // fragment the backend keeps, in its own memory, base_p (the global fragment last folded), the
+  // base before the last Global, θ_p as of the last delta sent, and the error-feedback residual,
+  // so on a GPU only encoded payloads cross to the host. The codecs are kernels/sync_ops.h's
+  // dense ones, applied range by range (the wire's per-tensor layout, daemon/net/codec.h); the
+  // CPU backend is the reference, the CUDA one is byte-identical.
+  // Sets up the fragments: base_p = θ_p, residuals zero.
+  virtual void sync_setup(const std::vector<std::vector<ParamRange>>& fragments) = 0;
+  // base_p = θ_p = packed (a snapshot or a resync); the residual is dropped.
+  virtual void sync_install(int p, const float* packed) = 0;
+  // Encodes Δ = base_p − θ_p plus the residual, range by range, into payload (the ranges'
+  // encodings back to back, range_bytes each); the residual keeps what the codec lost; θ_p is
+  // kept as "at send". false, with nothing changed, when a value is not finite.
+  virtual bool sync_encode_delta(int p, SyncCodec kind, int block, std::vector<uint8_t>* payload,
+                                 std::vector<uint64_t>* range_bytes) = 0;
+  virtual void sync_reset_residual(int p) = 0;
+  // previous base = base_p; base_p += Decode(payload) (the same layout). false on a payload the
+  // encoder never writes (nothing changed then).
+  virtual bool sync_apply_update(int p, const uint8_t* payload, size_t bytes, SyncCodec kind, int block) = 0;
+  // θ_p ← fold(θ_p, base_p) (kernels/sync_ops.h; included is read by kReplay only).
+  virtual void sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) = 0;
+  // θ at send += base_p − previous base: a replay that folded a Global without our delta keeps
+  // θ at send in the frame the later fold of our delta subtracts it in.
+  virtual void sync_shift_at_send(int p) = 0;
+  // base_p (packed, host): for tests.
+  virtual void sync_read_base(int p, float* packed) const = 0;
 
   // Mean loss of a batch without touching gradients or parameters.
   virtual double eval_loss(const int* inputs, const int* targets, int B, int T) = 0;

@@ -21,22 +21,22 @@
 
 namespace diloco {
 
-// local[0..n) ← fold(local, global). included is read only by kReplay (it
+// The engine's fold mode of a run config's sync.fold (the learner folds on its backend).
+inline FoldMode FoldModeOf(FoldRule rule) {
+  switch (rule) {
+    case FoldRule::kOverwrite: return FoldMode::kOverwrite;
+    case FoldRule::kReplay: return FoldMode::kReplay;
+    case FoldRule::kMix: return FoldMode::kMix;
+  }
+  return FoldMode::kOverwrite;
+}
+
+// local[0..n) ← fold(local, global) on host vectors. included is read only by kReplay (it
 // may be null otherwise); alpha only by kMix.
 inline void FoldGlobal(FoldRule rule, double alpha, const float* global, const float* included, float* local,
                        size_t n) {
-  switch (rule) {
-    case FoldRule::kOverwrite:
-      fold(local, global, nullptr, FoldMode::kOverwrite, alpha, n);
-      return;
-    case FoldRule::kReplay:
-      DL_CHECK(included != nullptr, "fold replay needs theta as of the delta Θ includes");
-      fold(local, global, included, FoldMode::kReplay, alpha, n);
-      return;
-    case FoldRule::kMix:
-      fold(local, global, nullptr, FoldMode::kMix, alpha, n);
-      return;
-  }
+  DL_CHECK(rule != FoldRule::kReplay || included != nullptr, "fold replay needs theta as of the delta Θ includes");
+  fold(local, global, included, FoldModeOf(rule), alpha, n);
 }
 
 }  // namespace diloco

@@ -25,12 +25,6 @@
 
 namespace diloco {
 
-// A range of the flat parameter buffer, in floats.
-struct ParamRange {
-  size_t offset = 0;
-  size_t count = 0;
-};
-
 // What rank 0 tells the ring before a step.
 struct StepControl {
   bool stop = false;        // end the loop before this step

@@ -46,7 +46,6 @@ struct FragState {
   bool in_flight = false;
   uint64_t sent_base = 0;
   long send_step = 0;
-  std::vector<float> theta_at_send;
   uint64_t c_steps_at_send = 0, c_tokens_at_send = 0;
   bool bad = false;  // CRC mismatch: its base is wrong until a snapshot replaces it
 };
@@ -63,18 +62,20 @@ net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& nam
   return so;
 }
 
-// A fragment's parameters on the backend, packed (fragments.h) on the host.
-void GatherFragment(const Fragment& frag, const TrainingBackend& backend, float* packed) {
-  for (const FragmentRange& r : frag.ranges) backend.download_params(packed + r.packed_offset, r.offset, r.numel);
+// A fragment as the backend's sync ops see it: its parameter ranges in packed order.
+std::vector<ParamRange> RangesOf(const Fragment& frag) {
+  std::vector<ParamRange> out;
+  for (const FragmentRange& r : frag.ranges) out.push_back({r.offset, r.numel});
+  return out;
 }
 
-// The inverse; the ranges written are added to *changed (the local ring copies them from rank 0).
-void ScatterFragment(const Fragment& frag, const float* packed, TrainingBackend& backend,
-                     std::vector<ParamRange>* changed) {
-  for (const FragmentRange& r : frag.ranges) {
-    backend.upload_params(packed + r.packed_offset, r.offset, r.numel);
-    changed->push_back({r.offset, r.numel});
-  }
+// The wire codec's numbering is the sync ops' (kernels/sync_ops.h).
+SyncCodec SyncCodecOf(CodecKind kind) { return static_cast<SyncCodec>(static_cast<int>(kind)); }
+
+// A verified message's payload in one piece (it arrives in chunks): what the backend decodes.
+void ContiguousPayload(const ParsedMessage& m, std::vector<uint8_t>* out) {
+  out->clear();
+  for (const auto& chunk : m.payload_spans()) out->insert(out->end(), chunk.begin(), chunk.end());
 }
 
 // CRC32C of the backend's parameters: the ranks of a ring must agree bit for bit.
@@ -109,12 +110,23 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   DL_RETURN_IF_ERROR(PartitionFragments(backend.table(), EffectiveFragments(sc), &frags));
   const int P = (int)frags.size();
   const int H = sc.inner_steps;
+  // The outer-sync state lives on the backend (base, θ at send, residual: sync_*); the host keeps
+  // a mirror of each base, updated from the same decoded bytes, to check the Globals' CRC32C.
   std::vector<FragState> fs(P);
+  {
+    std::vector<std::vector<ParamRange>> ranges;
+    for (const Fragment& frag : frags) ranges.push_back(RangesOf(frag));
+    backend.sync_setup(ranges);
+  }
   for (int p = 0; p < P; p++) {
     fs[p].base.resize(frags[p].numel);
-    GatherFragment(frags[p], backend, fs[p].base.data());
+    backend.sync_read_base(p, fs[p].base.data());
   }
-  ErrorFeedback ef(CodecOptions{sc.codec.up, sc.codec.block, 0});
+  // The parameters of fragment p changed on rank 0: the ring copies them before the next step.
+  auto mark_changed = [&](int p) {
+    for (const FragmentRange& r : frags[p].ranges) changed.push_back({r.offset, r.numel});
+  };
+  std::vector<uint8_t> contiguous;
   const long block_after = sc.mode == SyncMode::kDiloco      ? 0
                            : sc.mode == SyncMode::kStreaming ? sc.overlap
                                                              : std::numeric_limits<long>::max();
@@ -248,18 +260,24 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     resync_reason = why;
   };
 
-  std::vector<float> local, scratch;
+  std::vector<float> scratch;
   // Applies one Global that is the next version of its fragment (the CloneClient said so).
   auto apply_global = [&](const ParsedMessage& m) -> Status {
     const GlobalMsg* g = m.get<GlobalMsg>();
     FragState& f = fs[g->fragment];
     const Fragment& frag = frags[g->fragment];
     DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, g->payload, m, &scratch));
-    std::vector<float> old_base;
+    if (g->payload.topk_fraction != 0)
+      return Status::Error(me + ": a top-k Global (fragment " + std::to_string(g->fragment) +
+                           ") cannot be applied where the parameters live; use a dense sync.codec.down");
     const bool included_self = std::any_of(g->contributors.begin(), g->contributors.end(),
                                            [&](const Contributor& c) { return c.learner == me; });
-    if (sc.fold == FoldRule::kReplay && !(included_self && f.in_flight)) old_base = f.base;
     ApplyUpdate(scratch.data(), frag.numel, f.base.data());
+    ContiguousPayload(m, &contiguous);
+    if (!backend.sync_apply_update((int)g->fragment, contiguous.data(), contiguous.size(),
+                                   SyncCodecOf(g->payload.codec), g->payload.block_size))
+      return Status::Error(me + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
+                           " that the wire codec accepted; this is a bug");
     f.base_version = g->version;
     if (Crc32c(f.base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
       // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p stays until then).
@@ -269,22 +287,18 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
                     std::to_string(g->version));
       return Status::Ok();
     }
-    local.resize(frag.numel);
-    GatherFragment(frag, backend, local.data());
-    const float* included = sc.fold != FoldRule::kReplay ? nullptr
-                            : (included_self && f.in_flight) ? f.theta_at_send.data()
-                                                             : old_base.data();
-    FoldGlobal(sc.fold, sc.alpha, f.base.data(), included, local.data(), frag.numel);
-    ScatterFragment(frag, local.data(), backend, &changed);
+    const bool ours_included = included_self && f.in_flight;
+    backend.sync_fold((int)g->fragment, FoldModeOf(sc.fold), sc.alpha,
+                      ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
+    mark_changed((int)g->fragment);
     if (sc.fold != FoldRule::kReplay) {
       f.c_steps = 0;
       f.c_tokens = 0;
-    } else if (included == old_base.data()) {
+    } else if (!ours_included) {
       // Replay of a Global without our delta: θ keeps all its local progress (and moved with
       // the base), so the counters stay, and θ at send moves by the same step to stay in the
       // frame the later fold of our delta subtracts it in.
-      if (f.in_flight)
-        for (size_t i = 0; i < frag.numel; i++) f.theta_at_send[i] += f.base[i] - old_base[i];
+      if (f.in_flight) backend.sync_shift_at_send((int)g->fragment);
     } else {
       // Our delta is in Θ: what is left locally is the progress since the send.
       f.c_steps -= std::min(f.c_steps, f.c_steps_at_send);
@@ -326,7 +340,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
       FragState& f = fs[d.fragment];
       if (!f.in_flight || d.base_version != f.sent_base) continue;
       f.in_flight = false;
-      ef.Reset(d.fragment);
+      backend.sync_reset_residual((int)d.fragment);
       res.deltas_dropped++;
       std::fprintf(stderr, "%s: the syncer dropped our delta of fragment %u (base %llu): %s\n", me.c_str(),
                    d.fragment, (unsigned long long)d.base_version, d.reason.c_str());
@@ -353,13 +367,13 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
                         Crc32c(f.base.data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
       if (!same) {
         f.base = scratch;
-        ScatterFragment(frag, f.base.data(), backend, &changed);
+        backend.sync_install((int)sm.fragment, f.base.data());
+        mark_changed((int)sm.fragment);
         f.base_version = sm.version;
         f.c_steps = 0;
         f.c_tokens = 0;
         f.in_flight = false;
         f.bad = false;
-        ef.Reset((uint32_t)sm.fragment);
       }
     }
     const std::vector<uint64_t>& cut = parts.front().get<SnapshotMsg>()->versions;
@@ -419,18 +433,15 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     return Status::Ok();
   };
 
-  std::vector<float> delta;
   auto send_delta = [&](int p, long at_step) -> Status {
     FragState& f = fs[p];
     const Fragment& frag = frags[p];
-    local.resize(frag.numel);
-    GatherFragment(frag, backend, local.data());
-    delta.resize(frag.numel);
-    for (size_t i = 0; i < frag.numel; i++) delta[i] = f.base[i] - local[i];
     auto payload = std::make_shared<std::vector<uint8_t>>();
     std::vector<uint64_t> tensor_bytes;
-    DL_RETURN_IF_ERROR(ef.Encode((uint32_t)p, delta, FragmentNumels(frag), payload.get(), &tensor_bytes)
-                           .WithContext(me + ": encoding the delta of fragment " + std::to_string(p)));
+    // Δ = base − θ, encoded where the parameters live (θ at send is kept there too).
+    if (!backend.sync_encode_delta(p, SyncCodecOf(sc.codec.up), sc.codec.block, payload.get(), &tensor_bytes))
+      return Status::Error(me + ": the delta of fragment " + std::to_string(p) + " at step " +
+                           std::to_string(at_step) + " is NaN or Inf (or overflows the codec); try a lower train.lr");
     DeltaMsg d;
     d.fragment = (uint32_t)p;
     d.base_version = f.base_version;
@@ -442,7 +453,6 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     f.in_flight = true;
     f.sent_base = f.base_version;
     f.send_step = at_step;
-    f.theta_at_send = local;
     f.c_steps_at_send = f.c_steps;
     f.c_tokens_at_send = f.c_tokens;
     res.deltas_sent++;

@@ -1,10 +1,13 @@
 // One learner of a multi-learner run (DESIGN.md §3): a local ring of train.ranks ranks on
 // train.device (local_ring.h) running the one inner loop (inner_loop.h) on its data shard, with
-// the outer sync as the loop's hook on rank 0; per fragment it counts c_steps/c_tokens since it last folded the fragment; when the
-// fragment's cadence fires (fragments.h: Fires) and no delta for it is in flight it publishes
-// Δ = base_p − θ_p (with error feedback, codec sync.codec.up) and keeps θ_p at send; on a Global
-// newer than base_p it applies the decoded update to its copy of Θ_p, verifies the CRC32C and
-// folds per sync.fold. Heartbeats on a timer. learners[i].slowdown stretches each step by sleeping
+// the outer sync as the loop's hook on rank 0. Per fragment it counts c_steps/c_tokens since it
+// last folded the fragment; when the fragment's cadence fires (fragments.h: Fires) and no delta
+// for it is in flight it publishes Δ = base_p − θ_p (with error feedback, codec sync.codec.up)
+// and keeps θ_p at send; on a Global newer than base_p it applies the decoded update to its copy
+// of Θ_p, verifies the CRC32C and folds per sync.fold. Delta, codec and fold run where the
+// parameters live (the backend's sync_* ops: on a GPU only the encoded payloads cross to the
+// host); the host keeps a mirror of each base_p, updated from the same decoded bytes, for the CRC
+// check. Heartbeats on a timer. learners[i].slowdown stretches each step by sleeping
 // (slowdown − 1) × the measured step time.
 // Blocking: decoupled never waits; diloco waits for the Global of its delta right after sending;
 // streaming waits once a fragment has been in flight for sync.overlap steps.

@@ -50,6 +50,113 @@ double CpuBackend::eval_loss(const int* inputs, const int* targets, int B, int T
   return model_.forward(inputs, targets, B, T);
 }
 
+CpuBackend::SyncFragment& CpuBackend::fragment(int p) {
+  DL_CHECK(p >= 0 && p < (int)sync_.size(), "fragment %d of %zu (sync_setup first)", p, sync_.size());
+  return sync_[p];
+}
+
+void CpuBackend::gather(const SyncFragment& f, float* packed) const {
+  for (const ParamRange& r : f.ranges) packed = std::copy_n(model_.params() + r.offset, r.count, packed);
+}
+
+void CpuBackend::scatter(const SyncFragment& f, const float* packed) {
+  for (const ParamRange& r : f.ranges) {
+    std::copy_n(packed, r.count, model_.params() + r.offset);
+    packed += r.count;
+  }
+}
+
+void CpuBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragments) {
+  sync_.assign(fragments.size(), {});
+  for (size_t p = 0; p < fragments.size(); p++) {
+    SyncFragment& f = sync_[p];
+    f.ranges = fragments[p];
+    for (const ParamRange& r : f.ranges) {
+      DL_CHECK(r.offset + r.count <= num_params(), "fragment range [%zu, +%zu) outside %zu", r.offset, r.count,
+               num_params());
+      f.numel += r.count;
+    }
+    f.base.resize(f.numel);
+    gather(f, f.base.data());
+    f.previous_base = f.base;
+    f.at_send = f.base;
+    f.residual.assign(f.numel, 0.0f);
+  }
+}
+
+void CpuBackend::sync_install(int p, const float* packed) {
+  SyncFragment& f = fragment(p);
+  std::copy_n(packed, f.numel, f.base.data());
+  scatter(f, packed);
+  std::fill(f.residual.begin(), f.residual.end(), 0.0f);
+}
+
+bool CpuBackend::sync_encode_delta(int p, SyncCodec kind, int block, std::vector<uint8_t>* payload,
+                                   std::vector<uint64_t>* range_bytes) {
+  SyncFragment& f = fragment(p);
+  scratch_.resize(f.numel);
+  gather(f, scratch_.data());  // θ_p
+  scratch2_.resize(f.numel);
+  outer_delta(scratch2_.data(), f.base.data(), scratch_.data(), f.numel);
+  range_bytes->clear();
+  size_t total = 0;
+  for (const ParamRange& r : f.ranges) total += range_bytes->emplace_back(sync_payload_bytes(kind, r.count, block));
+  payload->resize(total);
+  // Encode into a copy of the residual, so a failure on a later range leaves it as it was.
+  std::vector<float> residual = f.residual;
+  size_t at = 0, value = 0;
+  for (size_t i = 0; i < f.ranges.size(); i++) {
+    const size_t n = f.ranges[i].count;
+    if (!sync_encode(payload->data() + at, residual.data() + value, scratch2_.data() + value, kind, block, n))
+      return false;
+    at += (*range_bytes)[i];
+    value += n;
+  }
+  f.residual = std::move(residual);
+  f.at_send.swap(scratch_);
+  return true;
+}
+
+void CpuBackend::sync_reset_residual(int p) {
+  SyncFragment& f = fragment(p);
+  std::fill(f.residual.begin(), f.residual.end(), 0.0f);
+}
+
+bool CpuBackend::sync_apply_update(int p, const uint8_t* payload, size_t bytes, SyncCodec kind, int block) {
+  SyncFragment& f = fragment(p);
+  scratch_.resize(f.numel);
+  size_t at = 0, value = 0;
+  for (const ParamRange& r : f.ranges) {
+    const size_t b = sync_payload_bytes(kind, r.count, block);
+    if (at + b > bytes || !sync_decode(scratch_.data() + value, payload + at, kind, block, r.count)) return false;
+    at += b;
+    value += r.count;
+  }
+  if (at != bytes) return false;
+  f.previous_base = f.base;
+  for (size_t i = 0; i < f.numel; i++) f.base[i] += scratch_[i];
+  return true;
+}
+
+void CpuBackend::sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) {
+  SyncFragment& f = fragment(p);
+  scratch_.resize(f.numel);
+  gather(f, scratch_.data());
+  const float* at = included == FoldIncluded::kAtSend ? f.at_send.data() : f.previous_base.data();
+  fold(scratch_.data(), f.base.data(), at, mode, alpha, f.numel);
+  scatter(f, scratch_.data());
+}
+
+void CpuBackend::sync_shift_at_send(int p) {
+  SyncFragment& f = fragment(p);
+  for (size_t i = 0; i < f.numel; i++) f.at_send[i] += f.base[i] - f.previous_base[i];
+}
+
+void CpuBackend::sync_read_base(int p, float* packed) const {
+  DL_CHECK(p >= 0 && p < (int)sync_.size(), "fragment %d of %zu", p, sync_.size());
+  std::copy(sync_[p].base.begin(), sync_[p].base.end(), packed);
+}
+
 void CpuBackend::next_token_logits(const int* tokens, int T, float* out) {
   const int V = model_.config().vocab_size;
   model_.forward(tokens, nullptr, 1, T);

@@ -30,11 +30,33 @@ class CpuBackend final : public TrainingBackend {
   size_t activation_bytes() const override { return model_.activation_bytes(); }
   void next_token_logits(const int* tokens, int T, float* out) override;
 
+  void sync_setup(const std::vector<std::vector<ParamRange>>& fragments) override;
+  void sync_install(int p, const float* packed) override;
+  bool sync_encode_delta(int p, SyncCodec kind, int block, std::vector<uint8_t>* payload,
+                         std::vector<uint64_t>* range_bytes) override;
+  void sync_reset_residual(int p) override;
+  bool sync_apply_update(int p, const uint8_t* payload, size_t bytes, SyncCodec kind, int block) override;
+  void sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) override;
+  void sync_shift_at_send(int p) override;
+  void sync_read_base(int p, float* packed) const override;
+
   Gpt& model() { return model_; }
 
  private:
+  // A fragment's outer-sync state (packed vectors; see TrainingBackend).
+  struct SyncFragment {
+    std::vector<ParamRange> ranges;
+    size_t numel = 0;
+    std::vector<float> base, previous_base, at_send, residual;
+  };
+  SyncFragment& fragment(int p);
+  void gather(const SyncFragment& f, float* packed) const;
+  void scatter(const SyncFragment& f, const float* packed);
+
   Gpt model_;
   AdamWState optimizer_;
+  std::vector<SyncFragment> sync_;
+  std::vector<float> scratch_, scratch2_;
 };
 
 }  // namespace diloco

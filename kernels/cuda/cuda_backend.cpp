@@ -5,6 +5,7 @@
 // log-sum-exp instead of the (T,T) probabilities.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -46,6 +47,15 @@ class CudaBackend final : public TrainingBackend {
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
   double eval_loss(const int* inputs, const int* targets, int B, int T) override;
   void next_token_logits(const int* tokens, int T, float* out) override;
+  void sync_setup(const std::vector<std::vector<ParamRange>>& fragments) override;
+  void sync_install(int p, const float* packed) override;
+  bool sync_encode_delta(int p, SyncCodec kind, int block, std::vector<uint8_t>* payload,
+                         std::vector<uint64_t>* range_bytes) override;
+  void sync_reset_residual(int p) override;
+  bool sync_apply_update(int p, const uint8_t* payload, size_t bytes, SyncCodec kind, int block) override;
+  void sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) override;
+  void sync_shift_at_send(int p) override;
+  void sync_read_base(int p, float* packed) const override;
   size_t activation_bytes() const override {
     return act16_.size() * sizeof(bf16) + act32_.size() * sizeof(float) + scratch_.size() * sizeof(float);
   }
@@ -59,6 +69,17 @@ class CudaBackend final : public TrainingBackend {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;  // per layer
     float *lnf_mean, *lnf_rstd, *losses, *loss;
   };
+
+  // A fragment's outer-sync state on the device (TrainingBackend's sync ops; CpuBackend's twin).
+  struct SyncFragment {
+    std::vector<ParamRange> ranges;
+    size_t numel = 0;
+    DeviceArray<float> base, previous_base, at_send, residual;
+  };
+  SyncFragment& fragment(int p);
+  void gather(const SyncFragment& f, float* packed);         // θ_p → packed (device)
+  void scatter(const SyncFragment& f, const float* packed);  // packed (device) → θ_p and its bf16 copy
+  bool bad_flag();                                           // reads sync_bad_ (waits for the stream)
 
   void upload_batch(const int* inputs, const int* targets, int B, int T);
   void forward(int B, int T, bool backward_follows);
@@ -91,6 +112,10 @@ class CudaBackend final : public TrainingBackend {
   int num_buckets_ = 0;
   DeviceArray<float> scratch_;
   DeviceArray<double> norm_scratch_, norm_out_;
+  std::vector<SyncFragment> sync_;
+  DeviceArray<float> sync_theta_, sync_values_, sync_residual_;  // scratch of the largest fragment
+  DeviceArray<uint8_t> sync_payload_;
+  DeviceArray<int> sync_bad_{1};
 };
 
 CudaBackend::CudaBackend(int device, const BackendOptions& options)
@@ -370,6 +395,151 @@ void CudaBackend::next_token_logits(const int* tokens, int T, float* out) {
   DeviceArray<float> row(V);
   bf16_to_float(row.get(), a_.logits + (size_t)(T - 1) * V, V, stream_);
   copy_to_host(out, row.get(), V * sizeof(float), stream_);
+}
+
+CudaBackend::SyncFragment& CudaBackend::fragment(int p) {
+  DL_CHECK(p >= 0 && p < (int)sync_.size(), "fragment %d of %zu (sync_setup first)", p, sync_.size());
+  return sync_[p];
+}
+
+void CudaBackend::gather(const SyncFragment& f, float* packed) {
+  for (const ParamRange& r : f.ranges) {
+    copy_device_to_device(packed, params_.get() + r.offset, r.count * sizeof(float), stream_);
+    packed += r.count;
+  }
+}
+
+void CudaBackend::scatter(const SyncFragment& f, const float* packed) {
+  for (const ParamRange& r : f.ranges) {
+    copy_device_to_device(params_.get() + r.offset, packed, r.count * sizeof(float), stream_);
+    float_to_bf16(params16_.get() + r.offset, params_.get() + r.offset, r.count, stream_);
+    packed += r.count;
+  }
+}
+
+bool CudaBackend::bad_flag() {
+  int bad = 0;
+  copy_to_host(&bad, sync_bad_.get(), sizeof bad, stream_);
+  return bad != 0;
+}
+
+void CudaBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragments) {
+  set_device(device_);
+  sync_.clear();
+  sync_.resize(fragments.size());
+  size_t largest = 0;
+  for (size_t p = 0; p < fragments.size(); p++) {
+    SyncFragment& f = sync_[p];
+    f.ranges = fragments[p];
+    for (const ParamRange& r : f.ranges) {
+      DL_CHECK(r.offset + r.count <= num_params(), "fragment range [%zu, +%zu) outside %zu", r.offset, r.count,
+               num_params());
+      f.numel += r.count;
+    }
+    largest = std::max(largest, f.numel);
+    f.base = DeviceArray<float>(f.numel);
+    f.previous_base = DeviceArray<float>(f.numel);
+    f.at_send = DeviceArray<float>(f.numel);
+    f.residual = DeviceArray<float>(f.numel);
+    gather(f, f.base.get());
+    copy_device_to_device(f.previous_base.get(), f.base.get(), f.numel * sizeof(float), stream_);
+    copy_device_to_device(f.at_send.get(), f.base.get(), f.numel * sizeof(float), stream_);
+    fill_bytes(f.residual.get(), 0, f.numel * sizeof(float), stream_);
+  }
+  sync_theta_ = DeviceArray<float>(largest);
+  sync_values_ = DeviceArray<float>(largest);
+  sync_residual_ = DeviceArray<float>(largest);
+  sync_payload_ = DeviceArray<uint8_t>(largest * sizeof(float));  // fp32, the largest encoding
+  synchronize(stream_);
+}
+
+void CudaBackend::sync_install(int p, const float* packed) {
+  set_device(device_);
+  SyncFragment& f = fragment(p);
+  copy_to_device(f.base.get(), packed, f.numel * sizeof(float), stream_);
+  scatter(f, f.base.get());
+  fill_bytes(f.residual.get(), 0, f.numel * sizeof(float), stream_);
+  synchronize(stream_);
+}
+
+bool CudaBackend::sync_encode_delta(int p, SyncCodec kind, int block, std::vector<uint8_t>* payload,
+                                    std::vector<uint64_t>* range_bytes) {
+  set_device(device_);
+  SyncFragment& f = fragment(p);
+  gather(f, sync_theta_.get());
+  outer_delta(sync_values_.get(), f.base.get(), sync_theta_.get(), f.numel, stream_);
+  // Encode against a copy of the residual: a range that fails leaves the fragment's as it was.
+  copy_device_to_device(sync_residual_.get(), f.residual.get(), f.numel * sizeof(float), stream_);
+  range_bytes->clear();
+  size_t at = 0, value = 0;
+  for (const ParamRange& r : f.ranges) {
+    const size_t b = sync_payload_bytes((int)kind, r.count, block);
+    sync_encode(sync_payload_.get() + at, sync_residual_.get() + value, sync_bad_.get(), sync_values_.get() + value,
+                (int)kind, block, r.count, stream_);
+    if (bad_flag()) return false;
+    range_bytes->push_back(b);
+    at += b;
+    value += r.count;
+  }
+  payload->resize(at);
+  copy_to_host(payload->data(), sync_payload_.get(), at, stream_);  // the only bytes that cross
+  copy_device_to_device(f.residual.get(), sync_residual_.get(), f.numel * sizeof(float), stream_);
+  copy_device_to_device(f.at_send.get(), sync_theta_.get(), f.numel * sizeof(float), stream_);
+  synchronize(stream_);
+  return true;
+}
+
+void CudaBackend::sync_reset_residual(int p) {
+  set_device(device_);
+  SyncFragment& f = fragment(p);
+  fill_bytes(f.residual.get(), 0, f.numel * sizeof(float), stream_);
+  synchronize(stream_);
+}
+
+bool CudaBackend::sync_apply_update(int p, const uint8_t* payload, size_t bytes, SyncCodec kind, int block) {
+  set_device(device_);
+  SyncFragment& f = fragment(p);
+  if (bytes > sync_payload_.size()) return false;
+  copy_to_device(sync_payload_.get(), payload, bytes, stream_);  // the only bytes that cross
+  size_t at = 0, value = 0;
+  for (const ParamRange& r : f.ranges) {
+    const size_t b = sync_payload_bytes((int)kind, r.count, block);
+    if (b == 0 && r.count > 0) return false;
+    if (at + b > bytes) return false;
+    sync_decode(sync_values_.get() + value, sync_bad_.get(), sync_payload_.get() + at, (int)kind, block, r.count,
+                stream_);
+    if (bad_flag()) return false;
+    at += b;
+    value += r.count;
+  }
+  if (at != bytes) return false;
+  copy_device_to_device(f.previous_base.get(), f.base.get(), f.numel * sizeof(float), stream_);
+  add_difference(f.base.get(), sync_values_.get(), nullptr, f.numel, stream_);
+  synchronize(stream_);
+  return true;
+}
+
+void CudaBackend::sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) {
+  set_device(device_);
+  SyncFragment& f = fragment(p);
+  gather(f, sync_theta_.get());
+  const float* at = included == FoldIncluded::kAtSend ? f.at_send.get() : f.previous_base.get();
+  fold(sync_theta_.get(), f.base.get(), at, (int)mode, alpha, f.numel, stream_);
+  scatter(f, sync_theta_.get());
+  synchronize(stream_);
+}
+
+void CudaBackend::sync_shift_at_send(int p) {
+  set_device(device_);
+  SyncFragment& f = fragment(p);
+  add_difference(f.at_send.get(), f.base.get(), f.previous_base.get(), f.numel, stream_);
+  synchronize(stream_);
+}
+
+void CudaBackend::sync_read_base(int p, float* packed) const {
+  set_device(device_);
+  DL_CHECK(p >= 0 && p < (int)sync_.size(), "fragment %d of %zu", p, sync_.size());
+  copy_to_host(packed, sync_[p].base.get(), sync_[p].numel * sizeof(float), stream_);
 }
 
 double CudaBackend::eval_loss(const int* inputs, const int* targets, int B, int T) {

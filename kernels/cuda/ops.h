@@ -161,6 +161,10 @@ void outer_delta(float* delta, const float* base, const float* theta, size_t n, 
 void fold(float* theta, const float* global, const float* theta_at_send, int mode, double alpha, size_t n,
           Stream stream);
 
+// x (n) += a − b (each rounded once, a − b first), or x += a when b is null: a base plus a
+// decoded update, θ at send moved with the base (the CPU loops of CpuBackend's sync ops).
+void add_difference(float* x, const float* a, const float* b, size_t n, Stream stream);
+
 // The wire codecs on the device, byte for byte the payloads of the CPU
 // codec (daemon/net/codec.h; kernels/sync_ops.h is its reference in the
 // engine). kind: 2 bf16, 3 int8, 4 int4 (CodecKind numbering); block: values

@@ -31,6 +31,11 @@ __global__ void outer_delta_kernel(float* delta, const float* base, const float*
     delta[i] = __fsub_rn(base[i], theta[i]);
 }
 
+__global__ void add_difference_kernel(float* x, const float* a, const float* b, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    x[i] = __fadd_rn(x[i], b ? __fsub_rn(a[i], b[i]) : a[i]);
+}
+
 // mix: a = fl32(alpha), b = fl32(1 - alpha) from the host (kernels/sync_ops.h).
 __global__ void fold_kernel(float* theta, const float* global, const float* theta_at_send, int mode, float a, float b,
                             size_t n) {
@@ -219,6 +224,12 @@ void fold(float* theta, const float* global, const float* theta_at_send, int mod
   const float a = (float)alpha, b = (float)(1.0 - alpha);
   fold_kernel<<<grid_for(n, kThreads), kThreads, 0, as_cuda(stream)>>>(theta, global, theta_at_send, mode, a, b,
                                                                        n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_difference(float* x, const float* a, const float* b, size_t n, Stream stream) {
+  if (n == 0) return;
+  add_difference_kernel<<<grid_for(n, kThreads), kThreads, 0, as_cuda(stream)>>>(x, a, b, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "daemon/net/codec.h"
+#include "daemon/sync/fold.h"
 #include "tests/kernels/op_testing.h"
 
 namespace diloco {
@@ -82,6 +84,117 @@ TEST_CASE("CreateBackend explains what it cannot make", "[unit][kernels]") {
     CHECK(err.find("no CUDA device") != std::string::npos);
   }
   if (BackendCompiled("cuda")) CHECK(CreateBackend("cuda:x", options, &backend).find("cuda:N") != std::string::npos);
+}
+
+}  // namespace diloco
+
+namespace diloco {
+namespace {
+
+// The learner's outer sync as it ran on the host before it moved onto the backend: the wire
+// codec with error feedback (daemon/net/codec.h) and the fold of kernels/sync_ops.h.
+struct HostMirror {
+  std::vector<ParamRange> ranges;
+  std::vector<float> base, previous_base, at_send;
+  std::vector<uint64_t> numels() const {
+    std::vector<uint64_t> n;
+    for (const ParamRange& r : ranges) n.push_back(r.count);
+    return n;
+  }
+  std::vector<float> Gather(const TrainingBackend& b) const {
+    std::vector<float> all(b.num_params()), out;
+    b.download_params(all.data());
+    for (const ParamRange& r : ranges) out.insert(out.end(), all.begin() + r.offset, all.begin() + r.offset + r.count);
+    return out;
+  }
+};
+
+void TrainOneStep(TrainingBackend& b, uint64_t seed) {
+  const int B = 2, T = 16;
+  const auto in = random_tokens((size_t)B * T, seed, 256), tg = random_tokens((size_t)B * T, seed + 1, 256);
+  AdamWHyper hp;
+  hp.lr = 1e-2f;
+  REQUIRE(b.train_step(in.data(), tg.data(), B, T, hp, 1.0).applied);
+}
+
+}  // namespace
+
+TEST_CASE("cpu backend sync ops: the learner's host codec and fold, bit for bit", "[unit][kernels]") {
+  std::unique_ptr<TrainingBackend> backend;
+  REQUIRE(CreateBackend("cpu", BackendOptions{small_config(), 2}, &backend).empty());
+  backend->init_weights(3);
+  HostMirror h;
+  h.ranges = {{0, 100}, {500, 77}};  // a fragment of two ranges, packed back to back
+  backend->sync_setup({h.ranges, {{1000, 300}}});
+  h.base = h.Gather(*backend);
+  std::vector<float> base_read(h.base.size());
+  backend->sync_read_base(0, base_read.data());
+  CHECK(base_read == h.base);
+
+  // Two deltas (the second carries the first's residual): the bytes of the wire codec.
+  ErrorFeedback ef(CodecOptions{CodecKind::kInt4, 64, 0});
+  for (int round = 0; round < 2; round++) {
+    TrainOneStep(*backend, 10 + round);
+    const std::vector<float> theta = h.Gather(*backend);
+    std::vector<float> delta(theta.size());
+    for (size_t i = 0; i < delta.size(); i++) delta[i] = h.base[i] - theta[i];
+    std::vector<uint8_t> want, got;
+    std::vector<uint64_t> want_bytes, got_bytes;
+    REQUIRE(ef.Encode(0, delta, h.numels(), &want, &want_bytes).ok());
+    REQUIRE(backend->sync_encode_delta(0, SyncCodec::kInt4, 64, &got, &got_bytes));
+    CHECK(got == want);
+    CHECK(got_bytes == want_bytes);
+    h.at_send = theta;
+  }
+
+  // A Global's update: base += Decode(payload), then the folds.
+  Rng rng(5);
+  std::vector<float> update(h.base.size());
+  for (float& x : update) x = 0.01f * (float)rng.normal();
+  std::vector<uint8_t> payload;
+  std::vector<uint64_t> tensor_bytes;
+  REQUIRE(EncodeTensors(CodecOptions{CodecKind::kInt8, 64, 0}, update, h.numels(), &payload, &tensor_bytes).ok());
+  std::vector<float> decoded(update.size());
+  REQUIRE(DecodeTensors(CodecOptions{CodecKind::kInt8, 64, 0}, payload, h.numels(), tensor_bytes, decoded).ok());
+  CHECK_FALSE(backend->sync_apply_update(0, payload.data(), payload.size() - 1, SyncCodec::kInt8, 64));
+  REQUIRE(backend->sync_apply_update(0, payload.data(), payload.size(), SyncCodec::kInt8, 64));
+  h.previous_base = h.base;
+  for (size_t i = 0; i < h.base.size(); i++) h.base[i] += decoded[i];
+  backend->sync_read_base(0, base_read.data());
+  CHECK(base_read == h.base);
+
+  // Replay of a Global without our delta: θ from the previous base, θ at send moves with the base.
+  std::vector<float> theta = h.Gather(*backend);
+  FoldGlobal(FoldRule::kReplay, 0.5, h.base.data(), h.previous_base.data(), theta.data(), theta.size());
+  backend->sync_fold(0, FoldMode::kReplay, 0.5, FoldIncluded::kPreviousBase);
+  CHECK(h.Gather(*backend) == theta);
+  for (size_t i = 0; i < h.at_send.size(); i++) h.at_send[i] += h.base[i] - h.previous_base[i];
+  backend->sync_shift_at_send(0);
+  // ... then one with our delta: θ from θ at send (which the shift moved).
+  TrainOneStep(*backend, 20);
+  theta = h.Gather(*backend);
+  FoldGlobal(FoldRule::kReplay, 0.5, h.base.data(), h.at_send.data(), theta.data(), theta.size());
+  backend->sync_fold(0, FoldMode::kReplay, 0.5, FoldIncluded::kAtSend);
+  CHECK(h.Gather(*backend) == theta);
+  // Mix and overwrite.
+  TrainOneStep(*backend, 30);
+  theta = h.Gather(*backend);
+  FoldGlobal(FoldRule::kMix, 0.3, h.base.data(), nullptr, theta.data(), theta.size());
+  backend->sync_fold(0, FoldMode::kMix, 0.3, FoldIncluded::kAtSend);
+  CHECK(h.Gather(*backend) == theta);
+  backend->sync_fold(0, FoldMode::kOverwrite, 0, FoldIncluded::kAtSend);
+  CHECK(h.Gather(*backend) == h.base);
+
+  // A snapshot: base and θ of fragment 1 become the snapshot's values; fragment 0 is untouched.
+  std::vector<float> snapshot(300, 0.125f);
+  backend->sync_install(1, snapshot.data());
+  HostMirror h1;
+  h1.ranges = {{1000, 300}};
+  CHECK(h1.Gather(*backend) == snapshot);
+  std::vector<float> base1(300);
+  backend->sync_read_base(1, base1.data());
+  CHECK(base1 == snapshot);
+  CHECK(h.Gather(*backend) == h.base);
 }
 
 }  // namespace diloco
