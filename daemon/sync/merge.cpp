@@ -133,6 +133,10 @@ FilterResult NormFilter::Check(const float* delta, size_t n, double steps) {
     return result;
   }
   result.norm = Norm(delta, n) / std::max(1.0, steps);
+  if (options_.max_rejections_in_a_row > 0 && rejections_in_a_row_ >= options_.max_rejections_in_a_row) {
+    norms_.clear();  // the scale moved: start again from this delta
+    rejections_in_a_row_ = 0;
+  }
   // (A median of 0, from all-zero deltas, gives no scale to compare with.)
   if (options_.max_ratio > 0 && (int)norms_.size() >= std::max(1, options_.min_history) &&
       Median() > 0) {
@@ -142,12 +146,31 @@ FilterResult NormFilter::Check(const float* delta, size_t n, double steps) {
       result.reason = "norm per step " + Number(result.norm) + " is above " + Number(options_.max_ratio) +
                       " x the median " + Number(Median()) + " of the last " +
                       std::to_string(norms_.size()) + " deltas";
+      rejections_in_a_row_++;
       return result;
     }
   }
+  rejections_in_a_row_ = 0;
   norms_.push_back(result.norm);
   while ((int)norms_.size() > std::max(1, options_.history)) norms_.pop_front();
   return result;
+}
+
+Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, Weighting weighting,
+                          MergeRule rule, float* out, std::vector<double>* weights) {
+  std::stable_sort(contributions->begin(), contributions->end(),
+                   [](const Contribution& a, const Contribution& b) { return a.learner < b.learner; });
+  std::vector<ContributionCounts> counts;
+  std::vector<const float*> deltas;
+  for (const Contribution& c : *contributions) {
+    counts.push_back(c.counts);
+    deltas.push_back(c.delta);
+  }
+  std::vector<double> w;
+  DL_RETURN_IF_ERROR(ContributionWeights(counts, weighting, &w));
+  MergeDeltas(fragment, deltas, w, rule, out);
+  if (weights) *weights = std::move(w);
+  return Status::Ok();
 }
 
 void OuterNesterovUpdate(const float* delta, size_t n, double lr, double momentum,

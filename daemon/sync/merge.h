@@ -38,15 +38,34 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
 void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
                  const std::vector<double>& weights, MergeRule rule, float* out);
 
+// One learner's contribution to a merge.
+struct Contribution {
+  int learner = 0;
+  ContributionCounts counts;
+  const float* delta = nullptr;  // the fragment's packed delta
+};
+
+// The merged delta of a round (ContributionWeights, then MergeDeltas) in LEARNER order, whatever
+// order the deltas arrived in: float sums depend on their order, so the same deltas must merge
+// to the same bits on every run and after a restart. Sorts *contributions by learner; weights
+// (may be null) receives their weights in that order.
+Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, Weighting weighting,
+                          MergeRule rule, float* out, std::vector<double>* weights = nullptr);
+
 // Rejects deltas with NaN/Inf, or whose L2 norm per inner step (norm /
 // c_steps) exceeds max_ratio × the median of the last `history` accepted ones
 // (once min_history are known). Per step, because a delta's norm grows with
 // the steps it covers: a delta of 1 step must not make the next 25-step ones
 // look like outliers. Keep one per fragment: norms differ between fragments.
+// A lock-out is bounded: after max_rejections_in_a_row rejections with no accepted delta between
+// them, the history no longer describes the deltas arriving (the scale moved: a learner resent
+// its whole progress after a drop, or every learner's steps grew), so it restarts from the next
+// finite delta. An outlier among accepted deltas stays rejected: each acceptance resets the run.
 struct NormFilterOptions {
   double max_ratio = 10;  // k; 0 = no norm limit (non-finite values are still rejected)
   int history = 32;
   int min_history = 3;
+  int max_rejections_in_a_row = 8;  // 0 = never restart (a delta can then be refused forever)
 };
 
 enum class FilterVerdict { kAccepted, kNonFinite, kNormTooLarge };
@@ -71,6 +90,7 @@ class NormFilter {
  private:
   NormFilterOptions options_;
   std::deque<double> norms_;
+  int rejections_in_a_row_ = 0;
 };
 
 // The outer Nesterov step on one fragment, split so that a lossy downlink

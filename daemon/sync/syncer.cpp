@@ -479,18 +479,16 @@ Status Syncer::Run() {
     }
     pend.clear();
     if (ok.empty()) return Status::Ok();
-    std::vector<ContributionCounts> counts;
-    std::vector<const float*> ptrs;
-    for (const auto& pd : ok) {
-      counts.push_back(pd.counts);
-      ptrs.push_back(pd.delta.data());
-    }
-    std::vector<double> weights;
-    DL_RETURN_IF_ERROR(ContributionWeights(counts, sc.weighting, &weights));
+    // Learner order, not arrival order: the merge's sums, the Global's contributor list and the
+    // event are the same whichever delta came first.
+    std::sort(ok.begin(), ok.end(), [](const Impl::Pending& a, const Impl::Pending& b) { return a.learner < b.learner; });
+    std::vector<Contribution> contributions;
+    for (const auto& pd : ok) contributions.push_back({pd.learner, pd.counts, pd.delta.data()});
     const Fragment& frag = fragments_[p];
     const size_t n = frag.numel;
     std::vector<float> merged(n), update(n), decoded(n);
-    MergeDeltas(frag, ptrs, weights, sc.merge, merged.data());
+    std::vector<double> weights;
+    DL_RETURN_IF_ERROR(MergeContributions(frag, &contributions, sc.weighting, sc.merge, merged.data(), &weights));
     OuterNesterovUpdate(merged.data(), n, sc.outer.lr, sc.outer.momentum, fg.momentum.data(), update.data());
     const std::vector<uint64_t> numels = FragmentNumels(frag);
     auto payload = std::make_shared<std::vector<uint8_t>>();

@@ -1,6 +1,8 @@
 // Merge maths against plain double-precision references.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -299,6 +301,79 @@ TEST_CASE("sync: outer Nesterov matches a double-precision reference to 1e-6", "
     worst = std::max(worst, std::abs(u_f[i] - u_d[i]));
   }
   CHECK(worst < 1e-6);
+}
+
+TEST_CASE("sync: the norm filter cannot lock a fragment out forever, yet keeps rejecting an outlier", "[unit][sync]") {
+  NormFilterOptions options;  // max_ratio 10, history 32, min_history 3, 8 rejections in a row
+  std::vector<float> normal = {1, 0, 0, 0}, resent = {50, 0, 0, 0};  // a learner resending all its progress
+  NormFilter filter(options);
+  for (int i = 0; i < 10; i++) REQUIRE(filter.Check(normal.data(), normal.size()).accepted());
+  // The same large delta again and again (the only learner still sending): refused at most 8
+  // times, then the history restarts from it.
+  int attempts = 0;
+  while (!filter.Check(resent.data(), resent.size()).accepted()) REQUIRE(++attempts < 100);
+  CHECK(attempts == options.max_rejections_in_a_row);
+  CHECK(filter.Median() == 50);
+
+  // An outlier between accepted deltas never gets through: each acceptance resets the run.
+  NormFilter mixed(options);
+  for (int i = 0; i < 10; i++) REQUIRE(mixed.Check(normal.data(), normal.size()).accepted());
+  for (int i = 0; i < 50; i++) {
+    CHECK(mixed.Check(resent.data(), resent.size()).verdict == FilterVerdict::kNormTooLarge);
+    CHECK(mixed.Check(normal.data(), normal.size()).accepted());
+  }
+  // 0 turns the bound off: refused forever, as before.
+  options.max_rejections_in_a_row = 0;
+  NormFilter strict(options);
+  for (int i = 0; i < 10; i++) REQUIRE(strict.Check(normal.data(), normal.size()).accepted());
+  for (int i = 0; i < 50; i++) CHECK_FALSE(strict.Check(resent.data(), resent.size()).accepted());
+}
+
+TEST_CASE("merge: the same deltas merge to the same bits whatever order they arrived in", "[unit]") {
+  const Fragment f = FragmentOf({{"wte", 300}, {"h.0.attn.c_attn.weight", 500}});
+  Rng rng(17);
+  std::vector<std::vector<float>> deltas(4, std::vector<float>(f.numel));
+  for (auto& d : deltas)
+    for (float& x : d) x = (float)rng.normal();
+  // Values where even a double sum depends on the order: (1e20 + 1) - 1e20 is 0, (1e20 - 1e20) + 1
+  // is 1 (in the embedding, merged by the plain weighted mean).
+  deltas[0][5] = 1e20f;
+  deltas[1][5] = 1.0f;
+  deltas[2][5] = -1e20f;
+  deltas[3][5] = 0.0f;
+  const ContributionCounts counts[] = {{1000, 10}, {1000, 10}, {1000, 10}, {1000, 10}};
+  for (MergeRule rule : {MergeRule::kRda, MergeRule::kMean}) {
+    std::vector<int> order = {0, 1, 2, 3};
+    std::vector<float> first(f.numel);
+    bool first_done = false, arrival_order_differs = false;
+    do {
+      std::vector<Contribution> cs;
+      for (int m : order) cs.push_back({m, counts[m], deltas[m].data()});
+      std::vector<float> out(f.numel);
+      std::vector<double> weights;
+      REQUIRE(MergeContributions(f, &cs, Weighting::kTokens, rule, out.data(), &weights).ok());
+      CHECK(cs.front().learner == 0);  // sorted for the caller's contributor list too
+      REQUIRE(weights.size() == 4);
+      if (!first_done) {
+        first = out;
+        first_done = true;
+      }
+      CHECK(std::memcmp(out.data(), first.data(), out.size() * sizeof(float)) == 0);
+      // What merging in arrival order gives: not always the same bits.
+      std::vector<ContributionCounts> c;
+      std::vector<const float*> d;
+      for (int m : order) {
+        c.push_back(counts[m]);
+        d.push_back(deltas[m].data());
+      }
+      std::vector<double> w;
+      REQUIRE(ContributionWeights(c, Weighting::kTokens, &w).ok());
+      std::vector<float> arrival(f.numel);
+      MergeDeltas(f, d, w, rule, arrival.data());
+      arrival_order_differs |= std::memcmp(arrival.data(), first.data(), arrival.size() * sizeof(float)) != 0;
+    } while (std::next_permutation(order.begin(), order.end()));
+    CHECK(arrival_order_differs);  // so the check above can fail
+  }
 }
 
 }  // namespace
