@@ -102,6 +102,7 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   so.downlink_endpoint = options.downlink;
   so.snapshot_endpoint = options.snapshot;
   so.run_dir = options.run_dir;
+  so.count_limits = CountLimitsOf(cfg);
   so.allow_plaintext = options.allow_plaintext;
   so.curve = options.curve;
   if (so.curve) so.curve->server = true;

@@ -148,6 +148,29 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
   return finish(DecideAction::kWait, why, std::min(grace_end, timeout));
 }
 
+const char* ToString(CountsVerdict verdict) {
+  switch (verdict) {
+    case CountsVerdict::kPlausible: return "plausible";
+    case CountsVerdict::kNoSteps: return "no_steps";
+    case CountsVerdict::kMoreStepsThanLearner: return "more_steps_than_learner";
+    case CountsVerdict::kPastTheRun: return "past_the_run";
+    case CountsVerdict::kTooManyTokens: return "too_many_tokens";
+  }
+  return "invalid";
+}
+
+CountsVerdict CheckCounts(uint64_t c_steps, uint64_t c_tokens, uint64_t learner_step, const CountLimits& limits) {
+  if (c_steps == 0) return CountsVerdict::kNoSteps;
+  if (c_steps > learner_step) return CountsVerdict::kMoreStepsThanLearner;
+  if (limits.max_steps > 0 && learner_step > limits.max_steps) return CountsVerdict::kPastTheRun;
+  if (limits.tokens_per_step > 0) {
+    // c_tokens > c_steps × tokens_per_step, without the product (it could overflow).
+    const uint64_t whole = c_tokens / limits.tokens_per_step, rest = c_tokens % limits.tokens_per_step;
+    if (whole > c_steps || (whole == c_steps && rest > 0)) return CountsVerdict::kTooManyTokens;
+  }
+  return CountsVerdict::kPlausible;
+}
+
 StalenessCheck CheckStaleness(uint64_t current_version, uint64_t base_version, int max_staleness) {
   StalenessCheck check;
   if (base_version > current_version) {

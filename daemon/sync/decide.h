@@ -129,4 +129,17 @@ struct StalenessCheck {
 
 StalenessCheck CheckStaleness(uint64_t current_version, uint64_t base_version, int max_staleness);
 
+// A delta's counts weigh it in the merge (c_tokens² / c_steps), so they are checked against what
+// the syncer knows of the run instead of taken on trust: c_steps in [1, learner_step] (the steps
+// since its base cannot exceed all the learner's steps), learner_step <= max_steps (train.steps),
+// and c_tokens <= c_steps × tokens_per_step (every step takes ranks × batch_size × block_size
+// tokens). A limit of 0 is not checked.
+struct CountLimits {
+  uint64_t max_steps = 0;
+  uint64_t tokens_per_step = 0;
+};
+enum class CountsVerdict { kPlausible, kNoSteps, kMoreStepsThanLearner, kPastTheRun, kTooManyTokens };
+const char* ToString(CountsVerdict verdict);
+CountsVerdict CheckCounts(uint64_t c_steps, uint64_t c_tokens, uint64_t learner_step, const CountLimits& limits);
+
 }  // namespace diloco

@@ -435,6 +435,14 @@ Status Syncer::Run() {
       skip("test_rejected", "rejected by the test hook", true);
       return;
     }
+    if (const CountsVerdict cv = CheckCounts(d.c_steps, d.c_tokens, d.learner_step, im.options.count_limits);
+        cv != CountsVerdict::kPlausible) {
+      skip("implausible_counts",
+           std::string(ToString(cv)) + ": c_steps " + std::to_string(d.c_steps) + ", c_tokens " +
+               std::to_string(d.c_tokens) + ", learner step " + std::to_string(d.learner_step),
+           true);
+      return;
+    }
     const StalenessCheck sc_check = CheckStaleness(state_.fragments[p].version, d.base_version, sc.max_staleness);
     if (!sc_check.accepted()) {
       skip(ToString(sc_check.verdict),

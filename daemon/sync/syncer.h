@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "daemon/config/sync_config.h"
+#include "daemon/sync/decide.h"
 #include "daemon/net/context.h"
 #include "daemon/net/envelope.h"
 #include "daemon/net/socket.h"
@@ -87,6 +88,9 @@ struct SyncerOptions {
   bool exit_when_all_finished = true;
   int status_interval_ms = 1000;      // SyncerStatus on the downlink (0: only after Welcomes)
   int heartbeat_interval_ms = 200;    // told to learners in Welcome
+  // What a delta's counts are checked against (decide.h CheckCounts): train.steps and the tokens
+  // of one learner step (ranks × batch_size × block_size). 0: not checked.
+  CountLimits count_limits;
   // Test hook: when it returns true for (fragment, version), that Global goes out with a wrong
   // CRC32C (learners must resync from a snapshot). May be empty.
   std::function<bool(uint32_t fragment, uint64_t version)> corrupt_global_crc;

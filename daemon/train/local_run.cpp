@@ -124,6 +124,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     };
   so.run_dir = options.run_dir;
   so.resume = options.resume;
+  so.count_limits = CountLimitsOf(cfg);
   so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
   std::unique_ptr<Syncer> syncer;
   DL_RETURN_IF_ERROR(Syncer::Create(*ctx, so, table, init.data(), &syncer));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/config/run_config.h"
+#include "daemon/sync/decide.h"
 #include "daemon/train/data.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/run_dir.h"
@@ -89,6 +90,10 @@ BatchSampler ValSampler(const Corpus& corpus, int batch, int block_size, uint64_
 // one rank each and too few GPUs they share them (a 1-rank ring runs no collective, so sharing
 // cannot deadlock); several multi-GPU rings on too few GPUs are an error. CPU: "cpu".
 Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::string* device);
+
+// What the syncer checks a delta's counts against: train.steps, and the tokens of one learner
+// step (ranks × batch_size × block_size).
+CountLimits CountLimitsOf(const RunConfig& config);
 
 // A learner's local ring for a run config (train.device, train.ranks, the model, the batch).
 LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads);

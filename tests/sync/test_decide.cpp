@@ -411,4 +411,31 @@ TEST_CASE("sync: staleness: deltas too far behind or from the future are dropped
 }
 
 }  // namespace
+TEST_CASE("CheckCounts: a delta's counts must fit the learner's steps and the run", "[unit]") {
+  const CountLimits limits{.max_steps = 1000, .tokens_per_step = 512};  // e.g. 2 ranks x 4 x 64
+  struct Row {
+    uint64_t c_steps, c_tokens, learner_step;
+    CountsVerdict want;
+  };
+  const Row rows[] = {
+      {25, 25 * 512, 100, CountsVerdict::kPlausible},
+      {25, 25 * 512 - 1, 100, CountsVerdict::kPlausible},  // fewer tokens: a short last batch is fine
+      {100, 100 * 512, 100, CountsVerdict::kPlausible},    // every step since the start
+      {1000, 1000 * 512, 1000, CountsVerdict::kPlausible}, // the final flush at train.steps
+      {0, 0, 100, CountsVerdict::kNoSteps},
+      {101, 101 * 512, 100, CountsVerdict::kMoreStepsThanLearner},
+      {25, 25 * 512, 1001, CountsVerdict::kPastTheRun},
+      {25, 25 * 512 + 1, 100, CountsVerdict::kTooManyTokens},
+      {25, ~uint64_t{0}, 100, CountsVerdict::kTooManyTokens},  // 2^64 - 1 tokens: would outweigh everyone
+      {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, CountsVerdict::kPastTheRun},
+  };
+  for (const Row& r : rows) {
+    INFO("c_steps " << r.c_steps << ", c_tokens " << r.c_tokens << ", learner step " << r.learner_step);
+    CHECK(CheckCounts(r.c_steps, r.c_tokens, r.learner_step, limits) == r.want);
+  }
+  // Without limits only the step relation is checked.
+  CHECK(CheckCounts(5, ~uint64_t{0}, 10, {}) == CountsVerdict::kPlausible);
+  CHECK(std::string(ToString(CountsVerdict::kTooManyTokens)) == "too_many_tokens");
+}
+
 }  // namespace diloco
