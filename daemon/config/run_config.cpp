@@ -611,7 +611,8 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
                            ">= 0 (0 = only deltas based on the current version)"));
   DL_RETURN_IF_ERROR(check("sync.alpha", s.alpha, s.alpha >= 0 && s.alpha <= 1, "in [0, 1]"));
   DL_RETURN_IF_ERROR(check("sync.codec.block", s.codec.block,
-                           s.codec.block >= 1 && s.codec.block <= 65536, "in [1, 65536]"));
+                           s.codec.block >= 2 && s.codec.block <= 65536 && s.codec.block % 2 == 0,
+                           "even, in [2, 65536] (values per scale; int4 packs two per byte)"));
   DL_RETURN_IF_ERROR(check("sync.outer.lr", s.outer.lr, s.outer.lr > 0, "> 0"));
   DL_RETURN_IF_ERROR(check("sync.outer.momentum", s.outer.momentum,
                            s.outer.momentum >= 0 && s.outer.momentum < 1, "in [0, 1)"));

@@ -114,8 +114,10 @@ class CudaBackend final : public TrainingBackend {
   DeviceArray<double> norm_scratch_, norm_out_;
   std::vector<SyncFragment> sync_;
   DeviceArray<float> sync_theta_, sync_values_, sync_residual_;  // scratch of the largest fragment
+  // Each range's encoding at a 4-byte aligned offset (the codec kernels read fp32 scales); the
+  // host payload packs them back to back.
   DeviceArray<uint8_t> sync_payload_;
-  DeviceArray<int> sync_bad_{1};
+  DeviceArray<int> sync_bad_;  // allocated in sync_setup, on this backend's device
 };
 
 CudaBackend::CudaBackend(int device, const BackendOptions& options)
@@ -397,6 +399,18 @@ void CudaBackend::next_token_logits(const int* tokens, int T, float* out) {
   copy_to_host(out, row.get(), V * sizeof(float), stream_);
 }
 
+namespace {
+
+size_t AlignUp4(size_t bytes) { return (bytes + 3) / 4 * 4; }
+
+// The most bytes any codec writes for n values (fp32: 4n; int8 at the smallest block, 2: a scale
+// per 2 values plus n codes), aligned: a range's slot in the device payload buffer.
+size_t AlignedPayloadBytes(size_t n) {
+  return AlignUp4(std::max(n * sizeof(float), (n + 1) / 2 * sizeof(float) + n));
+}
+
+}  // namespace
+
 CudaBackend::SyncFragment& CudaBackend::fragment(int p) {
   DL_CHECK(p >= 0 && p < (int)sync_.size(), "fragment %d of %zu (sync_setup first)", p, sync_.size());
   return sync_[p];
@@ -427,7 +441,7 @@ void CudaBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragmen
   set_device(device_);
   sync_.clear();
   sync_.resize(fragments.size());
-  size_t largest = 0;
+  size_t largest = 0, largest_payload = 0;
   for (size_t p = 0; p < fragments.size(); p++) {
     SyncFragment& f = sync_[p];
     f.ranges = fragments[p];
@@ -437,6 +451,9 @@ void CudaBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragmen
       f.numel += r.count;
     }
     largest = std::max(largest, f.numel);
+    size_t payload = 0;
+    for (const ParamRange& r : f.ranges) payload += AlignedPayloadBytes(r.count);
+    largest_payload = std::max(largest_payload, payload);
     f.base = DeviceArray<float>(f.numel);
     f.previous_base = DeviceArray<float>(f.numel);
     f.at_send = DeviceArray<float>(f.numel);
@@ -449,7 +466,8 @@ void CudaBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragmen
   sync_theta_ = DeviceArray<float>(largest);
   sync_values_ = DeviceArray<float>(largest);
   sync_residual_ = DeviceArray<float>(largest);
-  sync_payload_ = DeviceArray<uint8_t>(largest * sizeof(float));  // fp32, the largest encoding
+  sync_payload_ = DeviceArray<uint8_t>(largest_payload);
+  sync_bad_ = DeviceArray<int>(1);
   synchronize(stream_);
 }
 
@@ -471,18 +489,26 @@ bool CudaBackend::sync_encode_delta(int p, SyncCodec kind, int block, std::vecto
   // Encode against a copy of the residual: a range that fails leaves the fragment's as it was.
   copy_device_to_device(sync_residual_.get(), f.residual.get(), f.numel * sizeof(float), stream_);
   range_bytes->clear();
-  size_t at = 0, value = 0;
+  size_t at = 0, slot = 0, value = 0;  // host offset, aligned device offset, value offset
   for (const ParamRange& r : f.ranges) {
     const size_t b = sync_payload_bytes((int)kind, r.count, block);
-    sync_encode(sync_payload_.get() + at, sync_residual_.get() + value, sync_bad_.get(), sync_values_.get() + value,
+    if (b == 0 && r.count > 0) return false;
+    DL_CHECK(slot + b <= sync_payload_.size(), "payload of %zu bytes past the sync buffer", slot + b);
+    sync_encode(sync_payload_.get() + slot, sync_residual_.get() + value, sync_bad_.get(), sync_values_.get() + value,
                 (int)kind, block, r.count, stream_);
     if (bad_flag()) return false;
     range_bytes->push_back(b);
     at += b;
+    slot += AlignUp4(b);
     value += r.count;
   }
   payload->resize(at);
-  copy_to_host(payload->data(), sync_payload_.get(), at, stream_);  // the only bytes that cross
+  at = slot = 0;
+  for (uint64_t b : *range_bytes) {  // the only bytes that cross
+    copy_to_host(payload->data() + at, sync_payload_.get() + slot, b, stream_);
+    at += b;
+    slot += AlignUp4(b);
+  }
   copy_device_to_device(f.residual.get(), sync_residual_.get(), f.numel * sizeof(float), stream_);
   copy_device_to_device(f.at_send.get(), sync_theta_.get(), f.numel * sizeof(float), stream_);
   synchronize(stream_);
@@ -499,17 +525,17 @@ void CudaBackend::sync_reset_residual(int p) {
 bool CudaBackend::sync_apply_update(int p, const uint8_t* payload, size_t bytes, SyncCodec kind, int block) {
   set_device(device_);
   SyncFragment& f = fragment(p);
-  if (bytes > sync_payload_.size()) return false;
-  copy_to_device(sync_payload_.get(), payload, bytes, stream_);  // the only bytes that cross
-  size_t at = 0, value = 0;
+  size_t at = 0, slot = 0, value = 0;  // host offset, aligned device offset, value offset
   for (const ParamRange& r : f.ranges) {
     const size_t b = sync_payload_bytes((int)kind, r.count, block);
     if (b == 0 && r.count > 0) return false;
-    if (at + b > bytes) return false;
-    sync_decode(sync_values_.get() + value, sync_bad_.get(), sync_payload_.get() + at, (int)kind, block, r.count,
+    if (at + b > bytes || slot + b > sync_payload_.size()) return false;
+    copy_to_device(sync_payload_.get() + slot, payload + at, b, stream_);  // the only bytes that cross
+    sync_decode(sync_values_.get() + value, sync_bad_.get(), sync_payload_.get() + slot, (int)kind, block, r.count,
                 stream_);
     if (bad_flag()) return false;
     at += b;
+    slot += AlignUp4(b);
     value += r.count;
   }
   if (at != bytes) return false;

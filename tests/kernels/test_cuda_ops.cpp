@@ -560,6 +560,71 @@ TEST_CASE("cuda: sync ops (delta, folds) and codecs byte for byte", "[cuda]") {
   CHECK(bad.download()[0] == 1);
 }
 
+TEST_CASE("cuda: the backend's outer-sync ops match the CPU backend byte for byte", "[cuda]") {
+  REQUIRE_CUDA_DEVICE();
+  GptConfig c;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  std::unique_ptr<TrainingBackend> gpu, cpu;
+  // The last GPU: its buffers must live on its own device, not on the thread's current one.
+  REQUIRE(CreateBackend("cuda:" + std::to_string(cuda::device_count() - 1), BackendOptions{c, 1}, &gpu).empty());
+  REQUIRE(CreateBackend("cpu", BackendOptions{c, 1}, &cpu).empty());
+  // The same parameters on both, a fragment of two ranges, then θ moved by the same amount.
+  Rng rng(run_seed());
+  std::vector<float> params(cpu->num_params());
+  for (float& x : params) x = 0.02f * (float)rng.normal();
+  gpu->upload_params(params.data());
+  cpu->upload_params(params.data());
+  // Odd range sizes: the ranges' encodings are not 4-byte multiples, yet each decodes alone.
+  const std::vector<std::vector<ParamRange>> frags = {{{0, 3001}, {5000, 13}, {6000, 1234}}, {{9000, 2000}}};
+  gpu->sync_setup(frags);
+  cpu->sync_setup(frags);
+  auto both_params = [&](std::vector<float>* g, std::vector<float>* h) {
+    g->resize(params.size());
+    h->resize(params.size());
+    gpu->download_params(g->data());
+    cpu->download_params(h->data());
+  };
+  for (SyncCodec kind : {SyncCodec::kFp32, SyncCodec::kBf16, SyncCodec::kInt8, SyncCodec::kInt4}) {
+    INFO("codec " << (int)kind);
+    for (float& x : params) x += 1e-3f * (float)rng.normal();
+    gpu->upload_params(params.data());
+    cpu->upload_params(params.data());
+    std::vector<uint8_t> pg, pc;
+    std::vector<uint64_t> bg, bc;
+    REQUIRE(gpu->sync_encode_delta(0, kind, 64, &pg, &bg));
+    REQUIRE(cpu->sync_encode_delta(0, kind, 64, &pc, &bc));
+    CHECK(pg == pc);
+    CHECK(bg == bc);
+    // The update comes back as a Global: apply, then every fold.
+    REQUIRE(gpu->sync_apply_update(0, pc.data(), pc.size(), kind, 64));
+    REQUIRE(cpu->sync_apply_update(0, pc.data(), pc.size(), kind, 64));
+    std::vector<float> basg(4248), basc(4248);
+    gpu->sync_read_base(0, basg.data());
+    cpu->sync_read_base(0, basc.data());
+    CHECK(std::memcmp(basg.data(), basc.data(), basg.size() * sizeof(float)) == 0);
+    for (auto [mode, included] : {std::pair{FoldMode::kReplay, FoldIncluded::kPreviousBase},
+                                  std::pair{FoldMode::kReplay, FoldIncluded::kAtSend},
+                                  std::pair{FoldMode::kMix, FoldIncluded::kAtSend}}) {
+      gpu->sync_shift_at_send(0);
+      cpu->sync_shift_at_send(0);
+      gpu->sync_fold(0, mode, 0.3, included);
+      cpu->sync_fold(0, mode, 0.3, included);
+      std::vector<float> g, h;
+      both_params(&g, &h);
+      CHECK(std::memcmp(g.data(), h.data(), g.size() * sizeof(float)) == 0);
+    }
+  }
+  std::vector<float> snapshot(2000, 0.5f);
+  gpu->sync_install(1, snapshot.data());
+  cpu->sync_install(1, snapshot.data());
+  std::vector<float> g, h;
+  both_params(&g, &h);
+  CHECK(std::memcmp(g.data(), h.data(), g.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("cuda: a full training step matches the CPU engine", "[cuda][step]") {
   REQUIRE_CUDA_DEVICE();
   GptConfig c;
@@ -619,69 +684,6 @@ TEST_CASE("cuda: a full training step matches the CPU engine", "[cuda][step]") {
 }
 
 #ifdef DILOCO_HAVE_NCCL
-TEST_CASE("cuda: the backend's outer-sync ops match the CPU backend byte for byte", "[cuda]") {
-  REQUIRE_CUDA_DEVICE();
-  GptConfig c;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  std::unique_ptr<TrainingBackend> gpu, cpu;
-  REQUIRE(CreateBackend("cuda", BackendOptions{c, 1}, &gpu).empty());
-  REQUIRE(CreateBackend("cpu", BackendOptions{c, 1}, &cpu).empty());
-  // The same parameters on both, a fragment of two ranges, then θ moved by the same amount.
-  Rng rng(run_seed());
-  std::vector<float> params(cpu->num_params());
-  for (float& x : params) x = 0.02f * (float)rng.normal();
-  gpu->upload_params(params.data());
-  cpu->upload_params(params.data());
-  const std::vector<std::vector<ParamRange>> frags = {{{0, 3000}, {5000, 1234}}, {{9000, 2000}}};
-  gpu->sync_setup(frags);
-  cpu->sync_setup(frags);
-  auto both_params = [&](std::vector<float>* g, std::vector<float>* h) {
-    g->resize(params.size());
-    h->resize(params.size());
-    gpu->download_params(g->data());
-    cpu->download_params(h->data());
-  };
-  for (SyncCodec kind : {SyncCodec::kFp32, SyncCodec::kBf16, SyncCodec::kInt8, SyncCodec::kInt4}) {
-    INFO("codec " << (int)kind);
-    for (float& x : params) x += 1e-3f * (float)rng.normal();
-    gpu->upload_params(params.data());
-    cpu->upload_params(params.data());
-    std::vector<uint8_t> pg, pc;
-    std::vector<uint64_t> bg, bc;
-    REQUIRE(gpu->sync_encode_delta(0, kind, 64, &pg, &bg));
-    REQUIRE(cpu->sync_encode_delta(0, kind, 64, &pc, &bc));
-    CHECK(pg == pc);
-    CHECK(bg == bc);
-    // The update comes back as a Global: apply, then every fold.
-    REQUIRE(gpu->sync_apply_update(0, pc.data(), pc.size(), kind, 64));
-    REQUIRE(cpu->sync_apply_update(0, pc.data(), pc.size(), kind, 64));
-    std::vector<float> basg(4234), basc(4234);
-    gpu->sync_read_base(0, basg.data());
-    cpu->sync_read_base(0, basc.data());
-    CHECK(std::memcmp(basg.data(), basc.data(), basg.size() * sizeof(float)) == 0);
-    for (auto [mode, included] : {std::pair{FoldMode::kReplay, FoldIncluded::kPreviousBase},
-                                  std::pair{FoldMode::kReplay, FoldIncluded::kAtSend},
-                                  std::pair{FoldMode::kMix, FoldIncluded::kAtSend}}) {
-      gpu->sync_shift_at_send(0);
-      cpu->sync_shift_at_send(0);
-      gpu->sync_fold(0, mode, 0.3, included);
-      cpu->sync_fold(0, mode, 0.3, included);
-      std::vector<float> g, h;
-      both_params(&g, &h);
-      CHECK(std::memcmp(g.data(), h.data(), g.size() * sizeof(float)) == 0);
-    }
-  }
-  std::vector<float> snapshot(2000, 0.5f);
-  gpu->sync_install(1, snapshot.data());
-  cpu->sync_install(1, snapshot.data());
-  std::vector<float> g, h;
-  both_params(&g, &h);
-  CHECK(std::memcmp(g.data(), h.data(), g.size() * sizeof(float)) == 0);
-}
-
 TEST_CASE("cuda: 1-rank NCCL ring", "[cuda][nccl]") {
   REQUIRE_CUDA_DEVICE();
   std::unique_ptr<cuda::NcclCommGroup> group;
