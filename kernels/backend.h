@@ -134,6 +134,12 @@ class TrainingBackend {
   // base_p (packed, host): for tests.
   virtual void sync_read_base(int p, float* packed) const = 0;
 
+ protected:
+  // The values of a fragment's ranges; every range must lie inside the parameters.
+  size_t checked_fragment_numel(const std::vector<ParamRange>& ranges) const;
+
+ public:
+
   // Mean loss of a batch without touching gradients or parameters.
   virtual double eval_loss(const int* inputs, const int* targets, int B, int T) = 0;
 };

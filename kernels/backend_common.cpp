@@ -12,6 +12,16 @@ void TrainingBackend::init_weights(uint64_t seed) {
   upload_params(params.data());
 }
 
+size_t TrainingBackend::checked_fragment_numel(const std::vector<ParamRange>& ranges) const {
+  size_t numel = 0;
+  for (const ParamRange& r : ranges) {
+    DL_CHECK(r.offset + r.count <= num_params(), "fragment range [%zu, +%zu) outside %zu", r.offset, r.count,
+             num_params());
+    numel += r.count;
+  }
+  return numel;
+}
+
 CommStatus ring_train_step(TrainingBackend& backend, LocalComm& comm, const int* inputs, const int* targets, int B,
                            int T, const AdamWHyper& hp, double grad_clip, StepStats* stats) {
   DL_CHECK(comm.memory() == backend.grad_memory(),

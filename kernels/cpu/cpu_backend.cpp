@@ -71,11 +71,7 @@ void CpuBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragment
   for (size_t p = 0; p < fragments.size(); p++) {
     SyncFragment& f = sync_[p];
     f.ranges = fragments[p];
-    for (const ParamRange& r : f.ranges) {
-      DL_CHECK(r.offset + r.count <= num_params(), "fragment range [%zu, +%zu) outside %zu", r.offset, r.count,
-               num_params());
-      f.numel += r.count;
-    }
+    f.numel = checked_fragment_numel(f.ranges);
     f.base.resize(f.numel);
     gather(f, f.base.data());
     f.previous_base = f.base;

@@ -445,11 +445,7 @@ void CudaBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragmen
   for (size_t p = 0; p < fragments.size(); p++) {
     SyncFragment& f = sync_[p];
     f.ranges = fragments[p];
-    for (const ParamRange& r : f.ranges) {
-      DL_CHECK(r.offset + r.count <= num_params(), "fragment range [%zu, +%zu) outside %zu", r.offset, r.count,
-               num_params());
-      f.numel += r.count;
-    }
+    f.numel = checked_fragment_numel(f.ranges);
     largest = std::max(largest, f.numel);
     size_t payload = 0;
     for (const ParamRange& r : f.ranges) payload += AlignedPayloadBytes(r.count);
