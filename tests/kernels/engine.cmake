@@ -7,7 +7,8 @@ diloco_test(kernel_engine_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_backend.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_local_comm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_sync_ops.cpp
-  # The wire codec, compiled in as the reference for kernels/sync_ops.h
+  # The wire codec (framing, top-k, error feedback over kernels/sync_ops.h),
+  # compiled in so the tests can check the backends' sync ops against it
   # (header-only dependencies: codec_kind.h, util/status.h).
   ${PROJECT_SOURCE_DIR}/daemon/net/codec.cpp
 )
