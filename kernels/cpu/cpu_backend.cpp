@@ -99,16 +99,17 @@ bool CpuBackend::sync_encode_delta(int p, SyncCodec kind, int block, std::vector
   for (const ParamRange& r : f.ranges) total += range_bytes->emplace_back(sync_payload_bytes(kind, r.count, block));
   payload->resize(total);
   // Encode into a copy of the residual, so a failure on a later range leaves it as it was.
-  std::vector<float> residual = f.residual;
+  residual_scratch_.assign(f.residual.begin(), f.residual.end());
   size_t at = 0, value = 0;
   for (size_t i = 0; i < f.ranges.size(); i++) {
     const size_t n = f.ranges[i].count;
-    if (!sync_encode(payload->data() + at, residual.data() + value, scratch2_.data() + value, kind, block, n))
+    if (!sync_encode(payload->data() + at, residual_scratch_.data() + value, scratch2_.data() + value, kind, block,
+                     n))
       return false;
     at += (*range_bytes)[i];
     value += n;
   }
-  f.residual = std::move(residual);
+  f.residual.swap(residual_scratch_);
   f.at_send.swap(scratch_);
   return true;
 }

@@ -56,7 +56,7 @@ class CpuBackend final : public TrainingBackend {
   Gpt model_;
   AdamWState optimizer_;
   std::vector<SyncFragment> sync_;
-  std::vector<float> scratch_, scratch2_;
+  std::vector<float> scratch_, scratch2_, residual_scratch_;
 };
 
 }  // namespace diloco
