@@ -134,32 +134,14 @@ std::string CreateBackend(const std::string& device, const BackendOptions& optio
     *out = std::make_unique<CpuBackend>(options);
     return "";
   }
-  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+  if (const int index = CudaIndex(device); index >= 0) {
+    // Not compiled, no GPU, index out of range: CheckDeviceAvailable says which, and what to do.
+    if (std::string err = CheckDeviceAvailable(device, 1); !err.empty()) return "device \"" + device + "\": " + err;
 #ifdef DILOCO_HAVE_CUDA
-    int index = 0;
-    if (device.size() > 5) {
-      char* end = nullptr;
-      const long v = std::strtol(device.c_str() + 5, &end, 10);
-      if (*end != '\0' || v < 0 || v > 99999) return "bad device \"" + device + "\": use cuda or cuda:N";
-      index = (int)v;
-    }
-    const int count = cuda::device_count();
-    if (count == 0) {
-      return "device \"" + device +
-             "\": no CUDA device is visible (check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES), "
-             "or train on the cpu";
-    }
-    if (index >= count) {
-      return "device \"" + device + "\": only " + std::to_string(count) + " CUDA device(s) visible (cuda:0.." +
-             std::to_string(count - 1) + ")";
-    }
     return cuda::CreateCudaBackend(index, options, out);
-#else
-    return "device \"" + device +
-           "\": this build has no CUDA backend; rebuild with the CUDA toolkit installed "
-           "(cmake -DDILOCO_CUDA=ON) or train on the cpu";
 #endif
   }
+  if (device.rfind("cuda", 0) == 0) return "bad device \"" + device + "\": use cuda or cuda:N";
   return "unknown device \"" + device + "\": use cpu, cuda or cuda:N";
 }
 

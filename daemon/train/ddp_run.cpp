@@ -13,7 +13,6 @@
 #include "daemon/train/data.h"
 #include "daemon/train/inner_loop.h"
 #include "daemon/train/local_ring.h"
-#include "daemon/util/crc32c.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
 #include "kernels/rng.h"
@@ -128,24 +127,10 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   ro.ranks = M * R;
   std::unique_ptr<LocalRing> ring;
   DL_RETURN_IF_ERROR(LocalRing::Create(ro, &ring));
-  const GptConfig gc = GptConfigOf(cfg.model);
   const size_t N = ring->backend(0).num_params();
   const std::string checkpoint_path = (fs::path(options.run_dir) / "checkpoint.bin").string();
   long start_step = 0;
-  if (options.resume) {
-    Checkpoint ckpt;
-    DL_RETURN_IF_ERROR(LoadCheckpoint(checkpoint_path, &ckpt).WithContext("cannot resume the ddp run"));
-    DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, gc, true).WithContext("cannot resume the ddp run"));
-    ring->Upload(ckpt.params.data(), &ckpt.optimizer);
-    start_step = ckpt.step;
-  } else {
-    if (fs::exists(checkpoint_path))
-      return Status::Error("run directory '" + options.run_dir +
-                           "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
-    std::vector<float> init(N);
-    gpt_init_params(gc, tc.seed, init.data());
-    ring->Upload(init.data());
-  }
+  DL_RETURN_IF_ERROR(StartRing(options, checkpoint_path, ring.get(), &start_step).WithContext("ddp"));
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
   JsonlWriter metrics;
   std::mutex metrics_mu;
@@ -174,20 +159,10 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   std::vector<uint32_t> param_crc(M * R);
   DL_RETURN_IF_ERROR(ring->Run([&](int g) -> Status {
     const int learner = g / R, rank = g % R;
-    InnerLoopOptions lo;
-    lo.start_step = start_step;
-    lo.end_step = tc.steps;
-    lo.train = &tc;
-    lo.sampler = &samplers[learner];
-    lo.row_begin = rank * B;
-    lo.rows = B;
-    lo.block_size = T;
     long done = 0;
-    DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring->backend(g), ring->comm(g), rank == 0 ? hooks[learner].get() : nullptr,
-                                    &done));
-    std::vector<float> params(N);
-    ring->backend(g).download_params(params.data());
-    param_crc[g] = Crc32c(params.data(), N * sizeof(float));
+    DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg, samplers[learner], rank, start_step), ring->backend(g),
+                                    ring->comm(g), rank == 0 ? hooks[learner].get() : nullptr, &done));
+    param_crc[g] = ParamsCrc32c(ring->backend(g));
     if (g == 0) step = done;
     return Status::Ok();
   }));

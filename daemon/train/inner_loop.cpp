@@ -15,7 +15,7 @@ using Clock = std::chrono::steady_clock;
 
 // The control header every rank reduces (rank 0 writes it, the others add zeros): doubles hold
 // steps, flags and offsets exactly (below 2^53).
-enum ControlSlot { kStop, kAllParams, kRanges, kStep, kControlSlots };
+enum ControlSlot { kStop, kRanges, kStep, kControlSlots };
 
 Status FromComm(const CommStatus& st, long step) {
   if (st.ok()) return Status::Ok();
@@ -44,17 +44,15 @@ CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* 
   if (comm.world_size() == 1) return CommStatus::Ok();
   const bool leader = comm.rank() == 0;
   if (leader) MergeRanges(&control->changed);
-  double header[kControlSlots] = {0, 0, 0, 0};
+  double header[kControlSlots] = {0, 0, 0};
   if (leader) {
     header[kStop] = control->stop;
-    header[kAllParams] = control->all_params;
-    header[kRanges] = control->all_params ? 0 : (double)control->changed.size();
+    header[kRanges] = (double)control->changed.size();
     header[kStep] = (double)*step;
   }
   CommStatus st = comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
   if (!st.ok()) return st;
   control->stop = header[kStop] != 0;
-  control->all_params = header[kAllParams] != 0;
   *step = (long)header[kStep];
   if (control->stop) return CommStatus::Ok();
   const size_t n = (size_t)header[kRanges];
@@ -68,7 +66,6 @@ CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* 
     st = comm.all_reduce_host(ranges.data(), (int)ranges.size(), ReduceOp::kSum);
     if (!st.ok()) return st;
   }
-  if (control->all_params) ranges = {0.0, (double)backend.num_params()};
   for (size_t i = 0; i < ranges.size(); i += 2) {
     const size_t offset = (size_t)ranges[i], count = (size_t)ranges[i + 1];
     st = comm.broadcast(backend.param_buffer() + offset, count, 0);
@@ -80,9 +77,21 @@ CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* 
 
 }  // namespace
 
+InnerLoopOptions RankLoopOptions(const RunConfig& config, const BatchSampler& sampler, int rank, long start_step) {
+  InnerLoopOptions lo;
+  lo.start_step = start_step;
+  lo.end_step = config.train.steps;
+  lo.train = &config.train;
+  lo.sampler = &sampler;
+  lo.rows = config.train.batch_size;
+  lo.row_begin = rank * lo.rows;
+  lo.block_size = config.model.block_size;
+  return lo;
+}
+
 CommStatus StopFollowers(LocalComm& comm) {
   if (comm.world_size() == 1) return CommStatus::Ok();
-  double header[kControlSlots] = {1, 0, 0, 0};
+  double header[kControlSlots] = {1, 0, 0};
   return comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
 }
 

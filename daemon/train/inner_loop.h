@@ -27,9 +27,8 @@ namespace diloco {
 
 // What rank 0 tells the ring before a step.
 struct StepControl {
-  bool stop = false;        // end the loop before this step
-  bool all_params = false;  // rank 0 rewrote every parameter (a join from a snapshot)
-  std::vector<ParamRange> changed;  // else: the ranges it rewrote (folded fragments)
+  bool stop = false;                // end the loop before this step
+  std::vector<ParamRange> changed;  // the ranges rank 0 rewrote (folded or installed fragments)
 };
 
 struct StepResult {
@@ -60,6 +59,11 @@ struct InnerLoopOptions {
   int rows = 1;
   int block_size = 1;  // T
 };
+
+// The loop of rank `rank` of a ring training config from start_step to train.steps: each rank
+// takes train.batch_size rows of the sampler's batch (which holds ranks × batch_size rows). config
+// and sampler must outlive the loop.
+InnerLoopOptions RankLoopOptions(const RunConfig& config, const BatchSampler& sampler, int rank, long start_step);
 
 // Runs the loop on one rank until rank 0 stops it (end_step reached, or a StepControl with stop).
 // hook may be null on ranks other than 0. *steps_done: the step the loop ended at (start_step +

@@ -78,13 +78,6 @@ void ContiguousPayload(const ParsedMessage& m, std::vector<uint8_t>* out) {
   for (const auto& chunk : m.payload_spans()) out->insert(out->end(), chunk.begin(), chunk.end());
 }
 
-// CRC32C of the backend's parameters: the ranks of a ring must agree bit for bit.
-uint32_t ParamsCrc(const TrainingBackend& backend) {
-  std::vector<float> params(backend.num_params());
-  backend.download_params(params.data());
-  return Crc32c(params.data(), params.size() * sizeof(float));
-}
-
 // The learner's hook on the inner loop (inner_loop.h): the outer sync around every step.
 class LearnerHook final : public InnerLoopHook {
  public:
@@ -95,13 +88,13 @@ class LearnerHook final : public InnerLoopHook {
 };
 
 // Rank 0 of the learner's ring: everything of RunLearner but the followers.
-Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const Corpus& corpus_ref,
+// train: the learner's sampler (ranks × batch_size rows per step), shared with the followers.
+Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
                         LocalRing& ring, bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
   const RunConfig& cfg = *o.config;
   const TrainConfig& tc = cfg.train;
   const SyncConfig& sc = cfg.sync;
   const std::string me = LearnerName(o.index);
-  const Corpus* corpus = &corpus_ref;
   TrainingBackend& backend = ring.backend(0);
   LearnerResult res;
   std::vector<ParamRange> changed;  // parameters rewritten since the ring last copied them
@@ -461,9 +454,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   };
 
   const int B = tc.batch_size, T = cfg.model.block_size;
-  const int R = ring.ranks();
-  const long tokens_per_step = (long)R * B * T;
-  const BatchSampler train = TrainSampler(*corpus, R * B, T, mix_seed(tc.seed, (uint64_t)o.index));
+  const long tokens_per_step = (long)ring.ranks() * B * T;
   const double slowdown = SlowdownOf(cfg.learners, o.index);
   double recent_sum = 0;
   int recent_n = 0;
@@ -643,17 +634,9 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     }
     return Status::Ok();
   };
-  InnerLoopOptions lo;
-  lo.start_step = step;
-  lo.end_step = tc.steps;
-  lo.train = &tc;
-  lo.sampler = &train;
-  lo.row_begin = 0;
-  lo.rows = B;
-  lo.block_size = T;
   *loop_entered = true;
-  DL_RETURN_IF_ERROR(RunInnerLoop(lo, backend, ring.comm(0), &hook, &step));
-  if (ring.ranks() > 1) *loop_end_crc = ParamsCrc(backend);  // before the last polls fold into rank 0
+  DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg, train, 0, step), backend, ring.comm(0), &hook, &step));
+  if (ring.ranks() > 1) *loop_end_crc = ParamsCrc32c(backend);  // before the last polls fold into rank 0
   res.steps = step;
   if (!o.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o.run_dir, o.index, step));
   if (!res.crashed) {
@@ -688,27 +671,21 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   DL_RETURN_IF_ERROR(LocalRing::Create(ro, &ring).WithContext(me));
   // A joining learner starts from the syncer's snapshot: rank 0 installs it, the ring copies it.
   if (o.init_params != nullptr) ring->Upload(o.init_params);
+  const BatchSampler train = TrainSampler(*corpus, ring->ranks() * cfg.train.batch_size, cfg.model.block_size,
+                                          mix_seed(cfg.train.seed, (uint64_t)o.index));
   std::vector<uint32_t> crcs(ring->ranks(), 0);
   DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
     if (rank == 0) {
       bool loop_entered = false;
-      Status st = RunLearnerLeader(context, o, *corpus, *ring, &loop_entered, &crcs[0], result);
+      Status st = RunLearnerLeader(context, o, train, *ring, &loop_entered, &crcs[0], result);
       // Ended before training (a crash or a stop during the handshake): release the followers.
       if (st.ok() && !loop_entered) (void)StopFollowers(ring->comm(0));
       return st;
     }
-    const int B = cfg.train.batch_size, T = cfg.model.block_size;
-    const BatchSampler train = TrainSampler(*corpus, ring->ranks() * B, T, mix_seed(cfg.train.seed, (uint64_t)o.index));
-    InnerLoopOptions lo;
-    lo.end_step = cfg.train.steps;  // rank 0 decides
-    lo.train = &cfg.train;
-    lo.sampler = &train;
-    lo.row_begin = rank * B;
-    lo.rows = B;
-    lo.block_size = T;
-    long done = 0;
-    DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &done));
-    crcs[rank] = ParamsCrc(ring->backend(rank));
+    long done = 0;  // a follower takes each step's number from rank 0
+    DL_RETURN_IF_ERROR(
+        RunInnerLoop(RankLoopOptions(cfg, train, rank, 0), ring->backend(rank), ring->comm(rank), nullptr, &done));
+    crcs[rank] = ParamsCrc32c(ring->backend(rank));
     return Status::Ok();
   }));
   if (ring->ranks() > 1 && crcs[0] != 0) result->rank_param_crc32c = crcs;

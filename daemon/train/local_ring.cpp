@@ -4,7 +4,15 @@
 
 #include <thread>
 
+#include "daemon/util/crc32c.h"
+
 namespace diloco {
+
+uint32_t ParamsCrc32c(const TrainingBackend& backend) {
+  std::vector<float> params(backend.num_params());
+  backend.download_params(params.data());
+  return Crc32c(params.data(), params.size() * sizeof(float));
+}
 
 Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out) {
   if (options.ranks < 1) return Status::Error("train.ranks must be at least 1, not " + std::to_string(options.ranks));

@@ -22,6 +22,9 @@ struct LocalRingOptions {
   int threads = 1;     // CPU threads for the whole ring (OpenMP), shared by the ranks
 };
 
+// CRC32C of a backend's parameters: the ranks of a ring must agree bit for bit.
+uint32_t ParamsCrc32c(const TrainingBackend& backend);
+
 class LocalRing {
  public:
   // Makes every rank's backend and comm. A device this machine or build lacks is a clear error

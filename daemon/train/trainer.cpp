@@ -66,6 +66,27 @@ CorpusOptions CorpusOptionsOf(const RunConfig& config, int learner, int num_lear
   return co;
 }
 
+Status StartRing(const TrainOptions& options, const std::string& checkpoint_path, LocalRing* ring,
+                 long* start_step) {
+  const GptConfig gc = GptConfigOf(options.config.model);
+  *start_step = 0;
+  if (options.resume) {
+    Checkpoint ckpt;
+    DL_RETURN_IF_ERROR(LoadCheckpoint(checkpoint_path, &ckpt).WithContext("cannot resume"));
+    DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, gc, true).WithContext("cannot resume"));
+    ring->Upload(ckpt.params.data(), &ckpt.optimizer);
+    *start_step = ckpt.step;
+    return Status::Ok();
+  }
+  if (fs::exists(checkpoint_path))
+    return Status::Error("run directory '" + options.run_dir +
+                         "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
+  std::vector<float> init(ring->backend(0).num_params());
+  gpt_init_params(gc, options.config.train.seed, init.data());
+  ring->Upload(init.data());
+  return Status::Ok();
+}
+
 BatchSampler TrainSampler(const Corpus& corpus, int batch, int block_size, uint64_t seed) {
   return BatchSampler(corpus.train_tokens(), batch, block_size, seed);
 }
@@ -275,20 +296,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   s.run_dir = options.run_dir;
   s.checkpoint = (fs::path(options.run_dir) / "checkpoint.bin").string();
   long start_step = 0;
-  if (options.resume) {
-    Checkpoint ckpt;
-    DL_RETURN_IF_ERROR(LoadCheckpoint(s.checkpoint, &ckpt).WithContext("cannot resume"));
-    DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, GptConfigOf(cfg.model), true).WithContext("cannot resume"));
-    ring->Upload(ckpt.params.data(), &ckpt.optimizer);
-    start_step = ckpt.step;
-  } else {
-    if (fs::exists(s.checkpoint))
-      return Status::Error("run directory '" + options.run_dir +
-                           "' already holds a checkpoint: pass --resume to continue it, or choose another --out");
-    std::vector<float> init(ring->backend(0).num_params());
-    gpt_init_params(GptConfigOf(cfg.model), tc.seed, init.data());
-    ring->Upload(init.data());
-  }
+  DL_RETURN_IF_ERROR(StartRing(options, s.checkpoint, ring.get(), &start_step));
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
   JsonlWriter metrics;
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
@@ -309,16 +317,9 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
   SingleLearnerHook hook(options, &metrics, &val, (long)R * B * T, start_step, &s);
   long step = start_step;
   DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
-    InnerLoopOptions lo;
-    lo.start_step = start_step;
-    lo.end_step = tc.steps;
-    lo.train = &tc;
-    lo.sampler = &train;
-    lo.row_begin = rank * B;
-    lo.rows = B;
-    lo.block_size = T;
     long done = 0;
-    Status st = RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), rank == 0 ? &hook : nullptr, &done);
+    Status st = RunInnerLoop(RankLoopOptions(cfg, train, rank, start_step), ring->backend(rank), ring->comm(rank),
+                             rank == 0 ? &hook : nullptr, &done);
     if (rank == 0) step = done;
     return st;
   }));

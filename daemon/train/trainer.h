@@ -95,6 +95,12 @@ Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::stri
 // step (ranks × batch_size × block_size).
 CountLimits CountLimitsOf(const RunConfig& config);
 
+// Where a ring whose run keeps a checkpoint.bin (a single learner, ddp) starts: on resume, the
+// checkpoint's parameters, AdamW moments and step on every rank; else the GPT-2 init of
+// train.seed at step 0 (and a run directory that already holds a checkpoint is refused).
+Status StartRing(const TrainOptions& options, const std::string& checkpoint_path, LocalRing* ring,
+                 long* start_step);
+
 // A learner's local ring for a run config (train.device, train.ranks, the model, the batch).
 LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads);
 

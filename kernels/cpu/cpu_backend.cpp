@@ -130,8 +130,8 @@ bool CpuBackend::sync_apply_update(int p, const uint8_t* payload, size_t bytes, 
     value += r.count;
   }
   if (at != bytes) return false;
-  f.previous_base = f.base;
-  for (size_t i = 0; i < f.numel; i++) f.base[i] += scratch_[i];
+  f.previous_base.swap(f.base);  // no copy: the new base is written from the previous one
+  for (size_t i = 0; i < f.numel; i++) f.base[i] = f.previous_base[i] + scratch_[i];
   return true;
 }
 

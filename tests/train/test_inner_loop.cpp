@@ -47,11 +47,11 @@ RunConfig SmallConfig(const std::string& corpus) {
 
 // A ring of `ranks` ranks, each taking `batch` rows of the step's batch, from the config's seed.
 struct TestRing {
-  TestRing(const RunConfig& config, int ranks, int batch) : cfg(config), batch(batch) {
+  TestRing(const RunConfig& config, int ranks, int batch) : cfg(config) {
+    cfg.train.batch_size = batch;  // rows per rank
     REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
     LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
     ro.ranks = ranks;
-    ro.batch_size = batch;
     REQUIRE(LocalRing::Create(ro, &ring).ok());
     std::vector<float> init(ring->backend(0).num_params());
     gpt_init_params(ro.model, cfg.train.seed, init.data());
@@ -59,16 +59,7 @@ struct TestRing {
     sampler = std::make_unique<BatchSampler>(
         TrainSampler(*corpus, ranks * batch, cfg.model.block_size, mix_seed(cfg.train.seed, 0)));
   }
-  InnerLoopOptions Options(int rank) const {
-    InnerLoopOptions lo;
-    lo.end_step = cfg.train.steps;
-    lo.train = &cfg.train;
-    lo.sampler = sampler.get();
-    lo.row_begin = rank * batch;
-    lo.rows = batch;
-    lo.block_size = cfg.model.block_size;
-    return lo;
-  }
+  InnerLoopOptions Options(int rank) const { return RankLoopOptions(cfg, *sampler, rank, 0); }
   std::vector<float> Params(int rank) {
     std::vector<float> p(ring->backend(rank).num_params());
     ring->backend(rank).download_params(p.data());
@@ -76,7 +67,6 @@ struct TestRing {
   }
 
   RunConfig cfg;
-  int batch;
   std::unique_ptr<Corpus> corpus;
   std::unique_ptr<LocalRing> ring;
   std::unique_ptr<BatchSampler> sampler;
@@ -183,18 +173,19 @@ TEST_CASE("local ring: StopFollowers releases ranks waiting for a loop that neve
 }
 
 TEST_CASE("local ring: a device this build or machine lacks is refused before anything starts", "[unit]") {
+  // GPU 4096 exists nowhere: refused without CUDA, without a GPU, and on a GPU machine alike.
   LocalRingOptions ro;
-  ro.device = "cuda";
+  ro.device = "cuda:4096";
   std::unique_ptr<LocalRing> ring;
   const Status st = LocalRing::Create(ro, &ring);
   REQUIRE_FALSE(st.ok());
-  CHECK(st.message().find("train.device cuda") != std::string::npos);
+  CHECK(st.message().find("train.device cuda:4096") != std::string::npos);
   TrainConfig tc;
-  tc.device = "cuda:1";
+  tc.device = "cuda:4096";
   tc.ranks = 2;
   const Status check = CheckTrainDevice(tc);
   REQUIRE_FALSE(check.ok());
-  CHECK(check.message().find("train.device cuda:1") != std::string::npos);
+  CHECK(check.message().find("train.device cuda:4096") != std::string::npos);
   tc.device = "tpu";
   CHECK_FALSE(CheckTrainDevice(tc).ok());
   tc.device = "cpu";
