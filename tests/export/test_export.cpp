@@ -23,6 +23,7 @@
 #include "daemon/util/atomic_file.h"
 #include "kernels/gpt.h"
 #include "tests/temp_dir.h"
+#include "tests/text_corpus.h"
 
 namespace diloco {
 namespace {
@@ -30,11 +31,7 @@ namespace fs = std::filesystem;
 using diloco::testing::TempDir;
 
 std::string WriteCorpus(const fs::path& dir) {
-  std::string text;
-  while (text.size() < 20000) text += "to be or not to be, that is the question.\n";
-  const std::string path = (dir / "corpus.txt").string();
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
+  return testing::WriteShuffledCorpus(dir, {"to be or not to be, that is the question.\n"}, 20000, 1);
 }
 
 TrainOptions TinyRun(const TempDir& tmp, int learners, const std::string& run) {

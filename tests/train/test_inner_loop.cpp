@@ -14,6 +14,7 @@
 #include "daemon/train/trainer.h"
 #include "kernels/rng.h"
 #include "tests/temp_dir.h"
+#include "tests/text_corpus.h"
 
 namespace diloco {
 namespace {
@@ -21,16 +22,7 @@ namespace fs = std::filesystem;
 using diloco::testing::TempDir;
 
 std::string WriteCorpus(const fs::path& dir) {
-  std::string text;
-  uint64_t x = 99;
-  const char* words[] = {"alpha ", "beta ", "gamma ", "delta\n", "epsilon, "};
-  while (text.size() < 20000) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    text += words[(x >> 33) % 5];
-  }
-  const std::string path = (dir / "corpus.txt").string();
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
+  return testing::WriteShuffledCorpus(dir, {"alpha ", "beta ", "gamma ", "delta\n", "epsilon, "}, 20000, 99);
 }
 
 RunConfig SmallConfig(const std::string& corpus) {

@@ -16,6 +16,7 @@
 #include "kernels/rng.h"
 #include "kernels/train_step.h"
 #include "tests/temp_dir.h"
+#include "tests/text_corpus.h"
 
 namespace diloco {
 namespace {
@@ -24,18 +25,12 @@ using diloco::testing::TempDir;
 
 // A small learnable corpus: a few sentences in a shuffled order.
 std::string WriteCorpus(const fs::path& dir) {
-  const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "to be or not to be, that is the question.\n",
-                         "all the world's a stage, and all the men and women merely players.\n",
-                         "now is the winter of our discontent.\n"};
-  std::string text;
-  uint64_t x = 12345;
-  while (text.size() < 60000) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    text += lines[(x >> 33) % 4];
-  }
-  const std::string path = (dir / "corpus.txt").string();
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
+  return testing::WriteShuffledCorpus(dir,
+                                      {"the quick brown fox jumps over the lazy dog.\n",
+                                       "to be or not to be, that is the question.\n",
+                                       "all the world's a stage, and all the men and women merely players.\n",
+                                       "now is the winter of our discontent.\n"},
+                                      60000, 12345);
 }
 
 TrainOptions TinyRun(const TempDir& tmp, int learners) {
