@@ -15,6 +15,7 @@ packages=(
   libflatbuffers-dev flatbuffers-compiler
   libcpp-httplib-dev                     # the Prometheus /metrics endpoint
   fortunes                               # the demo corpus: /usr/share/games/fortunes
+  iproute2 jq                            # tests: the network-namespace cluster (scripts/netns-cluster.sh)
 )
 
 missing=()

@@ -58,8 +58,14 @@ struct StringListField {
   std::vector<std::string>* value;
 };
 
+// chaos.events: a list whose items each hold one of several action sections, read and written by
+// ReadChaosEvents / ChaosEventsToYaml with the item table ChaosEventKeysOf.
+struct ChaosEventsField {
+  std::vector<ChaosEvent>* value;
+};
+
 using FieldRef = std::variant<int*, uint64_t*, double*, std::string*, PathField, EnumField, ListField,
-                              StringListField>;
+                              StringListField, ChaosEventsField>;
 
 struct Key {
   std::string path;  // "train.lr", "sync.grace.gamma", "learners.0.slowdown"
@@ -85,6 +91,36 @@ EnumField CodecOf(CodecKind* field) {
 
 // The keys of one learners[i] item, relative to it.
 std::vector<Key> LearnerKeysOf(LearnerConfig* l) { return {{"slowdown", &l->slowdown}}; }
+
+// The keys of one chaos.events item, relative to it: the two triggers, then a section per action
+// (an event has one trigger and one action: ReadChaosEvents checks). The actions' keys share
+// ChaosEvent's fields.
+std::vector<Key> ChaosEventKeysOf(ChaosEvent* e) {
+  return {
+      {"at_s", &e->at_s},
+      {"at_step", &e->at_step},
+      {"kill.learner", &e->learner},
+      {"kill.restart_after_s", &e->restart_after_s},
+      {"slow.learner", &e->learner},
+      {"slow.factor", &e->factor},
+      {"slow.duration_s", &e->duration_s},
+      {"partition.learner", &e->learner},
+      {"partition.duration_s", &e->duration_s},
+      {"drop.learner", &e->learner},
+      {"drop.prob", &e->prob},
+      {"drop.duration_s", &e->duration_s},
+      {"corrupt.learner", &e->learner},
+      {"corrupt.prob", &e->prob},
+      {"corrupt.duration_s", &e->duration_s},
+      {"syncer_kill.restart_after_s", &e->restart_after_s},
+  };
+}
+
+// Every action key must be given except restart_after_s and the learner of drop and corrupt.
+bool IsRequiredChaosKey(ChaosEventKind kind, const std::string& name) {
+  if (name == "learner") return IsLearnerEvent(kind);
+  return name != "restart_after_s";
+}
 
 // Every key, bound to the fields of *c; list items as many as *c holds.
 std::vector<Key> KeysOf(RunConfig* c) {
@@ -153,6 +189,12 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"learners", ListField{[c](size_t n) { c->learners.resize(n); }, learner_names}},
       {"placement.syncer", &c->placement.syncer},
       {"placement.learners", StringListField{&c->placement.learners}},
+      {"chaos.seed", &c->chaos.seed},
+      {"chaos.events", ChaosEventsField{&c->chaos.events}},
+      {"chaos.random.mtbf_s", &c->chaos.random.mtbf_s},
+      {"chaos.random.mttr_s", &c->chaos.random.mttr_s},
+      {"chaos.random.from_s", &c->chaos.random.from_s},
+      {"chaos.random.until_s", &c->chaos.random.until_s},
   };
   for (size_t i = 0; i < c->learners.size(); ++i) {
     for (Key& key : LearnerKeysOf(&c->learners[i])) {
@@ -230,10 +272,16 @@ class Origins {
   }
   bool IsOverride(const std::string& key) const { return overrides_.count(key) > 0; }
 
-  // The origin of key, whose node in the tree is at mark.
+  // The origin of key, whose node in the tree is at mark. A key inside a value that --set gave
+  // whole (--set 'chaos.events=[...]') comes from that --set, not from the file's line.
   std::string At(const std::string& key, const YAML::Mark& mark) const {
-    auto it = overrides_.find(key);
-    if (it != overrides_.end()) return it->second;
+    for (std::string k = key;;) {
+      auto it = overrides_.find(k);
+      if (it != overrides_.end()) return it->second;
+      const size_t dot = k.rfind('.');
+      if (dot == std::string::npos) break;
+      k.resize(dot);  // the parent
+    }
     if (mark.is_null()) return source_name_;
     return source_name_ + ":" + std::to_string(mark.line + 1) + ":" +
            std::to_string(mark.column + 1);
@@ -379,7 +427,10 @@ class TreeReader {
       }
       const YAML::Node& value = entry.second;
       const std::string where = origins_->At(path, value.Mark());
-      if (is_value) {
+      if (const auto* events = key ? std::get_if<ChaosEventsField>(&key->field) : nullptr) {
+        DL_RETURN_IF_ERROR(ReadChaosEvents(value, path, events->value));
+        origins_->Record(path, where);
+      } else if (is_value) {
         // A path given on the command line is relative to where the command ran.
         const std::string path_base = origins_->IsOverride(path) ? "" : base_dir_;
         DL_RETURN_IF_ERROR(ReadValue(*key, value, where, path_base));
@@ -414,6 +465,91 @@ class TreeReader {
     }
     for (size_t i = 0; i < node.size(); ++i) {
       DL_RETURN_IF_ERROR(ReadSubsection(node[i], path + "." + std::to_string(i)));
+    }
+    return Status::Ok();
+  }
+
+  // chaos.events: each item is read with its own small table, then checked for one trigger and
+  // one action with all its required keys (ranges: ValidateChaos, once sync.learners is known).
+  Status ReadChaosEvents(const YAML::Node& node, const std::string& path,
+                         std::vector<ChaosEvent>* events) {
+    events->clear();
+    if (node.IsNull()) return Status::Ok();
+    const std::string actions =
+        Join(std::vector<std::string>(kChaosEventNames.begin(), kChaosEventNames.end()));
+    if (!node.IsSequence()) {
+      return Status::Error(origins_->At(path, node.Mark()) + ": " + path +
+                           ": expected a list of events, e.g. " + path +
+                           ": [{at_s: 30, kill: {learner: 1}}], got " + Describe(node));
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string item = path + "." + std::to_string(i);
+      const YAML::Node entry = node[i];
+      const std::string item_at = origins_->At(item, entry.Mark());
+      if (!entry.IsMap()) {
+        return Status::Error(item_at + ": " + item +
+                             ": expected an event: one trigger (at_s or at_step) and one action (" +
+                             actions + "), e.g. {at_s: 30, kill: {learner: 1}}; got " +
+                             Describe(entry));
+      }
+      ChaosEvent event;
+      std::vector<Key> keys;
+      for (Key& key : ChaosEventKeysOf(&event)) {
+        keys.push_back({item + "." + key.path, std::move(key.field)});
+      }
+      DL_RETURN_IF_ERROR(TreeReader(keys, base_dir_, origins_).ReadSection(entry, item));
+
+      // The reader has rejected unknown keys, so each name is a trigger or an action.
+      std::string trigger, action, action_at;
+      for (const auto& kv : entry) {
+        const std::string name = kv.first.Scalar();
+        const std::string at = origins_->At(item + "." + name, kv.first.Mark());
+        if (name == "at_s" || name == "at_step") {
+          if (!trigger.empty()) {
+            return Status::Error(at + ": " + item + ": has both at_s and at_step; keep one");
+          }
+          trigger = name;
+          if (name == "at_step" && event.at_step < 0) {
+            return Status::Error(origins_->At(item + ".at_step", kv.second.Mark()) + ": " + item +
+                                 ".at_step: must be >= 0, got " +
+                                 std::to_string(event.at_step));
+          }
+          continue;
+        }
+        if (!action.empty()) {
+          return Status::Error(at + ": " + item + ": has two actions, " + action + " and " + name +
+                               "; an event does one thing, so give each its own event");
+        }
+        action = name;
+        action_at = at;
+      }
+      if (trigger.empty() || action.empty()) {
+        return Status::Error(item_at + ": " + item + ": needs " +
+                             (trigger.empty() ? "a trigger: at_s (seconds since training start) or "
+                                                "at_step (a step of the event's learner)"
+                                              : "an action: one of " + actions) +
+                             ", e.g. {at_s: 30, kill: {learner: 1}}");
+      }
+      const auto kind_it = std::find(kChaosEventNames.begin(), kChaosEventNames.end(), action);
+      event.kind = static_cast<ChaosEventKind>(kind_it - kChaosEventNames.begin());
+      if (trigger == "at_step" && !IsLearnerEvent(event.kind)) {
+        return Status::Error(origins_->At(item + ".at_step", entry["at_step"].Mark()) + ": " +
+                             item + ".at_step: only kill, slow and partition fire at a step (a "
+                             "step of their learner); give " + action + " an at_s");
+      }
+      const YAML::Node body = entry[action];
+      for (const Key& key : keys) {
+        const std::string prefix = item + "." + action + ".";
+        if (key.path.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string name = key.path.substr(prefix.size());
+        const bool given = body.IsMap() && body[name].IsDefined();
+        if (!given && IsRequiredChaosKey(event.kind, name)) {
+          return Status::Error(action_at + ": " + key.path + " is required; e.g. " +
+                               "{at_s: 30, slow: {learner: 1, factor: 3, duration_s: 20}}");
+        }
+      }
+      origins_->Record(item, item_at);
+      events->push_back(event);
     }
     return Status::Ok();
   }
@@ -645,6 +781,64 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
   return ValidatePlacement(c, origins);
 }
 
+// Checks the chaos section's ranges; learner indices against sync.learners.
+Status ValidateChaos(const RunConfig& c, const Origins& origins) {
+  auto fail = [&](const std::string& key, const std::string& detail,
+                  std::initializer_list<std::string> blame) {
+    return Status::Error(origins.OfValue(blame) + ": " + key + ": " + detail);
+  };
+  auto check = [&](const std::string& key, double value, bool ok,
+                   const std::string& rule) -> Status {
+    if (ok) return Status::Ok();
+    return fail(key, "must be " + rule + ", got " + FormatDouble(value), {key});
+  };
+  const int learners = c.sync.learners;
+  for (size_t i = 0; i < c.chaos.events.size(); ++i) {
+    const ChaosEvent& e = c.chaos.events[i];
+    const std::string item = "chaos.events." + std::to_string(i);
+    const std::string action = item + "." + std::string(ToString(e.kind));
+    if (e.at_step < 0) {
+      DL_RETURN_IF_ERROR(check(item + ".at_s", e.at_s, e.at_s >= 0,
+                               ">= 0 (seconds since training start)"));
+    }
+    // drop and corrupt leave learner out (-1) for every learner's link.
+    const bool all_ok = !IsLearnerEvent(e.kind) && e.learner == -1;
+    if (e.kind != ChaosEventKind::kSyncerKill && !all_ok &&
+        (e.learner < 0 || e.learner >= learners)) {
+      return fail(action + ".learner",
+                  std::to_string(e.learner) + " is not a learner: sync.learners is " +
+                      std::to_string(learners) + ", so learners are 0 .. " +
+                      std::to_string(learners - 1) +
+                      (IsLearnerEvent(e.kind) ? "" : "; leave it out for every learner's link"),
+                  {action + ".learner", "sync.learners"});
+    }
+    if (e.kind == ChaosEventKind::kSlow) {
+      DL_RETURN_IF_ERROR(check(action + ".factor", e.factor, e.factor > 0,
+                               "> 0 (the learner's step time is multiplied by it)"));
+    }
+    if (e.kind == ChaosEventKind::kDrop || e.kind == ChaosEventKind::kCorrupt) {
+      DL_RETURN_IF_ERROR(check(action + ".prob", e.prob, e.prob >= 0 && e.prob <= 1, "in [0, 1]"));
+    }
+    if (e.kind != ChaosEventKind::kKill && e.kind != ChaosEventKind::kSyncerKill) {
+      DL_RETURN_IF_ERROR(check(action + ".duration_s", e.duration_s, e.duration_s > 0, "> 0"));
+    }
+  }
+  const RandomFailureConfig& r = c.chaos.random;
+  DL_RETURN_IF_ERROR(
+      check("chaos.random.mtbf_s", r.mtbf_s, r.mtbf_s >= 0, ">= 0 (0 = no random failures)"));
+  DL_RETURN_IF_ERROR(check("chaos.random.mttr_s", r.mttr_s, r.mttr_s > 0, "> 0"));
+  DL_RETURN_IF_ERROR(check("chaos.random.from_s", r.from_s, r.from_s >= 0, ">= 0"));
+  DL_RETURN_IF_ERROR(
+      check("chaos.random.until_s", r.until_s, r.until_s >= 0, ">= 0 (0 = the end of the run)"));
+  if (r.until_s > 0 && r.until_s <= r.from_s) {
+    return fail("chaos.random.until_s",
+                FormatDouble(r.until_s) + " is not after chaos.random.from_s " +
+                    FormatDouble(r.from_s) + "; raise until_s, or 0 for the end of the run",
+                {"chaos.random.until_s", "chaos.random.from_s"});
+  }
+  return Status::Ok();
+}
+
 // Checks ranges and relations between keys.
 Status Validate(const RunConfig& c, const Origins& origins) {
   auto fail = [&](const std::string& key, const std::string& detail,
@@ -737,7 +931,8 @@ Status Validate(const RunConfig& c, const Origins& origins) {
   const EvalConfig& e = c.eval;
   DL_RETURN_IF_ERROR(at_least("eval.every", e.every, 0, " (0 = only at the end)"));
   DL_RETURN_IF_ERROR(at_least("eval.batches", e.batches, 1, ""));
-  return ValidateSync(c, origins);
+  DL_RETURN_IF_ERROR(ValidateSync(c, origins));
+  return ValidateChaos(c, origins);
 }
 
 Status ReadFile(const std::string& path, std::string* text) {
@@ -821,10 +1016,53 @@ Status LoadRunConfig(const std::string& path, const std::vector<std::string>& ov
   return ParseRunConfig(text, path, base_dir, overrides, out);
 }
 
+namespace {
+
+// An int or double field as text that reads back equal.
+std::string NumberText(const FieldRef& field) {
+  if (auto* value = std::get_if<int*>(&field)) return std::to_string(**value);
+  return FormatDouble(*std::get<double*>(field));
+}
+
+// chaos.events as written: each event one line, its trigger and its action's keys, optional keys
+// left out while they hold their defaults.
+YAML::Node ChaosEventsToYaml(std::vector<ChaosEvent> events) {
+  YAML::Node list(YAML::NodeType::Sequence);
+  list.SetStyle(events.empty() ? YAML::EmitterStyle::Flow : YAML::EmitterStyle::Block);
+  ChaosEvent defaults;
+  const std::vector<Key> default_keys = ChaosEventKeysOf(&defaults);
+  for (ChaosEvent& e : events) {
+    YAML::Node item(YAML::NodeType::Map);
+    item.SetStyle(YAML::EmitterStyle::Flow);
+    if (e.at_step >= 0) {
+      item["at_step"] = std::to_string(e.at_step);
+    } else {
+      item["at_s"] = FormatDouble(e.at_s);
+    }
+    const std::string action(ToString(e.kind));
+    YAML::Node body(YAML::NodeType::Map);
+    const std::vector<Key> keys = ChaosEventKeysOf(&e);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      if (keys[k].path.compare(0, action.size() + 1, action + ".") != 0) continue;
+      const std::string name = keys[k].path.substr(action.size() + 1);
+      const std::string text = NumberText(keys[k].field);
+      if (!IsRequiredChaosKey(e.kind, name) && text == NumberText(default_keys[k].field)) continue;
+      body[name] = text;
+    }
+    item[action] = body;
+    list.push_back(item);
+  }
+  return list;
+}
+
+}  // namespace
+
 std::string RunConfigToYaml(const RunConfig& config) {
   RunConfig copy = config;  // KeysOf binds mutable pointers
   YAML::Node root(YAML::NodeType::Map);
   for (const Key& key : KeysOf(&copy)) {
+    // A run without chaos has no chaos section, as most configs are written.
+    if (copy.chaos.empty() && key.path.compare(0, 6, "chaos.") == 0) continue;
     // Parents come first in the table, so every step but a list item exists.
     const std::vector<std::string> parts = Split(key.path);
     YAML::Node node = root;
@@ -857,6 +1095,8 @@ std::string RunConfigToYaml(const RunConfig& config) {
       value = *field->value;
     } else if (auto* field = std::get_if<EnumField>(&key.field)) {
       value = field->names.at(field->get());
+    } else if (auto* field = std::get_if<ChaosEventsField>(&key.field)) {
+      value = ChaosEventsToYaml(*field->value);
     } else {
       value = YAML::Node(YAML::NodeType::Sequence);
       value.SetStyle(YAML::EmitterStyle::Flow);  // "[]" until an item makes it a block

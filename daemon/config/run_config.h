@@ -1,7 +1,7 @@
 // The typed, validated config of a training run (`dilococtl train CONFIG
 // [--set key=value]...`): a YAML file with the sections model, data, train,
-// eval, sync and learners, plus command-line overrides. Every key, its type
-// and its default is listed below (sync and learners: sync_config.h);
+// eval, sync, learners, placement and chaos, plus command-line overrides. Every key, its type
+// and its default is listed below (sync and learners: sync_config.h; chaos: chaos_config.h);
 // run_config.cpp holds the one table that maps key paths to these fields.
 //
 //   model:  {n_layer: 4, n_embd: 128, n_head: 4, block_size: 64, vocab_size: 256}
@@ -11,11 +11,14 @@
 //   sync:   {mode: decoupled, learners: 1, grace: {gamma: 0.5, cap_ms: 2000}, ...}
 //   learners: [{slowdown: 3}, ...]
 //   placement: {syncer: site-s, learners: [site-a, site-b]}   # jobs submitted to dilocod
+//   chaos:  {seed: 1, events: [{at_s: 30, kill: {learner: 1, restart_after_s: 10}}, ...],
+//            random: {mtbf_s: 0, mttr_s: 10, from_s: 0, until_s: 0}}   # faults on purpose
 //
 // Overrides name a key by its dotted path; a list item by its index:
 //   --set train.lr=3e-4  --set sync.grace.gamma=0.25  --set sync.codec.up=fp32
 //   --set learners.1.slowdown=3        (creates learners 0 and 1 as needed)
 //   --set 'learners=[{slowdown: 1}, {slowdown: 3}]'   (replaces the whole list)
+//   --set 'chaos.events=[{at_s: 5, kill: {learner: 0}}]'   (events: only the whole list)
 // The value is parsed as YAML, so quote strings with special characters.
 #pragma once
 
@@ -25,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/config/chaos_config.h"
 #include "daemon/config/sync_config.h"
 #include "daemon/util/status.h"
 
@@ -124,6 +128,7 @@ struct RunConfig {
   SyncConfig sync;
   std::vector<LearnerConfig> learners;  // by learner index; at most sync.learners
   PlacementConfig placement;
+  ChaosConfig chaos;  // empty: no faults injected
   bool operator==(const RunConfig&) const = default;
 };
 

@@ -374,6 +374,18 @@ Status CheckBody(const MessageBody& body, const ParseOptions& o, std::string_vie
         DL_RETURN_IF_ERROR(CheckFragment(d.fragment, o, who, "drop " + Str(i) + " fragment"));
         DL_RETURN_IF_ERROR(CheckText(d.reason, kMaxTextBytes, who, "drop " + Str(i) + " reason"));
       }
+      DL_RETURN_IF_ERROR(CheckListSize(m.acks.size(), o.max_list, who, "acks"));
+      for (size_t i = 0; i < m.acks.size(); ++i) {
+        const LearnerAck& a = m.acks[i];
+        const std::string what = "ack " + Str(i);
+        DL_RETURN_IF_ERROR(CheckIdentifier(a.learner, kMaxNameBytes, false, who, what + " learner"));
+        DL_RETURN_IF_ERROR(CheckListSize(a.pending_fragments.size(), o.max_fragments, who, what + " pending"));
+        if (a.pending_bases.size() != a.pending_fragments.size())
+          return Status::Error(std::string(who) + ": " + what + " has " + Str(a.pending_fragments.size()) +
+                               " pending fragments but " + Str(a.pending_bases.size()) + " bases");
+        for (size_t j = 0; j < a.pending_fragments.size(); ++j)
+          DL_RETURN_IF_ERROR(CheckFragment(a.pending_fragments[j], o, who, what + " pending " + Str(j)));
+      }
       return Status::Ok();
     }
   }
@@ -596,7 +608,25 @@ fb::Offset<void> WriteBody(fb::FlatBufferBuilder& b, const MessageBody& body,
         }
         drops = b.CreateVector(v);
       }
+      fb::Offset<fb::Vector<fb::Offset<w::LearnerAck>>> acks;
+      if (!m.acks.empty()) {
+        std::vector<fb::Offset<w::LearnerAck>> v;
+        for (const LearnerAck& a : m.acks) {
+          auto learner = OptString(b, a.learner);
+          auto fragments = OptVector(b, a.pending_fragments);
+          auto bases = OptVector(b, a.pending_bases);
+          w::LearnerAckBuilder ab(b);
+          ab.add_learner(learner);
+          ab.add_incarnation(a.incarnation);
+          ab.add_heard_seq(a.heard_seq);
+          ab.add_pending_fragments(fragments);
+          ab.add_pending_bases(bases);
+          v.push_back(ab.Finish());
+        }
+        acks = b.CreateVector(v);
+      }
       w::SyncerStatusBuilder t(b);
+      t.add_acks(acks);
       t.add_versions(versions);
       t.add_live_learners(live);
       t.add_merges(m.merges);
@@ -831,6 +861,18 @@ Status ReadBody(const w::Envelope* env, MessageType type, const ParseOptions& o,
         m.recent_drops.reserve(v->size());
         for (const w::DroppedDelta* d : *v) {
           m.recent_drops.push_back({ReadString(d->learner()), d->fragment(), d->base_version(), ReadString(d->reason())});
+        }
+      }
+      if (const auto* v = t->acks()) {
+        DL_RETURN_IF_ERROR(CheckListSize(v->size(), o.max_list, who, "acks"));
+        m.acks.reserve(v->size());
+        for (const w::LearnerAck* a : *v) {
+          if (a->pending_fragments())
+            DL_RETURN_IF_ERROR(CheckListSize(a->pending_fragments()->size(), o.max_fragments, who, "ack pending"));
+          if (a->pending_bases())
+            DL_RETURN_IF_ERROR(CheckListSize(a->pending_bases()->size(), o.max_fragments, who, "ack pending bases"));
+          m.acks.push_back({ReadString(a->learner()), a->incarnation(), a->heard_seq(),
+                            ReadScalars(a->pending_fragments()), ReadScalars(a->pending_bases())});
         }
       }
       *body = std::move(m);

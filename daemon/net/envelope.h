@@ -278,6 +278,18 @@ struct DroppedDelta {
   bool operator==(const DroppedDelta&) const = default;
 };
 
+// What the syncer heard of one learner incarnation's delta stream and which of its deltas it
+// holds pending: a learner whose in-flight delta is at or below heard_seq and not pending knows
+// the syncer will never merge it (lost on the way, dropped, or the syncer restarted).
+struct LearnerAck {
+  std::string learner;        // identifier
+  uint64_t incarnation = 0;
+  uint64_t heard_seq = 0;     // highest seq heard on the learner's main uplink stream
+  std::vector<uint32_t> pending_fragments;  // <= max_fragments, each < max_fragments
+  std::vector<uint64_t> pending_bases;      // same length: the base version of each
+  bool operator==(const LearnerAck&) const = default;
+};
+
 // Syncer -> learners, on a timer and on change.
 struct SyncerStatusMsg {
   std::vector<uint64_t> versions;           // per fragment, <= max_fragments
@@ -285,6 +297,7 @@ struct SyncerStatusMsg {
   uint64_t merges = 0;
   uint64_t dropped_deltas = 0;              // total so far
   std::vector<DroppedDelta> recent_drops;   // since the previous status, <= max_list
+  std::vector<LearnerAck> acks;             // <= max_list
   bool operator==(const SyncerStatusMsg&) const = default;
 };
 

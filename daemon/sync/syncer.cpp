@@ -13,48 +13,12 @@
 #include "daemon/sync/decide.h"
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/merge.h"
+#include "daemon/sync/round_book.h"
+#include "daemon/sync/state_writer.h"
+#include "daemon/sync/update_log.h"
 #include "daemon/util/crc32c.h"
 
 namespace diloco {
-
-std::vector<uint64_t> FragmentNumels(const Fragment& fragment) {
-  std::vector<uint64_t> n;
-  n.reserve(fragment.ranges.size());
-  for (const auto& r : fragment.ranges) n.push_back(r.numel);
-  return n;
-}
-
-PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,
-                                const std::vector<uint64_t>& tensor_bytes) {
-  PayloadInfo info;
-  info.codec = codec;
-  info.block_size = block_size;
-  for (size_t i = 0; i < fragment.ranges.size(); i++) {
-    const auto& r = fragment.ranges[i];
-    info.tensors.push_back({RangeName(r), r.offset, r.numel, tensor_bytes[i]});
-  }
-  return info;
-}
-
-Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
-                             const ParsedMessage& message, std::vector<float>* out) {
-  if (info.tensors.size() != fragment.ranges.size())
-    return Status::Error("payload has " + std::to_string(info.tensors.size()) + " tensors, fragment " +
-                         std::to_string(fragment.index) + " has " + std::to_string(fragment.ranges.size()));
-  std::vector<uint64_t> numels, bytes;
-  for (size_t i = 0; i < info.tensors.size(); i++) {
-    const auto& t = info.tensors[i];
-    const auto& r = fragment.ranges[i];
-    if (t.offset != r.offset || t.numel != r.numel)
-      return Status::Error("payload tensor " + std::to_string(i) + " does not match fragment " +
-                           std::to_string(fragment.index) + " (" + RangeName(r) + ")");
-    numels.push_back(t.numel);
-    bytes.push_back(t.encoded_bytes);
-  }
-  out->resize(fragment.numel);
-  CodecOptions opt{info.codec, info.block_size, info.topk_fraction};
-  return DecodeTensors(opt, message.payload_spans(), numels, bytes, *out);
-}
 
 namespace {
 
@@ -71,14 +35,6 @@ double L2(const float* x, size_t n) {
   return std::sqrt(s);
 }
 
-int LearnerIndexOf(const std::string& name) {
-  if (name.rfind("learner-", 0) != 0) return -1;
-  try {
-    return std::stoi(name.substr(8));
-  } catch (...) {
-    return -1;
-  }
-}
 
 }  // namespace
 
@@ -95,35 +51,19 @@ struct Syncer::Impl {
   EventLog events;
   bool have_events = false;
   std::string state_path;
+  // Durability (see the header): every update is in the log before it is published; checkpoints
+  // are written by a thread of their own.
+  std::unique_ptr<UpdateLog> update_log;
+  std::unique_ptr<AsyncStateWriter> state_writer;
   uint64_t incarnation = 0;
   uint64_t seq = 0;
 
-  struct Pending {
-    int learner = 0;
-    uint64_t base_version = 0;
-    ContributionCounts counts;
-    std::vector<float> delta;
-    SyncTime at;
-  };
-  std::vector<std::vector<Pending>> pending;      // per fragment
+  std::unique_ptr<RoundBook> book;  // learners, pending deltas, drops (round_book.h)
   std::vector<std::vector<SkippedDelta>> skipped;  // per fragment, since its last merge
   // Deltas dropped or rejected since the last SyncerStatus: that status tells their learners,
   // which then stop waiting for a Global that will never include them and send again.
   std::vector<DroppedDelta> recent_drops;
-  std::vector<NormFilter> filters;
-  std::vector<SyncTime> last_heard;
-  std::vector<bool> finished;  // said kStopping / kFinished: not waited for
-  std::vector<bool> done;      // said kFinished
   std::vector<LearnerStatusEntry> learners;  // what each learner last reported
-  // Each learner's last heartbeat, for the forecast of its next delta per fragment.
-  struct LastBeat {
-    bool have = false;
-    SyncTime at;
-    uint64_t step = 0;
-    double step_ms = 0;
-    std::vector<bool> in_flight;  // per fragment
-  };
-  std::vector<LastBeat> beats;
   RoundTimings timings;
   uint64_t welcomes = 0, refusals = 0;
 };
@@ -160,20 +100,33 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
     DL_RETURN_IF_ERROR(LoadGlobalState(path, &s->state_).WithContext("syncer: resuming"));
     DL_RETURN_IF_ERROR(CheckGlobalStateFits(s->state_, table, s->fragments_)
                            .WithContext("syncer: resuming from '" + path + "'"));
+    // The checkpoint may be older than what was published: the update log has the rest.
+    ReplayReport replay;
+    auto decode = [](const Fragment& frag, const UpdateRecord& r, std::span<float> update) {
+      return DecodeTensors(r.codec, r.payload, FragmentNumels(frag), r.tensor_bytes, update);
+    };
+    DL_RETURN_IF_ERROR(ReplayUpdateLogs(options.run_dir, s->fragments_, decode, &s->state_, &replay)
+                           .WithContext("syncer: replaying the update log over '" + path + "'"));
+    uint64_t replayed = 0;
+    for (uint64_t n : replay.replayed) replayed += n;
+    if (replayed > 0)
+      std::fprintf(stderr, "syncer: replayed %llu published updates from the update log after the checkpoint\n",
+                   (unsigned long long)replayed);
   } else {
     if (init_params == nullptr) return Status::Error("syncer: no initial parameters and not resuming");
     s->state_ = InitialGlobalState(table, s->fragments_, init_params);
   }
-  im.pending.resize(P);
+  RoundBookOptions bo;
+  bo.learners = sc.learners;
+  bo.fragments = (int)P;
+  bo.inner_steps = sc.inner_steps;
+  bo.max_staleness = sc.max_staleness;
+  bo.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
+  bo.count_limits = options.count_limits;
+  bo.norm_limit = sc.norm_limit;
+  im.book = std::make_unique<RoundBook>(bo, Clock::now());
   im.skipped.resize(P);
-  NormFilterOptions nf;
-  nf.max_ratio = sc.norm_limit;
-  im.filters.assign(P, NormFilter(nf));
-  im.last_heard.assign(sc.learners, Clock::now());
-  im.finished.assign(sc.learners, false);
-  im.done.assign(sc.learners, false);
   im.learners.resize(sc.learners);
-  im.beats.resize(sc.learners);
   for (int i = 0; i < sc.learners; i++) im.learners[i].learner = i;
   im.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
@@ -185,6 +138,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   net::ReceiveOptions ro;
   // Deltas are verified and decoded where ZeroMQ received them (no copy of the payload).
   ro.validator = net::EnvelopeValidatorInPlace(expect, im.parsed);
+  ro.sequence_per_topic = true;  // the main and the liveness stream are numbered apart (protocol.h)
   net::SocketOptions up = SyncerSocket(options, "syncer.uplink");
   up.recv_hwm_msgs = 100000;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context, up, ro, &im.uplink));
@@ -212,6 +166,16 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
     DL_RETURN_IF_ERROR(im.events.Open((fs::path(options.run_dir) / "events.log").string()));
     im.have_events = true;
     im.state_path = (fs::path(options.run_dir) / "global_state.bin").string();
+    if (!options.resume) {
+      // A new run: its version 0 is the base the update log replays over; no old log applies.
+      std::error_code ec;
+      fs::remove(UpdateLogPath(options.run_dir), ec);
+      fs::remove(PreviousUpdateLogPath(options.run_dir), ec);
+      DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, s->state_));
+    }
+    DL_RETURN_IF_ERROR(UpdateLog::Open(options.run_dir, {}, &im.update_log));
+    if (!im.update_log->note().empty()) std::fprintf(stderr, "syncer: %s\n", im.update_log->note().c_str());
+    im.state_writer = std::make_unique<AsyncStateWriter>(im.state_path);
   }
   s->result_.versions.assign(P, 0);
   for (size_t p = 0; p < P; p++) s->result_.versions[p] = s->state_.fragments[p].version;
@@ -248,8 +212,7 @@ void Syncer::RefreshStatus(bool running) {
   for (auto& l : st.learners) {
     for (const auto& e : state_.ledger)
       if (e.learner == l.learner) l.ledger = e;
-    l.live = l.heard && !im.finished[l.learner] &&
-             now - im.last_heard[l.learner] <= std::chrono::milliseconds(im.options.sync.heartbeat_timeout_ms);
+    l.live = im.book->Live(l.learner, now);
   }
   std::lock_guard<std::mutex> lock(status_mu_);
   status_ = std::move(st);
@@ -287,9 +250,8 @@ Status Syncer::Run() {
     for (const auto& f : state_.fragments) st.versions.push_back(f.version);
     const auto now = Clock::now();
     for (int l = 0; l < M; l++)
-      if (im.learners[l].heard && !im.finished[l] &&
-          now - im.last_heard[l] <= std::chrono::milliseconds(sc.heartbeat_timeout_ms))
-        st.live_learners.push_back(LearnerName(l));
+      if (im.book->Live(l, now)) st.live_learners.push_back(LearnerName(l));
+    st.acks = im.book->Acks();
     st.merges = state_.merges;
     st.dropped_deltas = state_.dropped_deltas;
     const size_t n_drops = std::min<size_t>(im.recent_drops.size(), 1024);
@@ -395,19 +357,21 @@ Status Syncer::Run() {
     return Status::Ok();
   };
 
-  // A delta that will not be merged: logged with the next merge of its fragment, counted in the
-  // ledger, and (tell_learner) named in the next SyncerStatus so its learner stops waiting for it.
-  auto drop_delta = [&](int learner, size_t p, uint64_t base_version, const std::string& why,
-                        const std::string& detail, bool rejected, bool tell_learner) {
-    im.skipped[p].push_back({learner, why, detail});
-    if (tell_learner) im.recent_drops.push_back({LearnerName(learner), (uint32_t)p, base_version, why});
-    LedgerEntry& le = LedgerFor(&state_, learner);
-    if (rejected) {
-      le.rejected++;
-      state_.rejected_deltas++;
-    } else {
-      le.dropped++;
-      state_.dropped_deltas++;
+  // Deltas that will not be merged (the book's drops): logged with the next merge of their
+  // fragment, counted in the ledger, and (tell_learner) named in the next SyncerStatus so their
+  // learner stops waiting for them.
+  auto apply_drops = [&] {
+    for (DeltaDrop& d : im.book->TakeDrops()) {
+      if (d.tell_learner) im.recent_drops.push_back({LearnerName(d.learner), d.fragment, d.base_version, d.why});
+      LedgerEntry& le = LedgerFor(&state_, d.learner);
+      if (d.rejected) {
+        le.rejected++;
+        state_.rejected_deltas++;
+      } else {
+        le.dropped++;
+        state_.dropped_deltas++;
+      }
+      if (d.fragment < P) im.skipped[d.fragment].push_back({d.learner, std::move(d.why), std::move(d.detail)});
     }
   };
 
@@ -418,78 +382,49 @@ Status Syncer::Run() {
       state_.rejected_deltas++;
       return;
     }
-    const size_t p = d.fragment;
-    Impl::Pending pd;
-    pd.learner = learner;
-    pd.base_version = d.base_version;
-    pd.counts = {(double)d.c_tokens, (double)d.c_steps};
-    pd.at = now;
-    auto skip = [&](const std::string& why, const std::string& detail, bool rejected) {
-      drop_delta(learner, p, d.base_version, why, detail, rejected, /*tell_learner=*/true);
-    };
-    if (Status st = DecodeFragmentPayload(fragments_[p], d.payload, m, &pd.delta); !st.ok()) {
-      skip("bad_payload", st.message(), true);
-      return;
+    DeltaArrival a;
+    a.learner = learner;
+    a.fragment = d.fragment;
+    a.base_version = d.base_version;
+    a.c_steps = d.c_steps;
+    a.c_tokens = d.c_tokens;
+    a.learner_step = d.learner_step;
+    if (Status st = DecodeFragmentPayload(fragments_[d.fragment], d.payload, m, &a.delta); !st.ok()) {
+      im.book->Reject(learner, d.fragment, d.base_version, "bad_payload", st.message());
+    } else if (im.options.reject_delta && im.options.reject_delta(learner, d.fragment)) {
+      im.book->Reject(learner, d.fragment, d.base_version, "test_rejected", "rejected by the test hook");
+    } else {
+      im.book->Admit(std::move(a), state_.fragments[d.fragment].version, now);
     }
-    if (im.options.reject_delta && im.options.reject_delta(learner, d.fragment)) {
-      skip("test_rejected", "rejected by the test hook", true);
-      return;
-    }
-    if (const CountsVerdict cv = CheckCounts(d.c_steps, d.c_tokens, d.learner_step, im.options.count_limits);
-        cv != CountsVerdict::kPlausible) {
-      skip("implausible_counts",
-           std::string(ToString(cv)) + ": c_steps " + std::to_string(d.c_steps) + ", c_tokens " +
-               std::to_string(d.c_tokens) + ", learner step " + std::to_string(d.learner_step),
-           true);
-      return;
-    }
-    const StalenessCheck sc_check = CheckStaleness(state_.fragments[p].version, d.base_version, sc.max_staleness);
-    if (!sc_check.accepted()) {
-      skip(ToString(sc_check.verdict),
-           "base " + std::to_string(d.base_version) + ", current " + std::to_string(state_.fragments[p].version),
-           false);
-      return;
-    }
-    const FilterResult fr = im.filters[p].Check(pd.delta.data(), pd.delta.size(), (double)d.c_steps);
-    if (!fr.accepted()) {
-      skip(fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large", fr.reason, true);
-      return;
-    }
-    auto& pend = im.pending[p];
-    for (auto& old : pend) {
-      if (old.learner == learner) {  // a newer delta from the same learner replaces the older one
-        // Not told: the learner waits for its newer delta, which is pending.
-        drop_delta(learner, p, old.base_version, "replaced",
-                   "base " + std::to_string(old.base_version) + " replaced by base " + std::to_string(d.base_version),
-                   false, /*tell_learner=*/false);
-        old = std::move(pd);
+    apply_drops();
+  };
+
+  // A checkpoint off the merge path: a copy of the state goes to the writer's thread (skipped
+  // while the previous one is still being written); the log segment it covers is dropped once
+  // the file is durable.
+  auto checkpoint = [&] {
+    if (im.state_writer->busy()) return;
+    if (!im.update_log->HasPrevious()) {
+      if (Status st = im.update_log->Rotate(); !st.ok()) {
+        std::fprintf(stderr, "syncer: skipping a checkpoint: %s\n", st.message().c_str());
         return;
       }
     }
-    pend.push_back(std::move(pd));
+    UpdateLog* log = im.update_log.get();
+    im.state_writer->Submit(state_, [log](Status st) {
+      if (st.ok()) (void)log->DropPrevious();
+      else std::fprintf(stderr, "syncer: checkpoint failed (the update log keeps everything): %s\n", st.message().c_str());
+    });
   };
 
   auto merge = [&](size_t p, const std::string& reason, double grace_ms) -> Status {
     const auto t0 = Clock::now();
     FragmentGlobal& fg = state_.fragments[p];
-    auto& pend = im.pending[p];
-    // Re-check staleness: the fragment may have advanced since the delta arrived.
-    std::vector<Impl::Pending> ok;
-    for (auto& pd : pend) {
-      const StalenessCheck c = CheckStaleness(fg.version, pd.base_version, sc.max_staleness);
-      if (c.accepted()) {
-        ok.push_back(std::move(pd));
-      } else {
-        drop_delta(pd.learner, p, pd.base_version, ToString(c.verdict),
-                   "base " + std::to_string(pd.base_version) + ", current " + std::to_string(fg.version), false,
-                   /*tell_learner=*/true);
-      }
-    }
-    pend.clear();
+    // Fresh deltas in learner order (not arrival order: the merge's sums, the Global's
+    // contributor list and the event are the same whichever delta came first).
+    const std::vector<PendingDelta> ok = im.book->TakeForMerge((uint32_t)p, fg.version);
+    apply_drops();
     if (ok.empty()) return Status::Ok();
-    // Learner order, not arrival order: the merge's sums, the Global's contributor list and the
-    // event are the same whichever delta came first.
-    std::sort(ok.begin(), ok.end(), [](const Impl::Pending& a, const Impl::Pending& b) { return a.learner < b.learner; });
     std::vector<Contribution> contributions;
     for (const auto& pd : ok) contributions.push_back({pd.learner, pd.counts, pd.delta.data()});
     const Fragment& frag = fragments_[p];
@@ -499,22 +434,34 @@ Status Syncer::Run() {
     DL_RETURN_IF_ERROR(MergeContributions(frag, &contributions, sc.weighting, sc.merge, merged.data(), &weights));
     OuterNesterovUpdate(merged.data(), n, sc.outer.lr, sc.outer.momentum, fg.momentum.data(), update.data());
     const std::vector<uint64_t> numels = FragmentNumels(frag);
-    auto payload = std::make_shared<std::vector<uint8_t>>();
-    std::vector<uint64_t> tensor_bytes;
-    DL_RETURN_IF_ERROR(down_ef.Encode((uint32_t)p, update, numels, payload.get(), &tensor_bytes)
+    UpdateRecord record;
+    DL_RETURN_IF_ERROR(down_ef.Encode((uint32_t)p, update, numels, &record.payload, &record.tensor_bytes)
                            .WithContext("syncer: encoding the update of fragment " + std::to_string(p)));
-    DL_RETURN_IF_ERROR(DecodeTensors(down_codec, *payload, numels, tensor_bytes, decoded));
+    DL_RETURN_IF_ERROR(DecodeTensors(down_codec, record.payload, numels, record.tensor_bytes, decoded));
     ApplyUpdate(decoded.data(), n, fg.theta.data());
     fg.version++;
     result_.versions[p] = fg.version;
     state_.merges++;
+    const uint32_t theta_crc = Crc32c(fg.theta.data(), n * sizeof(float));
+    if (im.update_log) {
+      // Durable before it is published: a syncer killed after this point comes back at this version.
+      record.fragment = (uint32_t)p;
+      record.version = fg.version;
+      record.theta_crc32c = theta_crc;
+      record.codec = down_codec;
+      DL_RETURN_IF_ERROR(im.update_log->Append(record).WithContext("syncer: logging version " +
+                                                                   std::to_string(fg.version) + " of fragment " +
+                                                                   std::to_string(p)));
+    }
+    const std::vector<uint64_t> tensor_bytes = record.tensor_bytes;
+    auto payload = std::make_shared<std::vector<uint8_t>>(std::move(record.payload));
 
     GlobalMsg g;
     g.fragment = (uint32_t)p;
     g.version = fg.version;
     g.base_version = fg.version - 1;
     g.is_full = false;
-    g.fragment_crc32c = Crc32c(fg.theta.data(), n * sizeof(float));
+    g.fragment_crc32c = theta_crc;
     if (im.options.corrupt_global_crc && im.options.corrupt_global_crc((uint32_t)p, fg.version)) g.fragment_crc32c ^= 1;
     g.payload = FragmentPayloadInfo(frag, down_codec.kind, down_codec.block_size, tensor_bytes);
     MergeEvent ev;
@@ -545,44 +492,21 @@ Status Syncer::Run() {
     net::Message msg = net::ToMessage(std::move(om), payload);
     (void)im.downlink->Publish(im.options.job_id, msg);
     if (im.have_events) DL_RETURN_IF_ERROR(im.events.Append(ev));
-    if (!im.state_path.empty() && sc.checkpoint_every > 0 && state_.merges % sc.checkpoint_every == 0)
-      DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, state_));
+    if (im.state_writer && sc.checkpoint_every > 0 && state_.merges % sc.checkpoint_every == 0) checkpoint();
     im.timings.sync_ms.Add(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     return Status::Ok();
   };
 
-  // When learner l's delta for fragment p should arrive, from its last heartbeat: the steps until
-  // p fires, plus one step of slack for jitter and the heartbeat's age. None while its delta for p is
-  // in flight (it sends no other until it folds) or nothing is known yet.
-  auto expected_delta_at = [&](int l, size_t p) -> std::optional<SyncTime> {
-    const Impl::LastBeat& b = im.beats[l];
-    if (!b.have || b.step_ms <= 0 || p >= b.in_flight.size() || b.in_flight[p]) return std::nullopt;
-    const long steps = StepsUntilFires((int)p, (long)b.step, sc.inner_steps, (int)P) + 1;
-    return b.at + std::chrono::duration_cast<SyncClock::duration>(
-                      std::chrono::duration<double, std::milli>(steps * b.step_ms));
-  };
-
   auto decide_all = [&](SyncTime now, SyncTime* next_wake) -> Status {
     for (size_t p = 0; p < P; p++) {
-      if (im.pending[p].empty()) continue;
-      RoundState rs;
-      rs.timings = im.timings;
-      for (int l = 0; l < M; l++) {
-        LearnerPresence lp;
-        lp.learner = l;
-        lp.last_heard = im.last_heard[l];
-        for (const auto& pd : im.pending[p])
-          if (pd.learner == l) lp.contributed_at = pd.at;
-        if (im.finished[l] && !lp.contributed_at) continue;  // not waited for any more
-        if (im.finished[l]) lp.last_heard = now;             // its last delta is in: counts as live
-        if (!lp.contributed_at) lp.expected_at = expected_delta_at(l, p);
-        rs.learners.push_back(lp);
-      }
+      if (!im.book->HasPending((uint32_t)p)) continue;
+      const RoundState rs = im.book->Round((uint32_t)p, now, im.timings);
       const Decision d = Decide(now, rs, dopt);
       if (d.action == DecideAction::kMerge) {
         // ξ_quorum: round open (first arrival) -> the arrival that made the quorum.
         std::vector<SyncTime> at;
-        for (const auto& pd : im.pending[p]) at.push_back(pd.at);
+        for (const LearnerPresence& lp : rs.learners)
+          if (lp.contributed_at) at.push_back(*lp.contributed_at);
         std::sort(at.begin(), at.end());
         const size_t k = std::min(at.size(), (size_t)std::max(1, d.quorum)) - 1;
         im.timings.quorum_ms.Add(std::chrono::duration<double, std::milli>(at[k] - at[0]).count());
@@ -594,49 +518,38 @@ Status Syncer::Run() {
     return Status::Ok();
   };
 
-  // One uplink message: liveness, heartbeats, deltas.
-  auto handle_uplink = [&](SyncTime now) {
+  // One uplink message: liveness, heartbeats, deltas (the main stream or the liveness stream).
+  auto handle_uplink = [&](const net::Received& r, SyncTime now) {
     const ParsedMessage& m = *im.parsed;
     result_.bytes_received += m.wire_bytes;
     const int learner = LearnerIndexOf(m.header.sender);
     if (learner < 0 || learner >= M) return;
-    im.last_heard[learner] = now;
     LearnerStatusEntry& ls = im.learners[learner];
     ls.heard = true;
     ls.last_heard_unix_ms = UnixMs();
-    if (uplink_incarnation[learner] != m.header.incarnation) {
+    if (im.book->OnHeard(learner, m.header.incarnation, now)) {
       // A new incarnation (a restart): waited for again until it says otherwise.
       uplink_incarnation[learner] = m.header.incarnation;
+      ls = LearnerStatusEntry();
+      ls.learner = learner;
+      ls.heard = true;
+      ls.last_heard_unix_ms = UnixMs();
       ls.incarnation = m.header.incarnation;
-      im.finished[learner] = false;
-      im.done[learner] = false;
-      im.beats[learner] = Impl::LastBeat();
     }
+    if (r.topic == im.options.job_id) im.book->OnStreamSeq(learner, m.header.seq);
     if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
       if (hb->step_time_ms > 0) im.timings.step_ms.Add(hb->step_time_ms);
-      Impl::LastBeat& b = im.beats[learner];
-      b.have = true;
-      b.at = now;
-      b.step = hb->step;
-      b.step_ms = hb->step_time_ms;
-      b.in_flight.assign(P, false);
-      for (const FragmentCounters& fc : hb->fragments)
-        if (fc.fragment < P) b.in_flight[fc.fragment] = fc.in_flight;
-      ls.state = hb->state;
-      ls.step = hb->step;
-      ls.tokens = hb->tokens;
-      ls.loss = hb->loss;
-      ls.tokens_per_s = hb->tokens_per_s;
-      ls.step_time_ms = hb->step_time_ms;
-      im.finished[learner] = hb->state == LearnerState::kFinished || hb->state == LearnerState::kStopping ||
-                             hb->state == LearnerState::kFailed;
-      im.done[learner] = hb->state == LearnerState::kFinished;
-    } else if (m.get<DeltaMsg>()) {
-      im.finished[learner] = false;
-      im.done[learner] = false;
-      // In flight from now on: no forecast for this fragment until a heartbeat says otherwise.
-      const uint32_t f = m.get<DeltaMsg>()->fragment;
-      if (f < im.beats[learner].in_flight.size()) im.beats[learner].in_flight[f] = true;
+      im.book->OnHeartbeat(learner, *hb, now);
+      if (hb->step >= ls.step) {  // the liveness stream may deliver an older beat late
+        ls.state = hb->state;
+        ls.step = hb->step;
+        ls.tokens = hb->tokens;
+        ls.loss = hb->loss;
+        ls.tokens_per_s = hb->tokens_per_s;
+        ls.step_time_ms = hb->step_time_ms;
+      }
+    } else if (const DeltaMsg* d = m.get<DeltaMsg>()) {
+      im.book->OnDeltaSeen(learner, d->fragment);
       handle_delta(learner, m, now);
     }
   };
@@ -670,8 +583,7 @@ Status Syncer::Run() {
       DL_RETURN_IF_ERROR(publish_status());
       last_status = now;
     }
-    const bool all_finished = std::all_of(im.done.begin(), im.done.end(), [](bool f) { return f; });
-    if (all_finished && im.options.exit_when_all_finished) break;
+    if (im.book->AllDone() && im.options.exit_when_all_finished) break;
     if (stop_ && Clock::now() - last_message > std::chrono::milliseconds(im.options.idle_exit_ms)) break;
     now = Clock::now();
     const int timeout_ms =
@@ -685,7 +597,7 @@ Status Syncer::Run() {
       if (rr != net::RecvResult::kMessage) break;
       now = Clock::now();
       last_message = now;
-      handle_uplink(now);
+      handle_uplink(r, now);
     }
     if (im.router) {
       for (int i = 0; i < 64; i++) {
@@ -699,8 +611,14 @@ Status Syncer::Run() {
   }
   // Flush: whatever is still pending is merged now (the run is over).
   for (size_t p = 0; p < P; p++)
-    if (!im.pending[p].empty()) DL_RETURN_IF_ERROR(merge(p, "flush", 0));
-  if (!im.state_path.empty()) DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, state_));
+    if (im.book->HasPending((uint32_t)p)) DL_RETURN_IF_ERROR(merge(p, "flush", 0));
+  if (im.state_writer) {
+    (void)im.state_writer->Wait();
+    DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, state_));
+    // The final state covers every logged update.
+    if (!im.update_log->HasPrevious()) DL_RETURN_IF_ERROR(im.update_log->Rotate());
+    DL_RETURN_IF_ERROR(im.update_log->DropPrevious());
+  }
   result_.merges = state_.merges;
   result_.dropped_deltas = state_.dropped_deltas;
   result_.rejected_deltas = state_.rejected_deltas;

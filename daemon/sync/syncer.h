@@ -46,25 +46,11 @@
 #include "daemon/net/socket.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
+#include "daemon/sync/protocol.h"
 #include "daemon/util/status.h"
 #include "kernels/tensor_table.h"
 
 namespace diloco {
-
-// ---- What learner and syncer agree on (local mode) ----
-
-inline std::string LearnerName(int index) { return "learner-" + std::to_string(index); }
-inline constexpr const char* kSyncerName = "syncer";
-
-// Element counts of the fragment's ranges, in order (one payload tensor per range: a whole
-// tensor or a row piece of one, named by RangeName).
-std::vector<uint64_t> FragmentNumels(const Fragment& fragment);
-// The PayloadInfo describing a fragment encoded with EncodeTensors (tensor_bytes from it).
-PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,
-                                const std::vector<uint64_t>& tensor_bytes);
-// Decodes a payload that must describe exactly the fragment's ranges into out (fragment.numel).
-Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
-                             const ParsedMessage& message, std::vector<float>* out);
 
 struct SyncerOptions {
   SyncConfig sync;

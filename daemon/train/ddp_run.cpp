@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-#include "daemon/sync/syncer.h"  // LearnerName
+#include "daemon/sync/protocol.h"  // LearnerName
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
 #include "daemon/train/inner_loop.h"

@@ -2,7 +2,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -18,9 +20,11 @@
 #include "daemon/sync/fold.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/merge.h"
-#include "daemon/sync/syncer.h"
+#include "daemon/sync/protocol.h"
 #include "daemon/train/data.h"
+#include "daemon/train/fragment_ledger.h"
 #include "daemon/train/inner_loop.h"
+#include "daemon/train/liveness_sender.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/run_dir.h"
 #include "daemon/train/trainer.h"
@@ -38,17 +42,6 @@ uint64_t UnixMs() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-struct FragState {
-  std::vector<float> base;  // Θ_p as of base_version (the last global folded)
-  uint64_t base_version = 0;
-  uint64_t c_steps = 0, c_tokens = 0;
-  bool in_flight = false;
-  uint64_t sent_base = 0;
-  long send_step = 0;
-  uint64_t c_steps_at_send = 0, c_tokens_at_send = 0;
-  bool bad = false;  // CRC mismatch: its base is wrong until a snapshot replaces it
-};
 
 net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& name) {
   net::SocketOptions so;
@@ -104,16 +97,18 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   const int P = (int)frags.size();
   const int H = sc.inner_steps;
   // The outer-sync state lives on the backend (base, θ at send, residual: sync_*); the host keeps
-  // a mirror of each base, updated from the same decoded bytes, to check the Globals' CRC32C.
-  std::vector<FragState> fs(P);
+  // a mirror of each base, updated from the same decoded bytes, to check the Globals' CRC32C. The
+  // ledger (fragment_ledger.h) keeps versions, counters and what is in flight.
+  FragmentLedger ledger(P, sc.fold, sc.max_staleness);
+  std::vector<std::vector<float>> bases(P);
   {
     std::vector<std::vector<ParamRange>> ranges;
     for (const Fragment& frag : frags) ranges.push_back(RangesOf(frag));
     backend.sync_setup(ranges);
   }
   for (int p = 0; p < P; p++) {
-    fs[p].base.resize(frags[p].numel);
-    backend.sync_read_base(p, fs[p].base.data());
+    bases[p].resize(frags[p].numel);
+    backend.sync_read_base(p, bases[p].data());
   }
   // The parameters of fragment p changed on rank 0: the ring copies them before the next step.
   auto mark_changed = [&](int p) {
@@ -213,12 +208,13 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     progress.loss = last_loss;
     progress.tokens_per_s = res.train_s > 0 ? res.tokens / res.train_s : 0;
     progress.base_versions.clear();
-    for (const auto& f : fs) progress.base_versions.push_back(f.base_version);
+    for (int p = 0; p < P; p++) progress.base_versions.push_back(ledger[p].base_version);
     progress.deltas_sent = res.deltas_sent;
     progress.globals_applied = res.globals_applied;
     progress.snapshots_installed = res.snapshots_installed;
     o.on_progress(progress);
   };
+  std::unique_ptr<LivenessSender> liveness;  // started once the handshake is through
   auto heartbeat = [&](LearnerState state) -> Status {
     HeartbeatMsg hb;
     hb.state = state;
@@ -228,8 +224,11 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     hb.tokens_per_s = res.train_s > 0 ? (float)(res.tokens / res.train_s) : 0.f;
     hb.step_time_ms = (float)step_ms_ema;
     hb.interval_ms = o.heartbeat_interval_ms;
-    for (int p = 0; p < P; p++)
-      hb.fragments.push_back({(uint32_t)p, fs[p].base_version, fs[p].c_steps, fs[p].c_tokens, fs[p].in_flight});
+    for (int p = 0; p < P; p++) {
+      const LedgerFragment& f = ledger[p];
+      hb.fragments.push_back({(uint32_t)p, f.base_version, f.c_steps, f.c_tokens, f.in_flight});
+    }
+    if (liveness) liveness->Update(hb);
     return send(hb, nullptr);
   };
 
@@ -257,48 +256,43 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   // Applies one Global that is the next version of its fragment (the CloneClient said so).
   auto apply_global = [&](const ParsedMessage& m) -> Status {
     const GlobalMsg* g = m.get<GlobalMsg>();
-    FragState& f = fs[g->fragment];
-    const Fragment& frag = frags[g->fragment];
+    const int p = (int)g->fragment;
+    std::vector<float>& base = bases[p];
+    const Fragment& frag = frags[p];
     DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, g->payload, m, &scratch));
+    // A non-finite update would poison every parameter it touches: refuse it and resync.
+    if (!std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isfinite(x); })) {
+      res.globals_refused++;
+      std::fprintf(stderr, "%s: refusing Global %llu of fragment %d: its update is not finite; resyncing\n",
+                   me.c_str(), (unsigned long long)g->version, p);
+      need_snapshot("non-finite global of fragment " + std::to_string(p));
+      return Status::Ok();
+    }
     if (g->payload.topk_fraction != 0)
       return Status::Error(me + ": a top-k Global (fragment " + std::to_string(g->fragment) +
                            ") cannot be applied where the parameters live; use a dense sync.codec.down");
     const bool included_self = std::any_of(g->contributors.begin(), g->contributors.end(),
                                            [&](const Contributor& c) { return c.learner == me; });
-    ApplyUpdate(scratch.data(), frag.numel, f.base.data());
+    ApplyUpdate(scratch.data(), frag.numel, base.data());
     ContiguousPayload(m, &contiguous);
     if (!backend.sync_apply_update((int)g->fragment, contiguous.data(), contiguous.size(),
                                    SyncCodecOf(g->payload.codec), g->payload.block_size))
       return Status::Error(me + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
                            " that the wire codec accepted; this is a bug");
-    f.base_version = g->version;
-    if (Crc32c(f.base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
-      // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p stays until then).
-      f.bad = true;
+    if (Crc32c(base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
+      // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p, and a delta in flight,
+      // stay until then: a lock-step learner keeps waiting for the snapshot).
+      ledger.OnCrcMismatch(p, g->version);
       res.crc_mismatches++;
       need_snapshot("crc mismatch on fragment " + std::to_string(g->fragment) + " version " +
                     std::to_string(g->version));
       return Status::Ok();
     }
-    const bool ours_included = included_self && f.in_flight;
-    backend.sync_fold((int)g->fragment, FoldModeOf(sc.fold), sc.alpha,
-                      ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
-    mark_changed((int)g->fragment);
-    if (sc.fold != FoldRule::kReplay) {
-      f.c_steps = 0;
-      f.c_tokens = 0;
-    } else if (!ours_included) {
-      // Replay of a Global without our delta: θ keeps all its local progress (and moved with
-      // the base), so the counters stay, and θ at send moves by the same step to stay in the
-      // frame the later fold of our delta subtracts it in.
-      if (f.in_flight) backend.sync_shift_at_send((int)g->fragment);
-    } else {
-      // Our delta is in Θ: what is left locally is the progress since the send.
-      f.c_steps -= std::min(f.c_steps, f.c_steps_at_send);
-      f.c_tokens -= std::min(f.c_tokens, f.c_tokens_at_send);
-    }
-    if (f.in_flight && (included_self || g->version > f.sent_base + (uint64_t)sc.max_staleness + 1))
-      f.in_flight = false;
+    const GlobalFold fold = ledger.OnGlobal(p, g->version, included_self);
+    backend.sync_fold(p, FoldModeOf(sc.fold), sc.alpha,
+                      fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
+    if (fold.shift_at_send) backend.sync_shift_at_send(p);
+    mark_changed(p);
     res.globals_applied++;
     progress.last_fragment_folded = (int)g->fragment;
     return Status::Ok();
@@ -323,22 +317,43 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     return Status::Ok();
   };
 
-  // A SyncerStatus naming our in-flight delta as dropped or rejected: no Global will include it,
-  // so stop waiting; the next delta of that fragment carries all the progress since its base (the
-  // error-feedback residual of the lost one goes too). A base from the future means the syncer
-  // went back to an older checkpoint: resync.
+  // A SyncerStatus (fragment_ledger.h, Status and Drop):
+  //  - a drop notice for our in-flight delta: no Global will include it, so stop waiting; the next
+  //    delta of that fragment carries all the progress since its base (the error-feedback
+  //    residual of the dropped one goes too). A base from the future: the syncer went back: resync;
+  //  - a version that differs from our base: we missed a Global (or the syncer went back): resync;
+  //  - an in-flight delta the syncer has heard past and does not hold: lost; sent again at once
+  //    (lost_deltas), so a lock-step round is not left waiting for it.
+  std::vector<int> lost_deltas;
+  auto last_downlink = Clock::now();
   auto handle_status = [&](const SyncerStatusMsg& st) {
     for (const DroppedDelta& d : st.recent_drops) {
       if (d.learner != me || d.fragment >= (uint32_t)P) continue;
-      FragState& f = fs[d.fragment];
-      if (!f.in_flight || d.base_version != f.sent_base) continue;
-      f.in_flight = false;
+      if (!ledger.OnDrop((int)d.fragment, d.base_version)) continue;
       backend.sync_reset_residual((int)d.fragment);
       res.deltas_dropped++;
       std::fprintf(stderr, "%s: the syncer dropped our delta of fragment %u (base %llu): %s\n", me.c_str(),
                    d.fragment, (unsigned long long)d.base_version, d.reason.c_str());
       if (d.reason == ToString(StalenessVerdict::kFromTheFuture))
         need_snapshot("the syncer is behind our base of fragment " + std::to_string(d.fragment));
+    }
+    if (clone.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
+    const LearnerAck* ack = nullptr;
+    for (const LearnerAck& a : st.acks)
+      if (a.learner == me && a.incarnation == incarnation) ack = &a;
+    const StatusVerdict v = ledger.OnStatus(st.versions, ack);
+    if (!v.missed.empty()) {
+      res.globals_missed += v.missed.size();
+      const int p = v.missed.front();
+      need_snapshot("fragment " + std::to_string(p) + " is at version " + std::to_string(st.versions[p]) +
+                    " at the syncer, ours is " + std::to_string(ledger[p].base_version));
+    }
+    for (int p : v.lost) {
+      backend.sync_reset_residual(p);
+      res.deltas_lost++;
+      lost_deltas.push_back(p);
+      std::fprintf(stderr, "%s: our delta of fragment %d (base %llu) never reached the syncer; sending again\n",
+                   me.c_str(), p, (unsigned long long)ledger[p].sent_base);
     }
   };
 
@@ -355,18 +370,16 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
                              .WithContext(me + ": snapshot part for fragment " + std::to_string(sm.fragment)));
       if (Crc32c(scratch.data(), frag.numel * sizeof(float)) != sm.fragment_crc32c)
         return Status::Error(me + ": snapshot fragment " + std::to_string(sm.fragment) + " fails its CRC32C");
-      FragState& f = fs[sm.fragment];
-      const bool same = !f.bad && f.base_version == sm.version &&
-                        Crc32c(f.base.data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
+      const int p = (int)sm.fragment;
+      if (!std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isfinite(x); }))
+        return Status::Error(me + ": snapshot fragment " + std::to_string(p) + " is not finite");
+      const bool same = !ledger[p].bad && ledger[p].base_version == sm.version &&
+                        Crc32c(bases[p].data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
       if (!same) {
-        f.base = scratch;
-        backend.sync_install((int)sm.fragment, f.base.data());
-        mark_changed((int)sm.fragment);
-        f.base_version = sm.version;
-        f.c_steps = 0;
-        f.c_tokens = 0;
-        f.in_flight = false;
-        f.bad = false;
+        bases[p] = scratch;
+        backend.sync_install(p, bases[p].data());
+        mark_changed(p);
+        ledger.OnSnapshot(p, sm.version);
       }
     }
     const std::vector<uint64_t>& cut = parts.front().get<SnapshotMsg>()->versions;
@@ -415,6 +428,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     net::Received r;
     while (down->Receive(&r, 0) == net::RecvResult::kMessage) {
       downlink_seen = true;
+      last_downlink = Clock::now();
       res.bytes_down += parsed->wire_bytes;
       if (parsed->get<GlobalMsg>()) DL_RETURN_IF_ERROR(handle_global(r));
       if (const SyncerStatusMsg* st = parsed->get<SyncerStatusMsg>()) handle_status(*st);
@@ -427,7 +441,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   };
 
   auto send_delta = [&](int p, long at_step) -> Status {
-    FragState& f = fs[p];
+    const LedgerFragment& f = ledger[p];
     const Fragment& frag = frags[p];
     auto payload = std::make_shared<std::vector<uint8_t>>();
     std::vector<uint64_t> tensor_bytes;
@@ -443,11 +457,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     d.learner_step = (uint64_t)at_step;
     d.payload = FragmentPayloadInfo(frag, sc.codec.up, sc.codec.block, tensor_bytes);
     DL_RETURN_IF_ERROR(send(d, payload));
-    f.in_flight = true;
-    f.sent_base = f.base_version;
-    f.send_step = at_step;
-    f.c_steps_at_send = f.c_steps;
-    f.c_tokens_at_send = f.c_tokens;
+    ledger.OnSend(p, at_step, seq);  // seq: the delta's number on the main stream
     res.deltas_sent++;
     progress.last_fragment_sent = p;
     return Status::Ok();
@@ -469,6 +479,37 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     return (o.crash && o.crash->load()) || (o.crash_after_steps >= 0 && step >= o.crash_after_steps);
   };
   auto stopping = [&] { return o.stop && o.stop->load(); };
+  // Lost deltas go again with all the work since their base (not while a snapshot is awaited:
+  // the bases are about to change, and the snapshot settles what is in flight).
+  auto resend_lost = [&]() -> Status {
+    if (clone.awaiting_snapshot()) return Status::Ok();
+    std::vector<int> lost;
+    lost.swap(lost_deltas);
+    for (int p : lost)
+      if (!ledger[p].in_flight && ledger[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
+    return Status::Ok();
+  };
+  // Poll (and beat) until done() or the syncer has been silent for syncer_timeout_ms. what names
+  // the wait in the error and in the progress lines printed every 30 s.
+  auto wait_until = [&](const std::function<bool()>& done, const std::string& what) -> Status {
+    auto last_said = Clock::now();
+    while (!done()) {
+      if ((o.crash && o.crash->load())) return Status::Ok();
+      DL_RETURN_IF_ERROR(beat_if_due());
+      DL_RETURN_IF_ERROR(poll(10));
+      DL_RETURN_IF_ERROR(resend_lost());
+      const auto now = Clock::now();
+      if (now - last_downlink > std::chrono::milliseconds(o.syncer_timeout_ms))
+        return Status::Error(me + ": no word from the syncer (downlink " + o.downlink_endpoint + ") for " +
+                             std::to_string(o.syncer_timeout_ms / 1000) + " s while " + what +
+                             "; is it running? (LearnerOptions::syncer_timeout_ms)");
+      if (now - last_said > std::chrono::seconds(30)) {
+        std::fprintf(stderr, "%s: still %s\n", me.c_str(), what.c_str());
+        last_said = now;
+      }
+    }
+    return Status::Ok();
+  };
 
   // Startup exchange: Heartbeat(kJoining) on the uplink, Hello on the DEALER, until Welcome
   // and a downlink message (both directions up).
@@ -546,6 +587,20 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   DL_RETURN_IF_ERROR(heartbeat(state_now()));
   last_beat = Clock::now();
   report(state_now());
+  {
+    // From here on liveness beats come from their own thread (liveness_sender.h).
+    LivenessOptions lo;
+    lo.job_id = o.job_id;
+    lo.sender = me;
+    lo.incarnation = incarnation;
+    lo.endpoint = o.uplink_endpoint;
+    lo.socket = LearnerSocket(o, me + ".liveness");
+    lo.socket.linger_ms = 0;
+    lo.interval_ms = o.heartbeat_interval_ms;
+    lo.crash = o.crash;
+    DL_RETURN_IF_ERROR(LivenessSender::Start(context, lo, &liveness));
+    DL_RETURN_IF_ERROR(heartbeat(state_now()));  // gives the liveness thread its first beat
+  }
 
   const auto train_start = Clock::now();
   LearnerHook hook;
@@ -567,17 +622,15 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     }
     if (o.before_step) o.before_step(step);
     DL_RETURN_IF_ERROR(poll(0));
-    // Lock-step modes: wait for fragments in flight too long.
+    DL_RETURN_IF_ERROR(resend_lost());
+    // Lock-step modes: wait for fragments in flight too long, as long as the syncer is there (a
+    // lost delta or Global is found through its status and sent or fetched again).
     for (int p = 0; p < P; p++) {
+      if (!ledger.Blocks(p, step, block_after)) continue;
       const auto w0 = Clock::now();
-      while (fs[p].in_flight && step - fs[p].send_step >= block_after) {
-        if ((o.crash && o.crash->load()) || stopping()) break;
-        DL_RETURN_IF_ERROR(beat_if_due());
-        DL_RETURN_IF_ERROR(poll(10));
-        if (Clock::now() - w0 > std::chrono::seconds(120))
-          return Status::Error(me + ": waited 120 s for the global of fragment " + std::to_string(p) +
-                               " at step " + std::to_string(step) + "; is the syncer running?");
-      }
+      DL_RETURN_IF_ERROR(wait_until([&] { return !ledger.Blocks(p, step, block_after) || stopping(); },
+                                    "waiting for the global of fragment " + std::to_string(p) + " at step " +
+                                        std::to_string(step)));
       res.wait_s += std::chrono::duration<double>(Clock::now() - w0).count();
     }
     DL_RETURN_IF_ERROR(beat_if_due());
@@ -598,15 +651,12 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     last_loss = (float)st.loss;
     recent_sum += st.loss;
     recent_n++;
-    for (auto& f : fs) {
-      f.c_steps++;
-      f.c_tokens += (uint64_t)tokens_per_step;
-    }
+    ledger.OnStep((uint64_t)tokens_per_step);
     const long done = r.step + 1;
     step = done;
     // No deltas while a snapshot is awaited: the bases are about to change.
     for (int p = 0; p < P; p++)
-      if (Fires(p, done, H, P) && !fs[p].in_flight && !clone.awaiting_snapshot())
+      if (Fires(p, done, H, P) && !ledger[p].in_flight && !clone.awaiting_snapshot())
         DL_RETURN_IF_ERROR(send_delta(p, done));
     report(state_now());
     if (done % tc.log_every == 0 || done == tc.steps) {
@@ -627,7 +677,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
                                 {"bytes_down", res.bytes_down},
                                 {"versions", [&] {
                                    std::vector<uint64_t> v;
-                                   for (auto& f : fs) v.push_back(f.base_version);
+                                   for (int p = 0; p < P; p++) v.push_back(ledger[p].base_version);
                                    return v;
                                  }()}});
       }
@@ -640,11 +690,27 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   res.steps = step;
   if (!o.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o.run_dir, o.index, step));
   if (!res.crashed) {
-    // The work since each fragment's last send goes to the syncer too.
-    DL_RETURN_IF_ERROR(poll(0));
+    // Flush, so no work is lost at the end: the deltas in flight are merged or let go (lost ones
+    // go again), then the work since each fragment's last send goes out, and the learner stays
+    // until the syncer has merged that too (within flush_timeout_ms).
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o.flush_timeout_ms);
+    auto settled = [&] {
+      return (!ledger.AnyInFlight() && !clone.awaiting_snapshot() && lost_deltas.empty()) ||
+             Clock::now() > deadline;
+    };
+    DL_RETURN_IF_ERROR(wait_until(settled, "flushing: waiting for the globals of the deltas in flight"));
     if (!clone.awaiting_snapshot())
       for (int p = 0; p < P; p++)
-        if (!fs[p].in_flight && fs[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
+        if (!ledger[p].in_flight && ledger[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
+    DL_RETURN_IF_ERROR(wait_until(settled, "flushing: waiting for the syncer to merge the last deltas"));
+    for (int p = 0; p < P; p++)
+      if (ledger[p].in_flight)
+        std::fprintf(stderr, "%s: fragment %d's last delta was not merged within %d ms of the end\n", me.c_str(), p,
+                     o.flush_timeout_ms);
+    res.crashed = o.crash && o.crash->load();
+  }
+  if (liveness) liveness->Stop();  // the last beat below is the final word
+  if (!res.crashed) {
     const LearnerState final_state = res.stopped ? LearnerState::kStopping : LearnerState::kFinished;
     DL_RETURN_IF_ERROR(heartbeat(final_state));
     DL_RETURN_IF_ERROR(poll(0));

@@ -79,6 +79,10 @@ struct LearnerOptions {
   int heartbeat_interval_ms = 200;
   int handshake_timeout_ms = 60000;  // no Welcome + downlink message by then: error
   int snapshot_retry_ms = 3000;      // a snapshot request unanswered this long is sent again
+  // Waiting for a Global (lock-step modes, the final flush) lasts as long as the syncer speaks;
+  // no downlink message for this long is an error.
+  int syncer_timeout_ms = 600000;
+  int flush_timeout_ms = 60000;  // the end waits this long at most for the last deltas' merges
   // The run directory: the learner keeps learner-<index>.step there (run_dir.h), what a resumed
   // learner continues from. Empty: nothing is written.
   std::string run_dir;
@@ -128,6 +132,9 @@ struct LearnerResult {
   uint64_t gaps = 0;            // gaps found in the Global stream (each led to a snapshot)
   uint64_t crc_mismatches = 0;  // Globals whose CRC did not match (each led to a snapshot)
   uint64_t deltas_dropped = 0;  // own deltas the syncer said it dropped or rejected
+  uint64_t deltas_lost = 0;     // own deltas the syncer never got (found through its acks; sent again)
+  uint64_t globals_missed = 0;  // fragments whose Global never arrived (found through SyncerStatus)
+  uint64_t globals_refused = 0; // Globals with a non-finite update (each led to a snapshot)
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "daemon/sync/syncer.h"  // LearnerName
+#include "daemon/sync/protocol.h"  // LearnerName
 #include "daemon/util/atomic_file.h"
 
 namespace diloco {

@@ -197,7 +197,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
                         "known keys in 'sync.link': bandwidth_mbps, latency_ms, jitter_ms, loss"));
   CHECK_THAT(ErrorOf(kMinimal, {"snyc.mode=ddp"}),
              StartsWith("--set snyc.mode=ddp: unknown section 'snyc'; known sections: model, data, "
-                        "train, eval, sync, learners, placement; did you mean 'sync'?"));
+                        "train, eval, sync, learners, placement, chaos; did you mean 'sync'?"));
 }
 
 TEST_CASE("nested values of the wrong type or spelling say what is expected", "[unit][config]") {

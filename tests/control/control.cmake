@@ -7,3 +7,16 @@ diloco_test(control_tests
 target_link_libraries(control_tests PRIVATE diloco_control diloco_export nlohmann_json::nlohmann_json)
 # The e2e cases start the real binaries.
 add_dependencies(control_tests dilocod dilococtl)
+
+# Chaos on a real cluster: 3 daemons in network namespaces (scripts/netns-cluster.sh), a partition
+# and a kill -9 + restart while a job trains (about 50 s). Skipped (77) without root, iproute2,
+# netns support or jq, with a message naming what is missing. PROCESSORS 3: it runs alone on 2 cores.
+# NETNS_CHAOS_STEPS: fewer steps under the sanitizers, so the job stays within about a minute.
+if(DILOCO_SANITIZE)
+  set(_netns_chaos_steps 6000)
+else()
+  set(_netns_chaos_steps 30000)
+endif()
+add_test(NAME netns_chaos COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cluster/netns_chaos_test.sh)
+set_tests_properties(netns_chaos PROPERTIES LABELS cluster SKIP_RETURN_CODE 77 TIMEOUT 300 PROCESSORS 3
+  ENVIRONMENT "DILOCO_BIN=${PROJECT_BINARY_DIR}/bin;NETNS_CHAOS_STEPS=${_netns_chaos_steps}")

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -63,14 +64,15 @@ CtlResult Ctl(const testing::TempDir& dir, const std::string& args) {
 }
 
 // A tiny two-learner job: learners on site-a and site-b, the syncer on site-s.
-std::string JobYaml(int steps) {
+std::string JobYaml(int steps, int checkpoint_every = 1) {
   return "model: {n_layer: 2, n_embd: 32, n_head: 4, block_size: 32}\n"
          "data: {corpus: /usr/share/games/fortunes}\n"  // installed by scripts/setup.sh
          "train: {batch_size: 4, steps: " +
          std::to_string(steps) +
          ", lr: 1.0e-3, warmup_steps: 5, seed: 1337, log_every: 50}\n"
          "eval: {batches: 2}\n"
-         "sync: {mode: decoupled, learners: 2, fragments: 4, inner_steps: 10, quorum: 1, checkpoint_every: 1}\n"
+         "sync: {mode: decoupled, learners: 2, fragments: 4, inner_steps: 10, quorum: 1, checkpoint_every: " +
+         std::to_string(checkpoint_every) + "}\n"
          "placement: {syncer: site-s, learners: [site-a, site-b]}\n";
 }
 
@@ -109,8 +111,8 @@ std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir, bool met
   return c;
 }
 
-std::string Submit(const testing::TempDir& dir, LocalCluster& c, int steps) {
-  const std::string job = dir.Write("job.yaml", JobYaml(steps));
+std::string Submit(const testing::TempDir& dir, LocalCluster& c, int steps, int checkpoint_every = 1) {
+  const std::string job = dir.Write("job.yaml", JobYaml(steps, checkpoint_every));
   const CtlResult r = Ctl(dir, "submit '" + job + "' --socket '" + c.SocketPath("site-a") + "'");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
@@ -313,12 +315,15 @@ TEST_CASE("a learner daemon killed with -9 and started again rejoins and the job
   CHECK_THAT(ReadFile(c->StateDir("site-b") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: learner-1"));
 }
 
+// Every published version is in the update log before it goes out, so a syncer killed with -9
+// comes back at exactly its last published versions, however old its checkpoint (here: none
+// after the start), and never issues a version number twice.
 TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint and versions never go back", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
   // Long enough that the learners are still training when the syncer is back: without a
   // syncer they run at full speed (nothing to send once every fragment has a delta in flight).
-  const std::string job = Submit(dir, *c, 8000);
+  const std::string job = Submit(dir, *c, 8000, /*checkpoint_every=*/100000);
   const nlohmann::json before = WaitStatus(
       *c, "site-a", job,
       [](const nlohmann::json& s) {
@@ -372,6 +377,16 @@ TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint and vers
   INFO("site-s log:\n" << TailFile(c->LogPath("site-s"), 30) << "site-a log:\n" << TailFile(c->LogPath("site-a"), 30));
   CHECK(merges_after > 0);
   CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: syncer"));
+  // No version was issued twice, and each fragment's versions only go up in the merge tape.
+  std::map<int, uint64_t> tape_last;
+  for (const auto& m : Merges(run_dir)) {
+    const int p = m["fragment"].get<int>();
+    const uint64_t v = m["version"].get<uint64_t>();
+    INFO("fragment " << p << " version " << v << " after " << tape_last[p]);
+    CHECK(v > tape_last[p]);
+    tape_last[p] = std::max(tape_last[p], v);
+  }
+  CHECK_THAT(TailFile(c->LogPath("site-s"), 200), Catch::Contains("replayed"));
 }
 
 TEST_CASE("dilococtl stop ends a job on every site", "[e2e]") {

@@ -212,7 +212,10 @@ TEST_CASE("local run: a global with a wrong CRC makes learners resync from a sna
   CHECK(d.snapshots_installed == std::vector<uint64_t>{1, 1});
   REQUIRE(s.versions.size() == 1);
   CHECK(s.versions[0] == 6);  // every outer step still merged both learners
-  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) CHECK(ev["contributors"].size() == 2);
+  for (const auto& ev : ReadJsonl(fs::path(o.run_dir) / "events.log")) {
+    INFO(ev.dump());
+    CHECK(ev["contributors"].size() == 2);
+  }
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 

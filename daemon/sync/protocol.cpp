@@ -1,0 +1,56 @@
+#include "daemon/sync/protocol.h"
+
+#include "daemon/net/codec.h"
+
+namespace diloco {
+
+int LearnerIndexOf(const std::string& name) {
+  if (name.rfind("learner-", 0) != 0 || name.size() == 8 || name.size() > 8 + 9) return -1;
+  int index = 0;
+  for (size_t i = 8; i < name.size(); i++) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    index = index * 10 + (name[i] - '0');
+  }
+  return index;
+}
+
+std::vector<uint64_t> FragmentNumels(const Fragment& fragment) {
+  std::vector<uint64_t> n;
+  n.reserve(fragment.ranges.size());
+  for (const auto& r : fragment.ranges) n.push_back(r.numel);
+  return n;
+}
+
+PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,
+                                const std::vector<uint64_t>& tensor_bytes) {
+  PayloadInfo info;
+  info.codec = codec;
+  info.block_size = block_size;
+  for (size_t i = 0; i < fragment.ranges.size(); i++) {
+    const auto& r = fragment.ranges[i];
+    info.tensors.push_back({RangeName(r), r.offset, r.numel, tensor_bytes[i]});
+  }
+  return info;
+}
+
+Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
+                             const ParsedMessage& message, std::vector<float>* out) {
+  if (info.tensors.size() != fragment.ranges.size())
+    return Status::Error("payload has " + std::to_string(info.tensors.size()) + " tensors, fragment " +
+                         std::to_string(fragment.index) + " has " + std::to_string(fragment.ranges.size()));
+  std::vector<uint64_t> numels, bytes;
+  for (size_t i = 0; i < info.tensors.size(); i++) {
+    const auto& t = info.tensors[i];
+    const auto& r = fragment.ranges[i];
+    if (t.offset != r.offset || t.numel != r.numel)
+      return Status::Error("payload tensor " + std::to_string(i) + " does not match fragment " +
+                           std::to_string(fragment.index) + " (" + RangeName(r) + ")");
+    numels.push_back(t.numel);
+    bytes.push_back(t.encoded_bytes);
+  }
+  out->resize(fragment.numel);
+  CodecOptions opt{info.codec, info.block_size, info.topk_fraction};
+  return DecodeTensors(opt, message.payload_spans(), numels, bytes, *out);
+}
+
+}  // namespace diloco

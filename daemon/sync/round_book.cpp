@@ -1,0 +1,210 @@
+#include "daemon/sync/round_book.h"
+
+#include <algorithm>
+
+#include "daemon/sync/fragments.h"
+#include "daemon/sync/protocol.h"
+
+namespace diloco {
+
+RoundBook::RoundBook(const RoundBookOptions& options, SyncTime start)
+    : options_(options), learners_(options.learners), pending_(options.fragments) {
+  for (LearnerBook& l : learners_) l.last_heard = start;
+  NormFilterOptions nf;
+  nf.max_ratio = options.norm_limit;
+  filters_.assign(options.fragments, NormFilter(nf));
+}
+
+bool RoundBook::OnHeard(int learner, uint64_t incarnation, SyncTime now) {
+  LearnerBook& l = learners_[learner];
+  const bool restarted = !l.heard || l.incarnation != incarnation;
+  if (restarted) {
+    // A new incarnation: waited for again until it says otherwise; its stream starts over.
+    l = LearnerBook();
+    l.last_heard = now;
+    l.heard = true;
+    l.incarnation = incarnation;
+  }
+  l.last_heard = now;
+  return restarted;
+}
+
+void RoundBook::OnStreamSeq(int learner, uint64_t seq) {
+  LearnerBook& l = learners_[learner];
+  l.heard_seq = std::max(l.heard_seq, seq);
+}
+
+void RoundBook::OnHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now) {
+  LearnerBook& l = learners_[learner];
+  // The liveness thread's beats can overtake the training thread's: keep the newest step.
+  if (l.beat.have && hb.step < l.beat.step) return;
+  Beat& b = l.beat;
+  b.have = true;
+  b.at = now;
+  b.step = hb.step;
+  b.step_ms = hb.step_time_ms;
+  b.fragments.assign(options_.fragments, FragmentCounters());
+  b.in_flight.assign(options_.fragments, false);
+  for (const FragmentCounters& fc : hb.fragments) {
+    if (fc.fragment >= (uint32_t)options_.fragments) continue;
+    b.fragments[fc.fragment] = fc;
+    b.in_flight[fc.fragment] = fc.in_flight;
+  }
+  l.finished = hb.state == LearnerState::kFinished || hb.state == LearnerState::kStopping ||
+               hb.state == LearnerState::kFailed;
+  l.done = hb.state == LearnerState::kFinished;
+}
+
+void RoundBook::OnDeltaSeen(int learner, uint32_t fragment) {
+  LearnerBook& l = learners_[learner];
+  // A delta means the learner is at work again (a kStopping learner flushes its last deltas).
+  l.finished = false;
+  l.done = false;
+  if (fragment < l.beat.in_flight.size()) l.beat.in_flight[fragment] = true;
+}
+
+void RoundBook::Drop(int learner, uint32_t fragment, uint64_t base, std::string why, std::string detail,
+                     bool rejected, bool tell) {
+  drops_.push_back({learner, fragment, base, std::move(why), std::move(detail), rejected, tell});
+}
+
+void RoundBook::Reject(int learner, uint32_t fragment, uint64_t base_version, const std::string& why,
+                       const std::string& detail) {
+  Drop(learner, fragment, base_version, why, detail, /*rejected=*/true, /*tell=*/true);
+}
+
+std::string RoundBook::CheckCountsOf(const DeltaArrival& d) const {
+  const CountsVerdict cv = CheckCounts(d.c_steps, d.c_tokens, d.learner_step, options_.count_limits);
+  const std::string numbers = "c_steps " + std::to_string(d.c_steps) + ", c_tokens " + std::to_string(d.c_tokens) +
+                              ", learner step " + std::to_string(d.learner_step);
+  if (cv != CountsVerdict::kPlausible) return std::string(ToString(cv)) + ": " + numbers;
+  // Its last heartbeat showed c_steps for this base at some step; one step adds one. A beat
+  // from after the delta (the liveness stream is not ordered with the deltas) gives a tighter
+  // bound, never a wrong one, as long as the base is the same.
+  const Beat& b = learners_[d.learner].beat;
+  if (!b.have || d.fragment >= b.fragments.size()) return "";
+  const FragmentCounters& fc = b.fragments[d.fragment];
+  if (fc.base_version != d.base_version || fc.c_steps == 0) return "";
+  const int64_t allowed = (int64_t)fc.c_steps + ((int64_t)d.learner_step - (int64_t)b.step) + 1;  // +1: rounding
+  if ((int64_t)d.c_steps > allowed)
+    return "more steps than its heartbeats show: " + numbers + "; heartbeat at step " + std::to_string(b.step) +
+           " had c_steps " + std::to_string(fc.c_steps) + " for base " + std::to_string(fc.base_version);
+  return "";
+}
+
+bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) {
+  const uint32_t p = d.fragment;
+  if (std::string why = CheckCountsOf(d); !why.empty()) {
+    Drop(d.learner, p, d.base_version, "implausible_counts", why, true, true);
+    return false;
+  }
+  const StalenessCheck sc = CheckStaleness(current_version, d.base_version, options_.max_staleness);
+  if (!sc.accepted()) {
+    Drop(d.learner, p, d.base_version, ToString(sc.verdict),
+         "base " + std::to_string(d.base_version) + ", current " + std::to_string(current_version), false, true);
+    return false;
+  }
+  const FilterResult fr = filters_[p].Check(d.delta.data(), d.delta.size(), (double)d.c_steps);
+  if (!fr.accepted()) {
+    Drop(d.learner, p, d.base_version, fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large",
+         fr.reason, true, true);
+    return false;
+  }
+  PendingDelta pd;
+  pd.learner = d.learner;
+  pd.base_version = d.base_version;
+  pd.counts = {(double)d.c_tokens, (double)d.c_steps};
+  pd.delta = std::move(d.delta);
+  pd.at = now;
+  for (PendingDelta& old : pending_[p]) {
+    if (old.learner != pd.learner) continue;
+    // Not told: the learner waits for its newer delta, which is pending.
+    Drop(old.learner, p, old.base_version, "replaced",
+         "base " + std::to_string(old.base_version) + " replaced by base " + std::to_string(pd.base_version), false,
+         false);
+    old = std::move(pd);
+    return true;
+  }
+  pending_[p].push_back(std::move(pd));
+  return true;
+}
+
+std::optional<SyncTime> RoundBook::ExpectedDeltaAt(int learner, uint32_t p) const {
+  // The steps until p fires, plus one step of slack for jitter and the heartbeat's age.
+  const Beat& b = learners_[learner].beat;
+  if (!b.have || b.step_ms <= 0 || p >= b.in_flight.size() || b.in_flight[p]) return std::nullopt;
+  const long steps = StepsUntilFires((int)p, (long)b.step, options_.inner_steps, options_.fragments) + 1;
+  return b.at + std::chrono::duration_cast<SyncClock::duration>(
+                    std::chrono::duration<double, std::milli>(steps * b.step_ms));
+}
+
+RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timings) const {
+  RoundState rs;
+  rs.timings = timings;
+  for (int l = 0; l < options_.learners; l++) {
+    const LearnerBook& lb = learners_[l];
+    LearnerPresence lp;
+    lp.learner = l;
+    lp.last_heard = lb.last_heard;
+    for (const PendingDelta& pd : pending_[p])
+      if (pd.learner == l) lp.contributed_at = pd.at;
+    if (lb.finished && !lp.contributed_at) continue;  // not waited for any more
+    if (lb.finished) lp.last_heard = now;             // its last delta is in: counts as live
+    if (!lp.contributed_at) lp.expected_at = ExpectedDeltaAt(l, p);
+    rs.learners.push_back(lp);
+  }
+  return rs;
+}
+
+std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_version) {
+  std::vector<PendingDelta> ok;
+  for (PendingDelta& pd : pending_[p]) {
+    const StalenessCheck c = CheckStaleness(current_version, pd.base_version, options_.max_staleness);
+    if (c.accepted()) {
+      ok.push_back(std::move(pd));
+    } else {
+      Drop(pd.learner, p, pd.base_version, ToString(c.verdict),
+           "base " + std::to_string(pd.base_version) + ", current " + std::to_string(current_version), false, true);
+    }
+  }
+  pending_[p].clear();
+  std::sort(ok.begin(), ok.end(), [](const PendingDelta& a, const PendingDelta& b) { return a.learner < b.learner; });
+  return ok;
+}
+
+std::vector<DeltaDrop> RoundBook::TakeDrops() {
+  std::vector<DeltaDrop> out;
+  out.swap(drops_);
+  return out;
+}
+
+std::vector<LearnerAck> RoundBook::Acks() const {
+  std::vector<LearnerAck> acks;
+  for (int l = 0; l < options_.learners; l++) {
+    const LearnerBook& lb = learners_[l];
+    if (!lb.heard) continue;
+    LearnerAck a;
+    a.learner = LearnerName(l);
+    a.incarnation = lb.incarnation;
+    a.heard_seq = lb.heard_seq;
+    for (int p = 0; p < options_.fragments; p++)
+      for (const PendingDelta& pd : pending_[p])
+        if (pd.learner == l) {
+          a.pending_fragments.push_back((uint32_t)p);
+          a.pending_bases.push_back(pd.base_version);
+        }
+    acks.push_back(std::move(a));
+  }
+  return acks;
+}
+
+bool RoundBook::Live(int learner, SyncTime now) const {
+  const LearnerBook& l = learners_[learner];
+  return l.heard && !l.finished && now - l.last_heard <= std::chrono::milliseconds(options_.heartbeat_timeout_ms);
+}
+
+bool RoundBook::AllDone() const {
+  return std::all_of(learners_.begin(), learners_.end(), [](const LearnerBook& l) { return l.done; });
+}
+
+}  // namespace diloco

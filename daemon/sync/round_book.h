@@ -1,0 +1,148 @@
+// The syncer's round book: what it knows of every learner and every fragment's open round.
+// Pure bookkeeping under an injected clock (no sockets, no model maths), table-tested like Decide.
+//
+// Per learner: the incarnation heard last (a new one is a restart: waited for again, its stream
+// and forecast start over), when it was last heard (either uplink stream: the training thread's
+// or the liveness thread's), the highest seq of its main stream (acks), its last heartbeat (the
+// forecast of its next delta and the cross-check of a delta's counts), whether it said it stops.
+// Per fragment: the pending deltas (one per learner: a newer one replaces the older), the norm
+// filter, and the input to Decide.
+//
+// Rules a delta passes, in order (each failure is a drop with a reason; see Admit):
+//   implausible_counts  CheckCounts, and c_steps no more than its last heartbeat for that base
+//                       showed plus the steps since that heartbeat (counts buy weight);
+//   too_stale / from_the_future  CheckStaleness against the fragment's version;
+//   non_finite / norm_too_large  the fragment's NormFilter;
+//   replaced            an older pending delta of the same learner gives way (not told: the
+//                       learner waits for the newer one, which is pending).
+// At merge time the staleness is checked again (the fragment may have moved on).
+//
+// Drops accumulate until the syncer takes them (TakeDrops): it logs them with the fragment's next
+// merge, counts them in the ledger and names the told ones in its next SyncerStatus.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/net/envelope.h"
+#include "daemon/sync/decide.h"
+#include "daemon/sync/merge.h"
+
+namespace diloco {
+
+struct RoundBookOptions {
+  int learners = 1;
+  int fragments = 1;
+  int inner_steps = 1;  // H: when a fragment's next delta is due (forecasts)
+  int max_staleness = 4;
+  int64_t heartbeat_timeout_ms = 3000;
+  CountLimits count_limits;  // 0 fields: not checked
+  double norm_limit = 0;     // NormFilter max_ratio (0: the filter's default)
+};
+
+// A decoded delta, as the book checks and keeps it.
+struct DeltaArrival {
+  int learner = 0;
+  uint32_t fragment = 0;
+  uint64_t base_version = 0;
+  uint64_t c_steps = 0, c_tokens = 0;
+  uint64_t learner_step = 0;
+  std::vector<float> delta;
+};
+
+struct PendingDelta {
+  int learner = 0;
+  uint64_t base_version = 0;
+  ContributionCounts counts;
+  std::vector<float> delta;
+  SyncTime at;
+};
+
+// A delta that will not be merged.
+struct DeltaDrop {
+  int learner = 0;
+  uint32_t fragment = 0;
+  uint64_t base_version = 0;
+  std::string why;     // "too_stale", "implausible_counts", "replaced", ...
+  std::string detail;  // numbers, for a human
+  bool rejected = false;      // failed a check (else: dropped, e.g. too stale or replaced)
+  bool tell_learner = true;   // named in the next SyncerStatus
+};
+
+class RoundBook {
+ public:
+  // start: when the syncer started; a learner not heard yet counts as heard then (a lock-step
+  // round waits for it through one heartbeat timeout).
+  RoundBook(const RoundBookOptions& options, SyncTime start);
+
+  // Any uplink message of learner (index checked by the caller). Returns true when it is a new
+  // incarnation: the learner restarted, so everything known of the old one is forgotten.
+  bool OnHeard(int learner, uint64_t incarnation, SyncTime now);
+  // A message of the learner's main stream (deltas and the training thread's heartbeats) with
+  // this seq: the acks report the highest.
+  void OnStreamSeq(int learner, uint64_t seq);
+  void OnHeartbeat(int learner, const HeartbeatMsg& heartbeat, SyncTime now);
+  // A delta of fragment has left the learner: no forecast for it until a heartbeat says otherwise.
+  void OnDeltaSeen(int learner, uint32_t fragment);
+
+  // A delta refused before the book's checks (payload does not decode, a test hook).
+  void Reject(int learner, uint32_t fragment, uint64_t base_version, const std::string& why,
+              const std::string& detail);
+  // Checks a decoded delta against the rules above, with current_version the fragment's version.
+  // Accepted: pending (returns true). Else a drop is recorded (returns false).
+  bool Admit(DeltaArrival&& delta, uint64_t current_version, SyncTime now);
+
+  bool HasPending(uint32_t fragment) const { return !pending_[fragment].empty(); }
+  size_t PendingCount(uint32_t fragment) const { return pending_[fragment].size(); }
+  // Decide's input for fragment's open round.
+  RoundState Round(uint32_t fragment, SyncTime now, const RoundTimings& timings) const;
+  // The fragment's pending deltas that are still fresh at current_version, in learner order (a
+  // merge must not depend on arrival order); the stale ones become drops. The round is emptied.
+  std::vector<PendingDelta> TakeForMerge(uint32_t fragment, uint64_t current_version);
+  std::vector<DeltaDrop> TakeDrops();
+
+  // What each heard learner's SyncerStatus ack says (LearnerName, incarnation, heard seq, pending).
+  std::vector<LearnerAck> Acks() const;
+  // Heard within the heartbeat timeout and not stopping or finished.
+  bool Live(int learner, SyncTime now) const;
+  bool Heard(int learner) const { return learners_[learner].heard; }
+  // Said kStopping, kFinished or kFailed (its last delta, if pending, is still merged).
+  bool Finished(int learner) const { return learners_[learner].finished; }
+  bool AllDone() const;  // every learner said kFinished
+  // When learner's delta for fragment should arrive, from its last heartbeat (none: unknown, or
+  // its delta for the fragment is in flight).
+  std::optional<SyncTime> ExpectedDeltaAt(int learner, uint32_t fragment) const;
+
+ private:
+  struct Beat {
+    bool have = false;
+    SyncTime at;
+    uint64_t step = 0;
+    double step_ms = 0;
+    std::vector<FragmentCounters> fragments;  // indexed by fragment (absent ones zero)
+    std::vector<bool> in_flight;              // per fragment
+  };
+  struct LearnerBook {
+    bool heard = false;
+    uint64_t incarnation = 0;
+    SyncTime last_heard;
+    uint64_t heard_seq = 0;
+    bool finished = false;  // stopping / finished / failed: not waited for
+    bool done = false;      // finished
+    Beat beat;
+  };
+  void Drop(int learner, uint32_t fragment, uint64_t base, std::string why, std::string detail, bool rejected,
+            bool tell);
+  // Empty when plausible, else why not (the detail of an implausible_counts drop).
+  std::string CheckCountsOf(const DeltaArrival& d) const;
+
+  RoundBookOptions options_;
+  std::vector<LearnerBook> learners_;
+  std::vector<std::vector<PendingDelta>> pending_;  // per fragment
+  std::vector<NormFilter> filters_;                 // per fragment
+  std::vector<DeltaDrop> drops_;
+};
+
+}  // namespace diloco
