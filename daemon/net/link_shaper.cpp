@@ -271,6 +271,22 @@ std::pair<Status, std::string> Link::DoAttach(const AttachRequest& req) {
   return {Status::Ok(), inproc};
 }
 
+namespace {
+
+// m with one byte of its last frame flipped (a bit error that got past the network's checks).
+Message CorruptedCopy(const Message& m, std::mt19937_64& rng) {
+  Message out;
+  for (size_t i = 0; i < m.size(); i++) {
+    const std::span<const uint8_t> f = m.frame(i);
+    std::vector<uint8_t> bytes(f.begin(), f.end());
+    if (i + 1 == m.size() && !bytes.empty()) bytes[rng() % bytes.size()] ^= 0x5a;
+    out.AddOwned(std::move(bytes));
+  }
+  return out;
+}
+
+}  // namespace
+
 void Link::Admit(int d, size_t pair, Message&& m, SteadyTime now) {
   const size_t bytes = m.bytes();
   const LinkDrop drop = DecideDrop(current_[d], rng_[d]);
@@ -286,6 +302,12 @@ void Link::Admit(int d, size_t pair, Message&& m, SteadyTime now) {
     }
     ++stats_[d].queued;
     stats_[d].queued_bytes += bytes;
+  }
+  if (current_[d].corrupt > 0 && !m.empty() &&
+      std::uniform_real_distribution<double>(0, 1)(rng_[d]) < current_[d].corrupt) {
+    m = CorruptedCopy(m, rng_[d]);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_[d].corrupted;
   }
   pairs_[pair]->dir[d].waiting.push_back({std::move(m), bytes});
   std::vector<FairShareSchedule::Departure> departed;

@@ -17,6 +17,8 @@
 // equally (processor sharing), so a heartbeat socket is not stuck behind a 64 MiB delta on another
 // socket, while two deltas on one socket go one after the other. For each message, in order:
 //   dropped      when the direction is partitioned, or with probability `loss` (seeded RNG);
+//   corrupted    with probability `corrupt`: one byte of its last frame flipped (the receiver's
+//                checks must catch it);
 //   departure    when the flow's share of the bandwidth has carried all its bytes (one flow
 //                alone: departure = max(now, flow busy until) + bytes / bandwidth);
 //   arrival      = max(departure + latency + U(-jitter, +jitter), the flow's previous arrival);
@@ -53,6 +55,7 @@ struct LinkParams {
   double jitter_ms = 0;              // uniform in [-jitter, +jitter] around the latency
   double loss = 0;                   // probability that a whole message is dropped, in [0, 1]
   bool partitioned = false;          // drop everything
+  double corrupt = 0;                // probability that one byte of a message is flipped, in [0, 1]
 
   // e.g. Wan(2.0, 40): 2 Gbit/s, 40 ms one way.
   static LinkParams Wan(double gbit_per_s, double latency_ms) {
@@ -80,6 +83,7 @@ struct LinkStats {
   uint64_t delivered_bytes = 0;
   uint64_t dropped_loss = 0;
   uint64_t dropped_partition = 0;
+  uint64_t corrupted = 0;  // delivered with one byte flipped (params.corrupt)
   uint64_t queued = 0;  // messages waiting now
   uint64_t queued_bytes = 0;
 };

@@ -14,7 +14,7 @@ nlohmann::json MergeEventToJson(const MergeEvent& event) {
   }
   nlohmann::json skipped = nlohmann::json::array();
   for (const SkippedDelta& s : event.skipped) {
-    skipped.push_back({{"learner", s.learner}, {"why", s.why}, {"detail", s.detail}});
+    skipped.push_back({{"learner", s.learner}, {"why", s.why}, {"detail", s.detail}, {"tokens", s.tokens}});
   }
   return {{"event", "merge"},
           {"time_ms", event.time_ms},

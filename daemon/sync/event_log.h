@@ -33,6 +33,7 @@ struct SkippedDelta {
   int learner = 0;
   std::string why;     // "too_stale", "from_the_future", "non_finite", "norm_too_large"
   std::string detail;  // numbers, for a human
+  double tokens = 0;   // its c_tokens: the work that did not reach the global model
 };
 
 struct MergeEvent {

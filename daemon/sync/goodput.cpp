@@ -224,12 +224,14 @@ nlohmann::json GoodputToJson(const GoodputReport& r) {
           {"provisioned_tokens", r.provisioned_tokens}};
 }
 
-Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms, std::vector<MergedDelta>* out) {
+Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms, std::vector<MergedDelta>* out,
+                        std::vector<LostDelta>* lost) {
   std::ifstream f(events_path);
   if (!f) return Status::Error("cannot open " + events_path + ": is it the run directory's events.log?");
   std::vector<std::string> lines;
   for (std::string line; std::getline(f, line);) lines.push_back(std::move(line));
   std::vector<MergedDelta> merged;
+  std::vector<LostDelta> dropped;
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string where = events_path + " line " + std::to_string(i + 1);
     if (lines[i].empty()) continue;
@@ -245,11 +247,16 @@ Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_m
       for (const nlohmann::json& c : ev.at("contributors")) {
         merged.push_back({time_s, fragment, c.at("learner").get<int>(), c.at("tokens").get<double>()});
       }
+      // A replaced delta's work travels in the newer one that replaced it: not lost.
+      for (const nlohmann::json& k : ev.value("skipped", nlohmann::json::array()))
+        if (k.value("why", "") != "replaced" && k.value("tokens", 0.0) > 0)
+          dropped.push_back({time_s, fragment, k.at("learner").get<int>(), k.value("tokens", 0.0), LossCause::kDropped});
     } catch (const nlohmann::json::exception& e) {
       return Status::Error(where + ": merge record without a field this reader needs (" + e.what() + ")");
     }
   }
   out->insert(out->end(), merged.begin(), merged.end());
+  if (lost) lost->insert(lost->end(), dropped.begin(), dropped.end());
   return Status::Ok();
 }
 

@@ -117,9 +117,10 @@ nlohmann::json GoodputToJson(const GoodputReport& report);
 // Appends one MergedDelta per contributor of each merge line of the syncer's
 // events.log (event_log.h), its time = (time_ms − run_start_unix_ms) / 1000.
 // Lines whose "event" is not "merge" are skipped; an unparsable last line is
-// skipped too (the syncer may be writing it). Skipped deltas in the log carry
-// no token count, so the caller fills GoodputInput::lost from elsewhere.
+// skipped too (the syncer may be writing it). With lost: the merges' skipped
+// deltas that carry tokens, as kDropped (a "replaced" delta is not lost: its
+// work travels in the newer delta that replaced it).
 Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms,
-                        std::vector<MergedDelta>* out);
+                        std::vector<MergedDelta>* out, std::vector<LostDelta>* lost = nullptr);
 
 }  // namespace diloco

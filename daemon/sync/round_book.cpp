@@ -36,22 +36,27 @@ void RoundBook::OnStreamSeq(int learner, uint64_t seq) {
 
 void RoundBook::OnHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now) {
   LearnerBook& l = learners_[learner];
-  // The liveness thread's beats can overtake the training thread's: keep the newest step.
-  if (l.beat.have && hb.step < l.beat.step) return;
+  // The liveness thread's beats can overtake the training thread's: keep the newest step. Once
+  // it said it stops or finished, only a delta (OnDeltaSeen) makes it a worker again, not a
+  // liveness beat of the same step that was on its way.
+  const bool finishing = hb.state == LearnerState::kFinished || hb.state == LearnerState::kStopping ||
+                         hb.state == LearnerState::kFailed;
+  if (l.beat.have && (hb.step < l.beat.step || (l.finished && !finishing && hb.step == l.beat.step))) return;
   Beat& b = l.beat;
   b.have = true;
   b.at = now;
   b.step = hb.step;
   b.step_ms = hb.step_time_ms;
   b.fragments.assign(options_.fragments, FragmentCounters());
+  b.listed.assign(options_.fragments, false);
   b.in_flight.assign(options_.fragments, false);
   for (const FragmentCounters& fc : hb.fragments) {
     if (fc.fragment >= (uint32_t)options_.fragments) continue;
     b.fragments[fc.fragment] = fc;
+    b.listed[fc.fragment] = true;
     b.in_flight[fc.fragment] = fc.in_flight;
   }
-  l.finished = hb.state == LearnerState::kFinished || hb.state == LearnerState::kStopping ||
-               hb.state == LearnerState::kFailed;
+  l.finished = finishing;
   l.done = hb.state == LearnerState::kFinished;
 }
 
@@ -63,14 +68,14 @@ void RoundBook::OnDeltaSeen(int learner, uint32_t fragment) {
   if (fragment < l.beat.in_flight.size()) l.beat.in_flight[fragment] = true;
 }
 
-void RoundBook::Drop(int learner, uint32_t fragment, uint64_t base, std::string why, std::string detail,
-                     bool rejected, bool tell) {
-  drops_.push_back({learner, fragment, base, std::move(why), std::move(detail), rejected, tell});
+void RoundBook::Drop(int learner, uint32_t fragment, uint64_t base, double tokens, std::string why,
+                     std::string detail, bool rejected, bool tell) {
+  drops_.push_back({learner, fragment, base, std::move(why), std::move(detail), tokens, rejected, tell});
 }
 
 void RoundBook::Reject(int learner, uint32_t fragment, uint64_t base_version, const std::string& why,
                        const std::string& detail) {
-  Drop(learner, fragment, base_version, why, detail, /*rejected=*/true, /*tell=*/true);
+  Drop(learner, fragment, base_version, 0, why, detail, /*rejected=*/true, /*tell=*/true);
 }
 
 std::string RoundBook::CheckCountsOf(const DeltaArrival& d) const {
@@ -83,10 +88,12 @@ std::string RoundBook::CheckCountsOf(const DeltaArrival& d) const {
   // bound, never a wrong one, as long as the base is the same.
   const Beat& b = learners_[d.learner].beat;
   if (!b.have || d.fragment >= b.fragments.size()) return "";
+  if (!b.listed[d.fragment]) return "";
   const FragmentCounters& fc = b.fragments[d.fragment];
-  if (fc.base_version != d.base_version || fc.c_steps == 0) return "";
-  const int64_t allowed = (int64_t)fc.c_steps + ((int64_t)d.learner_step - (int64_t)b.step) + 1;  // +1: rounding
-  if ((int64_t)d.c_steps > allowed)
+  if (fc.base_version != d.base_version) return "";
+  // In 128 bits: counts come from the network and may be anything.
+  const __int128 allowed = (__int128)fc.c_steps + ((__int128)d.learner_step - (__int128)b.step) + 1;  // +1: rounding
+  if ((__int128)d.c_steps > allowed)
     return "more steps than its heartbeats show: " + numbers + "; heartbeat at step " + std::to_string(b.step) +
            " had c_steps " + std::to_string(fc.c_steps) + " for base " + std::to_string(fc.base_version);
   return "";
@@ -95,19 +102,19 @@ std::string RoundBook::CheckCountsOf(const DeltaArrival& d) const {
 bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) {
   const uint32_t p = d.fragment;
   if (std::string why = CheckCountsOf(d); !why.empty()) {
-    Drop(d.learner, p, d.base_version, "implausible_counts", why, true, true);
+    Drop(d.learner, p, d.base_version, 0, "implausible_counts", why, true, true);  // its counts mean nothing
     return false;
   }
   const StalenessCheck sc = CheckStaleness(current_version, d.base_version, options_.max_staleness);
   if (!sc.accepted()) {
-    Drop(d.learner, p, d.base_version, ToString(sc.verdict),
+    Drop(d.learner, p, d.base_version, (double)d.c_tokens, ToString(sc.verdict),
          "base " + std::to_string(d.base_version) + ", current " + std::to_string(current_version), false, true);
     return false;
   }
   const FilterResult fr = filters_[p].Check(d.delta.data(), d.delta.size(), (double)d.c_steps);
   if (!fr.accepted()) {
-    Drop(d.learner, p, d.base_version, fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large",
-         fr.reason, true, true);
+    Drop(d.learner, p, d.base_version, (double)d.c_tokens,
+         fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large", fr.reason, true, true);
     return false;
   }
   PendingDelta pd;
@@ -119,7 +126,7 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
   for (PendingDelta& old : pending_[p]) {
     if (old.learner != pd.learner) continue;
     // Not told: the learner waits for its newer delta, which is pending.
-    Drop(old.learner, p, old.base_version, "replaced",
+    Drop(old.learner, p, old.base_version, old.counts.tokens, "replaced",
          "base " + std::to_string(old.base_version) + " replaced by base " + std::to_string(pd.base_version), false,
          false);
     old = std::move(pd);
@@ -163,7 +170,7 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
     if (c.accepted()) {
       ok.push_back(std::move(pd));
     } else {
-      Drop(pd.learner, p, pd.base_version, ToString(c.verdict),
+      Drop(pd.learner, p, pd.base_version, pd.counts.tokens, ToString(c.verdict),
            "base " + std::to_string(pd.base_version) + ", current " + std::to_string(current_version), false, true);
     }
   }

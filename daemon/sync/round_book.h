@@ -39,7 +39,7 @@ struct RoundBookOptions {
   int max_staleness = 4;
   int64_t heartbeat_timeout_ms = 3000;
   CountLimits count_limits;  // 0 fields: not checked
-  double norm_limit = 0;     // NormFilter max_ratio (0: the filter's default)
+  double norm_limit = 0;     // NormFilter max_ratio (0: no norm limit; NaN/Inf are always refused)
 };
 
 // A decoded delta, as the book checks and keeps it.
@@ -67,6 +67,7 @@ struct DeltaDrop {
   uint64_t base_version = 0;
   std::string why;     // "too_stale", "implausible_counts", "replaced", ...
   std::string detail;  // numbers, for a human
+  double tokens = 0;   // its c_tokens (0 when the delta could not be read)
   bool rejected = false;      // failed a check (else: dropped, e.g. too stale or replaced)
   bool tell_learner = true;   // named in the next SyncerStatus
 };
@@ -122,6 +123,7 @@ class RoundBook {
     uint64_t step = 0;
     double step_ms = 0;
     std::vector<FragmentCounters> fragments;  // indexed by fragment (absent ones zero)
+    std::vector<bool> listed;                 // the beat named the fragment
     std::vector<bool> in_flight;              // per fragment
   };
   struct LearnerBook {
@@ -133,8 +135,8 @@ class RoundBook {
     bool done = false;      // finished
     Beat beat;
   };
-  void Drop(int learner, uint32_t fragment, uint64_t base, std::string why, std::string detail, bool rejected,
-            bool tell);
+  void Drop(int learner, uint32_t fragment, uint64_t base, double tokens, std::string why, std::string detail,
+            bool rejected, bool tell);
   // Empty when plausible, else why not (the detail of an implausible_counts drop).
   std::string CheckCountsOf(const DeltaArrival& d) const;
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "daemon/net/channel.h"
@@ -371,7 +373,8 @@ Status Syncer::Run() {
         le.dropped++;
         state_.dropped_deltas++;
       }
-      if (d.fragment < P) im.skipped[d.fragment].push_back({d.learner, std::move(d.why), std::move(d.detail)});
+      if (d.fragment < P)
+        im.skipped[d.fragment].push_back({d.learner, std::move(d.why), std::move(d.detail), d.tokens});
     }
   };
 
@@ -455,6 +458,11 @@ Status Syncer::Run() {
     }
     const std::vector<uint64_t> tensor_bytes = record.tensor_bytes;
     auto payload = std::make_shared<std::vector<uint8_t>>(std::move(record.payload));
+    if (im.options.nan_global_update && im.options.nan_global_update((uint32_t)p, fg.version) &&
+        down_codec.kind == CodecKind::kFp32 && payload->size() >= sizeof(float)) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(payload->data(), &nan, sizeof nan);
+    }
 
     GlobalMsg g;
     g.fragment = (uint32_t)p;
@@ -518,6 +526,7 @@ Status Syncer::Run() {
     return Status::Ok();
   };
 
+  bool status_due = false;  // publish a SyncerStatus at the next turn of the loop
   // One uplink message: liveness, heartbeats, deltas (the main stream or the liveness stream).
   auto handle_uplink = [&](const net::Received& r, SyncTime now) {
     const ParsedMessage& m = *im.parsed;
@@ -536,7 +545,11 @@ Status Syncer::Run() {
       ls.last_heard_unix_ms = UnixMs();
       ls.incarnation = m.header.incarnation;
     }
-    if (r.topic == im.options.job_id) im.book->OnStreamSeq(learner, m.header.seq);
+    if (r.topic == im.options.job_id) {
+      im.book->OnStreamSeq(learner, m.header.seq);
+      // A gap in a learner's main stream may be a lost delta: the next status (now) tells it.
+      if (r.seq.verdict == net::SeqVerdict::kGap) status_due = true;
+    }
     if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
       if (hb->step_time_ms > 0) im.timings.step_ms.Add(hb->step_time_ms);
       im.book->OnHeartbeat(learner, *hb, now);
@@ -571,6 +584,7 @@ Status Syncer::Run() {
   if (im.router) sockets.push_back(&im.router->socket());
   std::vector<bool> ready;
   for (;;) {
+    if (abort_) return Status::Ok();
     SyncTime now = Clock::now();
     SyncTime wake = now + std::chrono::milliseconds(20);
     DL_RETURN_IF_ERROR(decide_all(now, &wake));
@@ -578,10 +592,11 @@ Status Syncer::Run() {
       RefreshStatus(true);
       last_refresh = now;
     }
-    if (!im.recent_drops.empty() || (im.options.status_interval_ms > 0 &&
+    if (status_due || !im.recent_drops.empty() || (im.options.status_interval_ms > 0 &&
                                      now - last_status >= std::chrono::milliseconds(im.options.status_interval_ms))) {
       DL_RETURN_IF_ERROR(publish_status());
       last_status = now;
+      status_due = false;
     }
     if (im.book->AllDone() && im.options.exit_when_all_finished) break;
     if (stop_ && Clock::now() - last_message > std::chrono::milliseconds(im.options.idle_exit_ms)) break;

@@ -80,6 +80,9 @@ struct SyncerOptions {
   // Test hook: when it returns true for (fragment, version), that Global goes out with a wrong
   // CRC32C (learners must resync from a snapshot). May be empty.
   std::function<bool(uint32_t fragment, uint64_t version)> corrupt_global_crc;
+  // Test hook: when it returns true for (fragment, version), that Global's update goes out with
+  // a NaN in it (the syncer's own Θ takes the real one; fp32 downlink only).
+  std::function<bool(uint32_t fragment, uint64_t version)> nan_global_update;
   // Test hook: when it returns true for a delta (learner, fragment), the syncer rejects it as if
   // it had failed its checks ("test_rejected"). May be empty.
   std::function<bool(int learner, uint32_t fragment)> reject_delta;
@@ -134,6 +137,9 @@ class Syncer {
   // merges whatever is pending and saves the global state.
   Status Run();
   void RequestStop() { stop_ = true; }
+  // Leaves Run() at once, merging nothing more and saving nothing (as a kill -9 would; only the
+  // update log and the last checkpoint remain). For chaos tests in local mode.
+  void Abort() { abort_ = true; }
   // Thread-safe: versions, counters and what each learner last reported.
   SyncerStatusSnapshot CurrentStatus() const;
 
@@ -152,6 +158,7 @@ class Syncer {
   GlobalState state_;
   SyncerResult result_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> abort_{false};
   mutable std::mutex status_mu_;
   SyncerStatusSnapshot status_;  // guarded by status_mu_, refreshed by Run()
 };

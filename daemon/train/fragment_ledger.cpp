@@ -51,8 +51,9 @@ GlobalFold FragmentLedger::OnGlobal(int p, uint64_t version, bool included_self)
     f.c_steps -= std::min(f.c_steps, f.c_steps_at_send);
     f.c_tokens -= std::min(f.c_tokens, f.c_tokens_at_send);
   }
-  // Included, or the fragment moved past where the syncer could still take it.
-  if (f.in_flight && (included_self || version > f.sent_base + (uint64_t)max_staleness_ + 1)) f.in_flight = false;
+  // Included, or the fragment moved past where the syncer could still take it: its next merge
+  // (at this version) accepts bases no older than version - max_staleness.
+  if (f.in_flight && (included_self || version > f.sent_base + (uint64_t)max_staleness_)) f.in_flight = false;
   return fold;
 }
 

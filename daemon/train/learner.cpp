@@ -259,13 +259,16 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     const int p = (int)g->fragment;
     std::vector<float>& base = bases[p];
     const Fragment& frag = frags[p];
-    DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, g->payload, m, &scratch));
-    // A non-finite update would poison every parameter it touches: refuse it and resync.
-    if (!std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isfinite(x); })) {
+    // An update that does not decode, or is not finite, would poison every parameter it touches:
+    // refuse it and resync from a snapshot.
+    Status decoded = DecodeFragmentPayload(frag, g->payload, m, &scratch);
+    if (decoded.ok() && !std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isfinite(x); }))
+      decoded = Status::Error("its update is not finite");
+    if (!decoded.ok()) {
       res.globals_refused++;
-      std::fprintf(stderr, "%s: refusing Global %llu of fragment %d: its update is not finite; resyncing\n",
-                   me.c_str(), (unsigned long long)g->version, p);
-      need_snapshot("non-finite global of fragment " + std::to_string(p));
+      std::fprintf(stderr, "%s: refusing Global %llu of fragment %d (%s); resyncing\n", me.c_str(),
+                   (unsigned long long)g->version, p, decoded.message().c_str());
+      need_snapshot("refused global of fragment " + std::to_string(p));
       return Status::Ok();
     }
     if (g->payload.topk_fraction != 0)
@@ -603,6 +606,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
   }
 
   const auto train_start = Clock::now();
+  res.train_start_unix_ms = (int64_t)UnixMs();
   LearnerHook hook;
   hook.before = [&](long at, StepControl* control) -> Status {
     step = at;
@@ -628,10 +632,12 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     for (int p = 0; p < P; p++) {
       if (!ledger.Blocks(p, step, block_after)) continue;
       const auto w0 = Clock::now();
+      const int64_t w0_unix = (int64_t)UnixMs();
       DL_RETURN_IF_ERROR(wait_until([&] { return !ledger.Blocks(p, step, block_after) || stopping(); },
                                     "waiting for the global of fragment " + std::to_string(p) + " at step " +
                                         std::to_string(step)));
       res.wait_s += std::chrono::duration<double>(Clock::now() - w0).count();
+      res.blocked_unix_ms.push_back({w0_unix, (int64_t)UnixMs()});
     }
     DL_RETURN_IF_ERROR(beat_if_due());
     control->changed = std::move(changed);
@@ -643,8 +649,10 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     if (!st.applied)
       return Status::Error(me + ": training diverged at step " + std::to_string(step) +
                            " (loss or gradient NaN/Inf). Try a lower train.lr or sync.outer.lr");
-    if (slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1) * r.step_s));
-    const double step_s = r.step_s * std::max(1.0, slowdown);
+    const double slow = o.slowdown ? o.slowdown->load() : slowdown;
+    if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * r.step_s));
+    const double step_s = r.step_s * std::max(1.0, slow);
+    res.compute_s += r.step_s;
     step_ms_ema = step_ms_ema == 0 ? step_s * 1e3 : step_ms_ema + 0.2 * (step_s * 1e3 - step_ms_ema);
     res.train_s += step_s;
     res.tokens += tokens_per_step;

@@ -96,6 +96,9 @@ struct LearnerOptions {
   // no more messages, not even a last heartbeat).
   const std::atomic<bool>* crash = nullptr;
   long crash_after_steps = -1;  // the same after this many steps (-1: never); for tests
+  // When set, stretches each step by this factor instead of learners[index].slowdown (chaos
+  // `slow` events change it while the learner runs).
+  const std::atomic<double>* slowdown = nullptr;
   // Called on the learner's thread after every step and on state changes (cheap: copy what
   // you need). May be empty.
   std::function<void(const LearnerProgress&)> on_progress;
@@ -138,6 +141,12 @@ struct LearnerResult {
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop
+  // For goodput accounting: when this incarnation started training, when it was blocked at an
+  // outer step (lock-step modes, [start, end) in Unix ms), and its steps' own time (without a
+  // slowdown's stretch): tokens / compute_s is its nominal rate.
+  int64_t train_start_unix_ms = 0;
+  std::vector<std::pair<int64_t, int64_t>> blocked_unix_ms;
+  double compute_s = 0;
   // With train.ranks > 1: CRC32C of each rank's parameters when the inner loop ended (before the
   // last Globals folded into rank 0); all equal.
   std::vector<uint32_t> rank_param_crc32c;

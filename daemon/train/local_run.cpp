@@ -1,7 +1,12 @@
 #include "daemon/train/local_run.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <omp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +22,7 @@
 #include "daemon/train/ddp_run.h"
 #include "daemon/train/data.h"
 #include "daemon/train/learner.h"
+#include "daemon/train/local_fleet.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
 #include "kernels/gpt.h"
@@ -31,6 +37,72 @@ using Clock = std::chrono::steady_clock;
 
 bool HasLink(const LinkConfig& l) {
   return l.bandwidth_mbps > 0 || l.latency_ms > 0 || l.jitter_ms > 0 || l.loss > 0;
+}
+
+bool NeedsTcp(const ChaosConfig& chaos) {
+  for (const ChaosEvent& e : chaos.events)
+    if (e.kind == ChaosEventKind::kSyncerKill) return true;
+  return false;
+}
+
+// tcp://127.0.0.1:PORT with a port free now (the kernel's pick).
+std::string LoopbackEndpoint() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  if (fd >= 0) ::close(fd);
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+// Goodput, uptime and waste of a finished run (sync/goodput.h), from the merge tape and what
+// each learner incarnation recorded: training starts at the first incarnation's first step; a
+// learner's nominal rate is its tokens over its steps' own time (no slowdown, no waiting), so
+// no run can claim more than it was provisioned.
+Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
+                      const std::vector<std::vector<const LearnerResult*>>& incarnations,
+                      const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down, int64_t end_unix_ms,
+                      GoodputReport* out) {
+  const int M = (int)incarnations.size();
+  int64_t t0 = 0;
+  for (const auto& incs : incarnations)
+    for (const LearnerResult* r : incs)
+      if (r->train_start_unix_ms > 0 && (t0 == 0 || r->train_start_unix_ms < t0)) t0 = r->train_start_unix_ms;
+  if (t0 == 0) return Status::Error("no learner trained");
+  GoodputInput in;
+  DL_RETURN_IF_ERROR(ReadMergedDeltas((fs::path(run_dir) / "events.log").string(), t0, &in.merged, &in.lost));
+  double end_s = (double)(end_unix_ms - t0) / 1000;
+  for (const MergedDelta& m : in.merged) end_s = std::max(end_s, m.time_s);
+  for (const LostDelta& l : in.lost) end_s = std::max(end_s, l.time_s);
+  in.wall_s = std::max(end_s, 1e-3);
+  const double tokens_per_step = (double)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size;
+  double step_s = 0;
+  for (int i = 0; i < M; i++) {
+    double tokens = 0, compute_s = 0;
+    for (const LearnerResult* r : incarnations[i]) {
+      tokens += (double)r->tokens;
+      compute_s += r->compute_s;
+    }
+    in.nominal_tokens_per_s.push_back(compute_s > 0 ? tokens / compute_s : 0);
+    step_s = std::max(step_s, compute_s > 0 ? compute_s * tokens_per_step / tokens : 0);
+    auto rel = [&](int64_t ms) { return std::clamp((double)(ms - t0) / 1000, 0.0, in.wall_s); };
+    for (const LearnerResult* r : incarnations[i])
+      for (const auto& [a, b] : r->blocked_unix_ms) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
+    for (const auto& [a, b] : down[i]) in.spans.push_back({i, rel(a), b > 0 ? rel(b) : in.wall_s, Activity::kDown});
+  }
+  std::vector<Fragment> frags;
+  DL_RETURN_IF_ERROR(PartitionFragments(gpt_tensor_table(GptConfigOf(cfg.model)), EffectiveFragments(cfg.sync), &frags));
+  double numel = 0;
+  for (const Fragment& f : frags) numel += (double)f.numel;
+  for (const Fragment& f : frags) in.fragment_weights.push_back((double)f.numel / numel);
+  // One merge of some fragment every H / P steps when every fragment fires on its own schedule.
+  in.expected_merge_interval_s = std::max(1e-3, cfg.sync.inner_steps * step_s / (double)frags.size());
+  return ComputeGoodput(in, out);
 }
 
 }  // namespace
@@ -122,47 +194,43 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       if (done || learner != l || fragment != f) return false;
       return done = true;
     };
+  if (hooks.nan_global_version > 0)
+    so.nan_global_update = [f = hooks.nan_global_fragment, v = hooks.nan_global_version](uint32_t fragment,
+                                                                                         uint64_t version) {
+      return fragment == f && version == v;
+    };
   so.run_dir = options.run_dir;
   so.resume = options.resume;
   so.count_limits = CountLimitsOf(cfg);
   so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
-  std::unique_ptr<Syncer> syncer;
-  DL_RETURN_IF_ERROR(Syncer::Create(*ctx, so, table, init.data(), &syncer));
+  if (NeedsTcp(cfg.chaos)) {
+    // A syncer killed and started again must find its learners reconnecting: loopback TCP
+    // reconnects, inproc does not.
+    so.uplink_endpoint = LoopbackEndpoint();
+    so.downlink_endpoint = LoopbackEndpoint();
+    so.snapshot_endpoint = LoopbackEndpoint();
+  }
+  LocalSyncer syncer;
+  DL_RETURN_IF_ERROR(syncer.Start(*ctx, so, table, init.data()));
 
-  std::vector<std::shared_ptr<net::Link>> links(M);
-  if (HasLink(sc.link)) {
+  std::vector<std::shared_ptr<net::Link>> links;
+  net::LinkParams base_link;
+  base_link.bandwidth_bytes_per_s = sc.link.bandwidth_mbps * 1e6 / 8;
+  base_link.latency_ms = sc.link.latency_ms;
+  base_link.jitter_ms = sc.link.jitter_ms;
+  base_link.loss = sc.link.loss;
+  if (HasLink(sc.link) || !cfg.chaos.empty()) {
+    links.resize(M);
     for (int i = 0; i < M; i++) {
       net::LinkOptions lo;
       lo.name = LearnerName(i) + "<->syncer";
-      lo.up.bandwidth_bytes_per_s = sc.link.bandwidth_mbps * 1e6 / 8;
-      lo.up.latency_ms = sc.link.latency_ms;
-      lo.up.jitter_ms = sc.link.jitter_ms;
-      lo.up.loss = sc.link.loss;
-      lo.down = lo.up;
+      lo.up = base_link;
+      lo.down = base_link;
       lo.seed = mix_seed(cfg.train.seed, 1000 + i);
       DL_RETURN_IF_ERROR(net::Link::Create(*ctx, lo, &links[i]));
     }
   }
 
-  Status syncer_status;
-  std::thread syncer_thread([&] { syncer_status = syncer->Run(); });
-
-  // Learner threads. A restarted learner (hooks) gets a second slot for its new incarnation.
-  std::vector<LearnerResult> results(M);
-  std::vector<Status> statuses(M);
-  std::vector<std::unique_ptr<std::atomic<bool>>> crash(M), ended(M);
-  std::vector<std::thread> threads;
-  std::mutex hold_mu;
-  std::condition_variable hold_cv;
-  // Latched once the crashed learner has stopped and the syncer no longer counts it as live:
-  // from then on the others train without it. Both the hold and the restart key off this one
-  // latch, so a restarted incarnation (live again) cannot keep the others held, and the merges
-  // counted before a restart are merges made without the crashed learner. (The restart used to
-  // count merges from the moment the crashed thread ended; the crashed learner's own last
-  // deltas, merged just after it stopped, satisfied that count, so it restarted while the
-  // others were still held, kept itself live and trained alone to the end: the event log then
-  // showed no stretch without it, and the restart test failed about 2 runs in 3.)
-  std::atomic<bool> crashed_out{false};
   auto learner_options = [&](int i) {
     LearnerOptions lo;
     lo.index = i;
@@ -170,7 +238,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     lo.uplink_endpoint = so.uplink_endpoint;
     lo.downlink_endpoint = so.downlink_endpoint;
     lo.snapshot_endpoint = so.snapshot_endpoint;
-    lo.link = links[i];
+    if (!links.empty()) lo.link = links[i];
     lo.init_params = init.data();
     if (options.resume) {
       // Resumed learners take the global model from a snapshot and go on from the step they had
@@ -184,30 +252,40 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     lo.device = devices[i];
     lo.metrics = &metrics;
     lo.metrics_mu = &metrics_mu;
-    lo.crash = crash[i].get();
     return lo;
   };
-  for (int i = 0; i < M; i++) {
-    crash[i] = std::make_unique<std::atomic<bool>>(false);
-    ended[i] = std::make_unique<std::atomic<bool>>(false);
-  }
+  LocalFleet fleet(*ctx, M, learner_options, &syncer, links, base_link);
+
+  // Test hooks: one learner crashes; the others may be held until the syncer counts it out.
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  // Latched once the crashed learner has stopped and the syncer no longer counts it as live:
+  // from then on the others train without it. Both the hold and the restart key off this one
+  // latch, so a restarted incarnation (live again) cannot keep the others held, and the merges
+  // counted before a restart are merges made without the crashed learner. (The restart used to
+  // count merges from the moment the crashed thread ended; the crashed learner's own last
+  // deltas, merged just after it stopped, satisfied that count, so it restarted while the
+  // others were still held, kept itself live and trained alone to the end: the event log then
+  // showed no stretch without it, and the restart test failed about 2 runs in 3.)
+  std::atomic<bool> crashed_out{false};
   const int crashing = hooks.crash_learner >= 0 && hooks.crash_learner < M ? hooks.crash_learner : -1;
   // The syncer's view must postdate the crash: a status taken before the crashed learner was
   // even heard also says "not live" (that stale answer released the others early too).
   Clock::time_point crashed_at{};
   auto out_of_quorum = [&] {  // call with hold_mu held
     if (crashed_out) return true;
-    if (!ended[crashing]->load()) return false;
+    if (!fleet.Ended(crashing)) return false;
     if (crashed_at == Clock::time_point{}) crashed_at = Clock::now();
-    const SyncerStatusSnapshot st = syncer->CurrentStatus();
-    if (st.taken > crashed_at && !st.learners[crashing].live) crashed_out = true;
+    const SyncerStatusSnapshot st = syncer.CurrentStatus();
+    if (st.taken > crashed_at && !st.learners.empty() && !st.learners[crashing].live) crashed_out = true;
     return crashed_out.load();
   };
   for (int i = 0; i < M; i++) {
     LearnerOptions lo = learner_options(i);
     if (i == crashing) lo.crash_after_steps = hooks.crash_after_steps;
+    if (hooks.before_step) lo.before_step = [&hooks, i](long step) { hooks.before_step(i, step); };
     if (crashing >= 0 && i != crashing && hooks.hold_others_at_step >= 0) {
-      lo.before_step = [&, crashing, at = hooks.hold_others_at_step](long step) {
+      lo.before_step = [&, at = hooks.hold_others_at_step](long step) {
         if (step != at) return;
         // Until it has stopped and the syncer no longer counts it as live (heartbeat timeout).
         const auto t0 = Clock::now();
@@ -216,55 +294,61 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
           hold_cv.wait_for(lock, std::chrono::milliseconds(10));
       };
     }
-    threads.emplace_back([&, lo, i] {
-      statuses[i] = RunLearner(*ctx, lo, &results[i]);
-      std::lock_guard<std::mutex> lock(hold_mu);
-      ended[i]->store(true);
-      hold_cv.notify_all();
-    });
+    fleet.Start(i, lo);
   }
-  // Restart the crashed learner from a snapshot once the others have moved the model on.
-  LearnerResult restarted;
-  Status restarted_status;
-  std::thread restart_thread;
-  bool did_restart = false;
+
+  // Chaos (config chaos:), played from the start of training.
+  std::unique_ptr<ChaosRunner> chaos;
+  if (!cfg.chaos.empty()) {
+    const std::vector<ChaosAction> actions = ExpandChaos(cfg.chaos, M, /*horizon_s=*/7 * 24 * 3600.0);
+    chaos = std::make_unique<ChaosRunner>(actions, &fleet, [&](double t_s, const ChaosAction& a) {
+      std::fprintf(stderr, "chaos: t=%.1fs %s%s\n", t_s, std::string(ToString(a.kind)).c_str(),
+                   a.learner >= 0 ? (" " + LearnerName(a.learner)).c_str() : "");
+      std::lock_guard<std::mutex> lock(metrics_mu);
+      (void)metrics.Write({{"event", "chaos"},
+                           {"t_s", t_s},
+                           {"action", std::string(ToString(a.kind))},
+                           {"learner", a.learner},
+                           {"value", a.value}});
+    });
+    chaos->Start();
+  }
+
+  // Restart the crashed learner (hooks) from a snapshot once the others have moved the model on.
   if (crashing >= 0 && hooks.restart_after_merges > 0) {
-    threads[crashing].join();
+    fleet.WaitEnded(crashing);
     auto others_done = [&] {
       for (int i = 0; i < M; i++)
-        if (i != crashing && !ended[i]->load()) return false;
+        if (i != crashing && !fleet.Ended(i)) return false;
       return true;
     };
     {
       std::unique_lock<std::mutex> lock(hold_mu);
       while (!others_done() && !out_of_quorum()) hold_cv.wait_for(lock, std::chrono::milliseconds(10));
-      const uint64_t merges0 = syncer->CurrentStatus().merges;
-      while (!others_done() && syncer->CurrentStatus().merges < merges0 + hooks.restart_after_merges)
+      const uint64_t merges0 = syncer.CurrentStatus().merges;
+      while (!others_done() && syncer.CurrentStatus().merges < merges0 + hooks.restart_after_merges)
         hold_cv.wait_for(lock, std::chrono::milliseconds(10));
     }
-    if (statuses[crashing].ok() && results[crashing].crashed) {
+    const std::vector<const LearnerResult*> first = fleet.Results()[crashing];
+    if (first.back()->crashed) {
       LearnerOptions lo = learner_options(crashing);
-      lo.crash = nullptr;
       lo.init_params = nullptr;
       lo.join_from_snapshot = true;
-      lo.start_step = results[crashing].steps;
-      restart_thread = std::thread([&, lo] { restarted_status = RunLearner(*ctx, lo, &restarted); });
-      did_restart = true;
+      lo.start_step = first.back()->steps;
+      fleet.Start(crashing, lo);
     }
   }
-  for (auto& t : threads)
-    if (t.joinable()) t.join();
-  if (restart_thread.joinable()) restart_thread.join();
-  syncer->RequestStop();
-  syncer_thread.join();
-  for (int i = 0; i < M; i++)
-    if (!statuses[i].ok()) return statuses[i].WithContext(LearnerName(i));
-  if (did_restart) DL_RETURN_IF_ERROR(restarted_status.WithContext(LearnerName(crashing) + " (restarted)"));
+  fleet.JoinAll(chaos.get());
+  if (chaos) chaos->Stop();
+  const Status syncer_status = syncer.Stop();
+  DL_RETURN_IF_ERROR(fleet.FirstError());
   DL_RETURN_IF_ERROR(syncer_status.WithContext("syncer"));
+  Syncer* const final_syncer = syncer.get();
+  if (final_syncer == nullptr) return Status::Error("the syncer was killed and never restarted (chaos)");
 
-  std::vector<std::vector<const LearnerResult*>> incarnations(M);
-  for (int i = 0; i < M; i++) incarnations[i].push_back(&results[i]);
-  if (did_restart) incarnations[crashing].push_back(&restarted);
+  const std::vector<std::vector<const LearnerResult*>> incarnations = fleet.Results();
+  const int64_t trained_until_unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (details) *details = {};
   for (int i = 0; i < M; i++) {
     LearnerResult r;  // the learner over all its incarnations
@@ -281,6 +365,9 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       r.gaps += x->gaps;
       r.crc_mismatches += x->crc_mismatches;
       r.deltas_dropped += x->deltas_dropped;
+      r.deltas_lost += x->deltas_lost;
+      r.globals_missed += x->globals_missed;
+      r.globals_refused += x->globals_refused;
       r.wait_s += x->wait_s;
       r.crashed = x->crashed;
     }
@@ -296,8 +383,11 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       details->crc_mismatches.push_back(r.crc_mismatches);
       details->gaps.push_back(r.gaps);
       details->deltas_dropped.push_back(r.deltas_dropped);
+      details->deltas_lost.push_back(r.deltas_lost);
+      details->globals_missed.push_back(r.globals_missed);
+      details->globals_refused.push_back(r.globals_refused);
       details->incarnations.push_back((int)incarnations[i].size());
-      details->rank_param_crc32c.push_back(results[i].rank_param_crc32c);
+      details->rank_param_crc32c.push_back(incarnations[i].front()->rank_param_crc32c);
     }
     DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
                                       {"learner", i},
@@ -310,26 +400,36 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                                       {"gaps", r.gaps},
                                       {"crc_mismatches", r.crc_mismatches},
                                       {"deltas_dropped", r.deltas_dropped},
+                                      {"deltas_lost", r.deltas_lost},
+                                      {"globals_missed", r.globals_missed},
+                                      {"globals_refused", r.globals_refused},
                                       {"wait_s", r.wait_s},
                                       {"crashed", r.crashed},
                                       {"bytes_up", r.bytes_up},
                                       {"bytes_down", r.bytes_down}}));
   }
-  const SyncerResult& sr = syncer->result();
+  const SyncerResult& sr = final_syncer->result();
   s.outer_steps = sr.merges;
   s.dropped_deltas = sr.dropped_deltas;
   s.rejected_deltas = sr.rejected_deltas;
   s.versions = sr.versions;
   std::vector<float> global(table.total_numel());
-  syncer->GlobalParams(global.data());
+  final_syncer->GlobalParams(global.data());
   omp_set_num_threads(total_threads);
   DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
   s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
+  {
+    GoodputReport g;
+    if (Status st = AccountGoodput(cfg, options.run_dir, incarnations, fleet.DownSpans(), trained_until_unix_ms, &g);
+        st.ok())
+      s.goodput = g;
+    else
+      std::fprintf(stderr, "goodput not accounted: %s\n", st.message().c_str());
+  }
   s.peak_rss_mb = peak_rss_mb();
   s.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-  syncer.reset();
   links.clear();
   nlohmann::json ev = TrainSummaryObject(s);
   ev["event"] = "summary";

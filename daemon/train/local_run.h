@@ -42,6 +42,12 @@ struct LocalRunHooks {
   // learner must hear of it and send again). learner -1: never.
   int reject_first_delta_learner = -1;
   uint32_t reject_first_delta_fragment = 0;
+  // The syncer publishes the Global of (fragment, version) with a NaN in its update (its own Θ
+  // gets the real one): every learner must refuse it and resync. Needs sync.codec.down fp32.
+  uint32_t nan_global_fragment = 0;
+  uint64_t nan_global_version = 0;
+  // Called on each learner's thread before every step (may block: a long step). May be empty.
+  std::function<void(int learner, long step)> before_step;
 };
 
 // Per learner, for tests (RunLocal's last argument, may be null).
@@ -50,6 +56,9 @@ struct LocalRunDetails {
   std::vector<uint64_t> crc_mismatches;
   std::vector<uint64_t> gaps;
   std::vector<uint64_t> deltas_dropped;  // own deltas the syncer said it dropped or rejected
+  std::vector<uint64_t> deltas_lost;     // own deltas found lost through the syncer's acks
+  std::vector<uint64_t> globals_missed;  // Globals found missing through SyncerStatus
+  std::vector<uint64_t> globals_refused; // Globals refused for a non-finite update
   std::vector<int> incarnations;
   std::vector<uint32_t> param_crc32c;  // ddp: CRC32C of each learner's final parameters
   // train.ranks > 1: per learner, each rank's parameters when its loop ended (LearnerResult).

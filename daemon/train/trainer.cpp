@@ -362,6 +362,7 @@ nlohmann::json TrainSummaryObject(const TrainSummary& s) {
     j["learner_tokens"] = s.learner_tokens;
     j["versions"] = s.versions;
   }
+  if (s.goodput) j.update(GoodputToJson(*s.goodput));
   return j;
 }
 

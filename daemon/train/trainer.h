@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "daemon/config/run_config.h"
+#include "daemon/sync/goodput.h"
 #include "daemon/sync/decide.h"
 #include "daemon/train/data.h"
 #include "daemon/train/local_ring.h"
@@ -52,6 +54,9 @@ struct TrainSummary {
   std::vector<uint64_t> versions;    // final version per fragment
   std::string run_dir;
   std::string checkpoint;
+  // Multi-learner runs: goodput, uptime and wasted work (sync/goodput.h), in the JSON as
+  // "goodput", "uptime", "waste" {down, blocked, dropped, discarded}, ...
+  std::optional<GoodputReport> goodput;
 };
 
 // The engine's model shape for a run config's `model` section.

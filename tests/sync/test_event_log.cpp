@@ -45,7 +45,7 @@ TEST_CASE("sync: a merge event is one JSON object with contributors and skipped 
                                                {"tokens", 3072.0},
                                                {"steps", 12.0}});
   CHECK(j["skipped"][0] ==
-        nlohmann::json{{"learner", 3}, {"why", "too_stale"}, {"detail", "base 11, current 16"}});
+        nlohmann::json{{"learner", 3}, {"why", "too_stale"}, {"detail", "base 11, current 16"}, {"tokens", 0.0}});
   CHECK(MergeEventToJson(MergeEvent{})["contributors"].is_array());
 }
 

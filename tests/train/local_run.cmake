@@ -1,5 +1,6 @@
 diloco_test(local_run_tests
   train/test_local_run.cpp
   train/test_inner_loop.cpp
+  train/test_resilience.cpp
 )
 target_link_libraries(local_run_tests PRIVATE diloco_train nlohmann_json::nlohmann_json)

@@ -17,51 +17,15 @@
 #include "kernels/train_step.h"
 #include "tests/temp_dir.h"
 #include "tests/text_corpus.h"
+#include "tests/train/local_run_testing.h"
 
 namespace diloco {
 namespace {
 namespace fs = std::filesystem;
+using diloco::testing::ReadJsonl;
 using diloco::testing::TempDir;
-
-// A small learnable corpus: a few sentences in a shuffled order.
-std::string WriteCorpus(const fs::path& dir) {
-  return testing::WriteShuffledCorpus(dir,
-                                      {"the quick brown fox jumps over the lazy dog.\n",
-                                       "to be or not to be, that is the question.\n",
-                                       "all the world's a stage, and all the men and women merely players.\n",
-                                       "now is the winter of our discontent.\n"},
-                                      60000, 12345);
-}
-
-TrainOptions TinyRun(const TempDir& tmp, int learners) {
-  TrainOptions o;
-  RunConfig& c = o.config;
-  c.model = {.n_layer = 1, .n_embd = 32, .n_head = 2, .block_size = 16};
-  c.data.corpus = WriteCorpus(tmp.path());
-  c.train.batch_size = 4;
-  c.train.steps = 60;
-  c.train.lr = 3e-3;
-  c.train.warmup_steps = 5;
-  c.train.threads = 1;
-  c.eval.batches = 5;
-  c.sync.learners = learners;
-  c.sync.mode = SyncMode::kDecoupled;
-  c.sync.fragments = 2;
-  c.sync.inner_steps = 10;
-  c.sync.quorum = 2;
-  c.sync.grace.cap_ms = 200;
-  o.run_dir = (tmp.path() / "run").string();
-  o.quiet = true;
-  return o;
-}
-
-std::vector<nlohmann::json> ReadJsonl(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(path);
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using diloco::testing::TinyRun;
+using diloco::testing::WriteCorpus;
 
 std::string ReadText(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
