@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "daemon/sync/protocol.h"  // LearnerName
+#include "daemon/train/chaos_runner.h"
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
 #include "daemon/train/inner_loop.h"
@@ -26,10 +28,59 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Chaos on a data-parallel ring, as data parallel lives it: a learner that dies or is cut off
+// stops every rank (the all-reduce cannot complete without it); once every learner is back the
+// job resumes from its last checkpoint. Slowdowns stretch one learner's steps, and so the
+// ring's. Lost or corrupted messages and syncer faults do not apply (no WAN, no syncer).
+class DdpChaos final : public ChaosTarget {
+ public:
+  explicit DdpChaos(int learners) : down_(learners), slowdown_(learners) {
+    for (auto& d : down_) d = false;
+    for (auto& f : slowdown_) f = 1.0;
+  }
+  std::atomic<bool> halt{false};  // the ring stops at its next step
+  std::atomic<long> step{0};
+
+  bool AnyDown() const {
+    for (const auto& d : down_)
+      if (d) return true;
+    return false;
+  }
+  bool Down(int i) const { return down_[i]; }
+  double Slowdown(int i) const { return slowdown_[i]; }
+
+  void KillLearner(int i) override { Fail(i); }
+  void RestartLearner(int i) override { down_[i] = false; }
+  void SetSlowdown(int i, double f) override { slowdown_[i] = f; }
+  void SetPartitioned(int i, bool p) override {
+    if (p) Fail(i);
+    else down_[i] = false;
+  }
+  void SetLoss(int, double) override {}
+  void SetCorrupt(int, double) override {}
+  void KillSyncer() override {}
+  void RestartSyncer() override {}
+  long LearnerStep(int) const override { return step; }
+
+ private:
+  void Fail(int i) {
+    down_[i] = true;
+    halt = true;
+  }
+  std::vector<std::atomic<bool>> down_;
+  std::vector<std::atomic<double>> slowdown_;
+};
+
 struct DdpLearnerResult {
   long steps = 0;
   long tokens = 0;
   double train_s = 0;
+  double compute_s = 0;  // the steps' own time, without a slowdown's stretch
   double final_train_loss = 0;
   uint64_t bytes_up = 0;
 };
@@ -40,14 +91,18 @@ struct DdpLearnerResult {
 class DdpHook final : public InnerLoopHook {
  public:
   DdpHook(const RunConfig& cfg, int learner, int ranks_per_learner, uint64_t ring_bytes, JsonlWriter* metrics,
-          std::mutex* metrics_mu, const std::string& checkpoint_path, DdpLearnerResult* res)
+          std::mutex* metrics_mu, const std::string& checkpoint_path, DdpLearnerResult* res, DdpChaos* chaos,
+          std::vector<std::pair<int64_t, long>>* step_log, std::function<void(int, long)> before_step)
       : cfg_(cfg), learner_(learner), ring_bytes_(ring_bytes), metrics_(metrics), metrics_mu_(metrics_mu),
-        checkpoint_path_(checkpoint_path), res_(res), slowdown_(SlowdownOf(cfg.learners, learner)),
+        checkpoint_path_(checkpoint_path), res_(res), chaos_(chaos), step_log_(step_log),
+        before_step_(std::move(before_step)),
+        slowdown_(SlowdownOf(cfg.learners, learner)),
         tokens_per_step_((long)ranks_per_learner * cfg.train.batch_size * cfg.model.block_size),
         started_(Clock::now()) {}
 
-  Status BeforeStep(long, TrainingBackend&, StepControl* control) override {
-    control->stop = TimeLimitReached(cfg_.train, started_);
+  Status BeforeStep(long step, TrainingBackend&, StepControl* control) override {
+    if (before_step_) before_step_(learner_, step);
+    control->stop = TimeLimitReached(cfg_.train, started_) || (chaos_ && chaos_->halt);
     return Status::Ok();
   }
 
@@ -58,15 +113,19 @@ class DdpHook final : public InnerLoopHook {
       return Status::Error(me + ": training diverged at step " + std::to_string(r.step) +
                            " (the averaged loss or gradient is NaN/Inf). Try a lower train.lr or train.grad_clip");
     // A slow learner is slow at every step: the others wait for it in the next all-reduce.
-    if (slowdown_ > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown_ - 1) * r.step_s));
-    const double step_s = r.step_s * std::max(1.0, slowdown_);
+    const double slow = chaos_ ? std::max(slowdown_, chaos_->Slowdown(learner_)) : slowdown_;
+    if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * r.step_s));
+    const double step_s = r.step_s * std::max(1.0, slow);
     res_->train_s += step_s;
+    res_->compute_s += r.step_s;
     res_->tokens += tokens_per_step_;
     res_->bytes_up += ring_bytes_;
     recent_sum_ += r.stats.loss;
     recent_n_++;
     const long done = r.step + 1;
     res_->steps = done;
+    if (learner_ == 0 && step_log_) step_log_->push_back({UnixMs(), done});
+    if (chaos_ && learner_ == 0) chaos_->step = done;
     if (done % tc.log_every == 0 || done == tc.steps) {
       res_->final_train_loss = recent_sum_ / recent_n_;
       recent_sum_ = 0;
@@ -95,6 +154,9 @@ class DdpHook final : public InnerLoopHook {
   std::mutex* metrics_mu_;
   const std::string checkpoint_path_;
   DdpLearnerResult* res_;
+  DdpChaos* chaos_;                                  // null without chaos
+  std::vector<std::pair<int64_t, long>>* step_log_;  // learner 0: (Unix ms, steps done)
+  std::function<void(int, long)> before_step_;      // test hook; may be empty
   const double slowdown_;
   const long tokens_per_step_;
   const Clock::time_point started_;
@@ -104,7 +166,8 @@ class DdpHook final : public InnerLoopHook {
 
 }  // namespace
 
-Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunDetails* details) {
+Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunDetails* details,
+                   const LocalRunHooks& run_hooks) {
   const auto run_start = Clock::now();
   const RunConfig& cfg = options.config;
   const TrainConfig& tc = cfg.train;
@@ -152,20 +215,76 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
 
   const uint64_t ring_bytes = RingBytesPerMember(M, N);
   std::vector<DdpLearnerResult> results(M);
+  std::unique_ptr<DdpChaos> chaos_target;
+  std::unique_ptr<ChaosRunner> chaos;
+  std::vector<std::pair<int64_t, long>> step_log, discarded_log;
+  if (!cfg.chaos.empty()) {
+    chaos_target = std::make_unique<DdpChaos>(M);
+    // A fault before the first periodic checkpoint rolls back to the start.
+    DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, ring->backend(0), start_step, RunConfigToYaml(cfg)));
+  }
   std::vector<std::unique_ptr<DdpHook>> hooks;
   for (int i = 0; i < M; i++)
-    hooks.push_back(std::make_unique<DdpHook>(cfg, i, R, ring_bytes, &metrics, &metrics_mu, checkpoint_path, &results[i]));
+    hooks.push_back(std::make_unique<DdpHook>(cfg, i, R, ring_bytes, &metrics, &metrics_mu, checkpoint_path,
+                                              &results[i], chaos_target.get(), &step_log, run_hooks.before_step));
   long step = start_step;
   std::vector<uint32_t> param_crc(M * R);
-  DL_RETURN_IF_ERROR(ring->Run([&](int g) -> Status {
-    const int learner = g / R, rank = g % R;
-    long done = 0;
-    DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg, samplers[learner], rank, start_step), ring->backend(g),
-                                    ring->comm(g), rank == 0 ? hooks[learner].get() : nullptr, &done));
-    param_crc[g] = ParamsCrc32c(ring->backend(g));
-    if (g == 0) step = done;
-    return Status::Ok();
-  }));
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> down_spans(M), blocked_spans(M);
+  if (chaos_target) {
+    chaos = std::make_unique<ChaosRunner>(ExpandChaos(cfg.chaos, M, 7 * 24 * 3600.0), chaos_target.get(),
+                                          [&](double t_s, const ChaosAction& a) {
+                                            std::lock_guard<std::mutex> lock(metrics_mu);
+                                            (void)metrics.Write({{"event", "chaos"},
+                                                                 {"t_s", t_s},
+                                                                 {"action", std::string(ToString(a.kind))},
+                                                                 {"learner", a.learner},
+                                                                 {"value", a.value}});
+                                          });
+    chaos->Start();
+  }
+  const int64_t train_start_unix_ms = UnixMs();
+  for (long from = start_step;;) {
+    DL_RETURN_IF_ERROR(ring->Run([&](int g) -> Status {
+      const int learner = g / R, rank = g % R;
+      long done = 0;
+      DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg, samplers[learner], rank, from), ring->backend(g),
+                                      ring->comm(g), rank == 0 ? hooks[learner].get() : nullptr, &done));
+      param_crc[g] = ParamsCrc32c(ring->backend(g));
+      if (g == 0) step = done;
+      return Status::Ok();
+    }));
+    if (!chaos_target || !chaos_target->halt || step >= tc.steps) break;
+    // A learner failed: everyone waits until it is back, then the job restarts from its last
+    // checkpoint; the steps since are lost (the rolled-back work is "discarded").
+    const int64_t halted_at = UnixMs();
+    std::vector<bool> was_down(M);
+    for (int i = 0; i < M; i++) was_down[i] = chaos_target->Down(i);
+    while (chaos_target->AnyDown()) {
+      bool coming_back = true;
+      for (int i = 0; i < M; i++) coming_back &= !chaos_target->Down(i) || chaos->RestartPending(i);
+      if (!coming_back)
+        return Status::Error("ddp: a learner failed and is never restarted (chaos); a data-parallel job cannot go on");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int i = 0; i < M; i++) was_down[i] = was_down[i] || chaos_target->Down(i);
+    }
+    TrainOptions resume = options;
+    resume.resume = true;
+    DL_RETURN_IF_ERROR(StartRing(resume, checkpoint_path, ring.get(), &from).WithContext("ddp: restarting after a fault"));
+    for (auto it = step_log.begin(); it != step_log.end();)
+      if (it->second > from) {
+        discarded_log.push_back(*it);
+        it = step_log.erase(it);
+      } else {
+        ++it;
+      }
+    const int64_t resumed_at = UnixMs();
+    for (int i = 0; i < M; i++) (was_down[i] ? down_spans : blocked_spans)[i].push_back({halted_at, resumed_at});
+    chaos_target->step = from;
+    chaos_target->halt = false;
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    (void)metrics.Write({{"event", "resume"}, {"step", from}, {"after_fault_s", (resumed_at - halted_at) / 1e3}});
+  }
+  if (chaos) chaos->Stop();
   for (int g = 1; g < M * R; g++)
     if (param_crc[g] != param_crc[0])
       return Status::Error("ddp: rank " + std::to_string(g) + " ended with other parameters than rank 0 " +
@@ -203,6 +322,28 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "checkpoint"}, {"step", step}, {"path", checkpoint_path}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
+  {
+    // Goodput (sync/goodput.h): every step that survived into the model reached the global one.
+    GoodputInput in;
+    const double tokens_per_step = (double)R * B * T;
+    auto rel = [&](int64_t ms) { return std::max(0.0, (double)(ms - train_start_unix_ms) / 1000); };
+    in.wall_s = std::max(1e-3, rel(UnixMs()));
+    in.fragment_weights = {1.0};
+    double step_s = 0;
+    for (int i = 0; i < M; i++) {
+      const DdpLearnerResult& r = results[i];
+      in.nominal_tokens_per_s.push_back(r.compute_s > 0 ? r.tokens / r.compute_s : 0);
+      if (r.tokens > 0) step_s = std::max(step_s, r.compute_s * tokens_per_step / r.tokens);
+      for (const auto& [a, b] : down_spans[i]) in.spans.push_back({i, rel(a), rel(b), Activity::kDown});
+      for (const auto& [a, b] : blocked_spans[i]) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
+      for (const auto& [t, st] : step_log) in.merged.push_back({std::min(rel(t), in.wall_s), 0, i, tokens_per_step});
+      for (const auto& [t, st] : discarded_log)
+        in.lost.push_back({std::min(rel(t), in.wall_s), 0, i, tokens_per_step, LossCause::kDiscarded});
+    }
+    in.expected_merge_interval_s = std::max(1e-3, step_s);
+    GoodputReport g;
+    if (Status st = ComputeGoodput(in, &g); st.ok()) s.goodput = g;
+  }
   s.peak_rss_mb = peak_rss_mb();
   s.wall_s = Seconds(run_start, Clock::now());
   nlohmann::json ev = TrainSummaryObject(s);

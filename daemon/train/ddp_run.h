@@ -28,6 +28,8 @@ inline uint64_t RingBytesPerMember(int members, size_t n) {
   return members <= 1 ? 0 : (uint64_t)(2.0 * (members - 1) / members * 4.0 * (double)n);
 }
 
-Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunDetails* details = nullptr);
+// hooks: only before_step applies (called for learner 0, whose steps pace the ring).
+Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunDetails* details = nullptr,
+                   const LocalRunHooks& hooks = {});
 
 }  // namespace diloco

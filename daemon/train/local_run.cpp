@@ -113,7 +113,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const RunConfig& cfg = options.config;
   const SyncConfig& sc = cfg.sync;
   const int M = sc.learners;
-  if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details);
+  if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details, hooks);
   std::vector<std::string> devices(M);
   for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, i, M, &devices[i]));
 

@@ -211,3 +211,40 @@ TEST_CASE("local run: a killed syncer comes back at its last versions and lock-s
 
 }  // namespace
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+// Data parallel under the same chaos: a killed learner stops every rank until it is back, and
+// the job resumes from its last checkpoint; the rolled-back steps are discarded work and the
+// others' wait is blocked time.
+TEST_CASE("local ddp: a killed learner stops the ring which resumes from its checkpoint", "[e2e][resilience][chaos]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.mode = SyncMode::kDdp;
+  o.config.train.steps = 60;
+  o.config.train.checkpoint_every = 10;
+  ChaosEvent kill;
+  kill.kind = ChaosEventKind::kKill;
+  kill.at_step = 25;
+  kill.learner = 1;
+  kill.restart_after_s = 0.5;
+  o.config.chaos.events = {kill};
+  TrainSummary s;
+  const Status st = RunLocal(o, &s, Paced(10));
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.versions == std::vector<uint64_t>{60});
+  const nlohmann::json summary = Summary(o);
+  INFO(summary.dump());
+  CHECK(summary["waste"]["down"].get<double>() > 0);
+  CHECK(summary["waste"]["blocked"].get<double>() > 0);
+  CHECK(summary["waste"]["discarded"].get<double>() > 0);
+  int resumes = 0;
+  for (const auto& line : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
+    if (line.value("event", "") == "resume") resumes++;
+  CHECK(resumes == 1);
+}
+
+}  // namespace
+}  // namespace diloco
