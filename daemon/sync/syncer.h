@@ -11,9 +11,26 @@
 //     exactly the decoded update to its own Θ_p, so every learner reconstructs the same bits →
 //     publishes Global{fragment, version, update payload, CRC32C of Θ_p, contributors};
 //   - appends the merge to events.log and checkpoints the GlobalState every N merges.
-// A learner that stops heart-beating drops out of the quorum (Decide's liveness). A learner
-// that says it is stopping or has finished (Heartbeat state kStopping / kFinished) is no longer
-// waited for; a restarted learner (new incarnation) is waited for again once it speaks.
+// The bookkeeping (who is live, pending deltas, the drop and replace rules, Decide's input) is
+// the RoundBook (round_book.h). A learner that stops heart-beating drops out of the quorum
+// (Decide's liveness); its heartbeats come on two streams (protocol.h), so a long step does not
+// silence it. A learner that says it is stopping or has finished (Heartbeat state kStopping /
+// kFinished) is no longer waited for; a restarted learner (new incarnation) is waited for again
+// once it speaks.
+//
+// Nothing is lost silently: every SyncerStatus carries, per learner, the highest seq heard on
+// its main stream and the deltas held pending (LearnerAck), so a learner finds a delta that
+// never arrived (or was dropped with a lost notice, or died with a killed syncer) and sends it
+// again; a gap in a learner's main stream makes the next status go out at once. A learner that
+// missed a Global sees the version in the status and resyncs.
+//
+// Durability (update_log.h, state_writer.h): each update is appended to run_dir/updates.log and
+// made durable before its Global is published, so a syncer killed with -9 comes back at exactly
+// its last published versions (global_state.bin + the log replayed) and never issues a version
+// twice. Checkpoints are written by a thread of their own from a copy of the state (the copy,
+// O(parameters), is the only part on the merge path); each one lets the log drop what it covers.
+// The Nesterov momentum comes back from the checkpoint (it is not in the log), and the downlink
+// error-feedback residual starts again at zero.
 //
 // Joining (the ZeroMQ guide's Clone pattern): the syncer also binds a ROUTER (snapshot_endpoint).
 //   - Hello -> Welcome: the learner's tensor table digest, parameter count and fragment layout

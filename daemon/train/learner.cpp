@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <cmath>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/merge.h"
 #include "daemon/sync/protocol.h"
+#include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
 #include "daemon/train/fragment_ledger.h"
 #include "daemon/train/inner_loop.h"
@@ -667,6 +669,10 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
       if (Fires(p, done, H, P) && !ledger[p].in_flight && !clone.awaiting_snapshot())
         DL_RETURN_IF_ERROR(send_delta(p, done));
     report(state_now());
+    // The learner's own moments, for a restart (its parameters then come from a snapshot).
+    if (!o.run_dir.empty() && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0)
+      DL_RETURN_IF_ERROR(SaveCheckpoint(LearnerCheckpointPath(o.run_dir, o.index), backend, done, RunConfigToYaml(cfg))
+                             .WithContext(me + ": saving its moments"));
     if (done % tc.log_every == 0 || done == tc.steps) {
       res.final_train_loss = recent_sum / recent_n;
       recent_sum = 0;
@@ -745,6 +751,16 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   DL_RETURN_IF_ERROR(LocalRing::Create(ro, &ring).WithContext(me));
   // A joining learner starts from the syncer's snapshot: rank 0 installs it, the ring copies it.
   if (o.init_params != nullptr) ring->Upload(o.init_params);
+  bool moments_restored = false;
+  // A restarted learner takes its AdamW moments back from its own last checkpoint, when it has one
+  // (the snapshot then replaces the parameters); else they start at zero.
+  if (o.join_from_snapshot && !o.run_dir.empty() && std::filesystem::exists(LearnerCheckpointPath(o.run_dir, o.index))) {
+    Checkpoint ckpt;
+    DL_RETURN_IF_ERROR(LoadCheckpoint(LearnerCheckpointPath(o.run_dir, o.index), &ckpt).WithContext(me));
+    DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, GptConfigOf(cfg.model), true).WithContext(me));
+    ring->Upload(ckpt.params.data(), &ckpt.optimizer);
+    moments_restored = true;
+  }
   const BatchSampler train = TrainSampler(*corpus, ring->ranks() * cfg.train.batch_size, cfg.model.block_size,
                                           mix_seed(cfg.train.seed, (uint64_t)o.index));
   std::vector<uint32_t> crcs(ring->ranks(), 0);
@@ -763,6 +779,7 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
     return Status::Ok();
   }));
   if (ring->ranks() > 1 && crcs[0] != 0) result->rank_param_crc32c = crcs;
+  result->moments_restored = moments_restored;
   return Status::Ok();
 }
 

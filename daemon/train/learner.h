@@ -10,7 +10,15 @@
 // check. Heartbeats on a timer. learners[i].slowdown stretches each step by sleeping
 // (slowdown − 1) × the measured step time.
 // Blocking: decoupled never waits; diloco waits for the Global of its delta right after sending;
-// streaming waits once a fragment has been in flight for sync.overlap steps.
+// streaming waits once a fragment has been in flight for sync.overlap steps. A wait lasts as long
+// as the syncer speaks (syncer_timeout_ms of silence is an error), not a fixed time.
+// Bookkeeping per fragment is the FragmentLedger (fragment_ledger.h). Each SyncerStatus is
+// checked against it: a fragment whose version differs from ours missed a Global (resync); an
+// in-flight delta the syncer heard past and does not hold is lost and sent again at once. A Global
+// whose update does not decode or is not finite is refused (resync). Liveness heartbeats come
+// from a thread of their own (liveness_sender.h). At the end the learner flushes: it waits for
+// the Globals of its deltas in flight, sends the work left, and waits for that to be merged
+// (flush_timeout_ms at most), so no trained token is left out of the global model.
 //
 // Start (every learner): subscribe to the downlink, connect the uplink and the snapshot DEALER,
 // then the startup exchange: Heartbeat(kJoining) on the uplink and Hello on the DEALER until the
@@ -71,7 +79,8 @@ struct LearnerOptions {
   // init_params: train only after the snapshot is installed.
   bool join_from_snapshot = false;
   // First inner step (a restarted learner continues: data order, LR schedule and train.steps
-  // count from here). AdamW moments start at zero.
+  // count from here). AdamW moments come from learner-<index>.ckpt in run_dir when there is one
+  // (written every train.checkpoint_every steps), else start at zero.
   long start_step = 0;
   int threads = 1;  // OpenMP threads of this learner
   // The first device of this learner's ring when not train.device itself (LearnerDevice).
@@ -141,6 +150,7 @@ struct LearnerResult {
   double wait_s = 0;            // blocked at outer steps (lock-step modes)
   bool crashed = false;
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop
+  bool moments_restored = false; // a restart took its AdamW moments from learner-<i>.ckpt
   // For goodput accounting: when this incarnation started training, when it was blocked at an
   // outer step (lock-step modes, [start, end) in Unix ms), and its steps' own time (without a
   // slowdown's stretch): tokens / compute_s is its nominal rate.

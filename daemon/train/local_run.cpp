@@ -368,6 +368,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       r.deltas_lost += x->deltas_lost;
       r.globals_missed += x->globals_missed;
       r.globals_refused += x->globals_refused;
+      r.moments_restored = r.moments_restored || x->moments_restored;
       r.wait_s += x->wait_s;
       r.crashed = x->crashed;
     }
@@ -403,6 +404,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                                       {"deltas_lost", r.deltas_lost},
                                       {"globals_missed", r.globals_missed},
                                       {"globals_refused", r.globals_refused},
+                                      {"moments_restored", r.moments_restored},
                                       {"wait_s", r.wait_s},
                                       {"crashed", r.crashed},
                                       {"bytes_up", r.bytes_up},

@@ -23,6 +23,10 @@ std::string LearnerStepPath(const std::string& run_dir, int learner) {
   return (fs::path(run_dir) / (LearnerName(learner) + ".step")).string();
 }
 
+std::string LearnerCheckpointPath(const std::string& run_dir, int learner) {
+  return (fs::path(run_dir) / (LearnerName(learner) + ".ckpt")).string();
+}
+
 Status SaveLearnerStep(const std::string& run_dir, int learner, long step) {
   const std::string text = std::to_string(step) + "\n";
   return WriteFileAtomically(LearnerStepPath(run_dir, learner), {{text.data(), text.size()}}, "learner step");

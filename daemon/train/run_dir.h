@@ -19,5 +19,8 @@ std::string LearnerStepPath(const std::string& run_dir, int learner);
 Status SaveLearnerStep(const std::string& run_dir, int learner, long step);
 // The step learner `learner` reached, or 0 when it never recorded one. A damaged file is an error.
 Status ReadLearnerStep(const std::string& run_dir, int learner, long* step);
+// learner-<i>.ckpt: a learner's own parameters and AdamW moments (train.checkpoint_every), what
+// a restarted learner takes its moments from (its parameters come from the syncer's snapshot).
+std::string LearnerCheckpointPath(const std::string& run_dir, int learner);
 
 }  // namespace diloco

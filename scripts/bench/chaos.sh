@@ -4,7 +4,7 @@
 # goodput, uptime, waste (down, blocked, dropped, discarded), final val loss and its ratio to the
 # same mode's fault-free run, tokens and wall time; means over the seeds and a row per seed.
 #
-#   scripts/bench/chaos.sh                                   # the full bench (long: 18 runs)
+#   scripts/bench/chaos.sh                                   # the full bench: 16 runs, about an hour on 2 cores
 #   scripts/bench/chaos.sh --quick                           # a smoke check of the script, a few minutes
 #   scripts/bench/chaos.sh --modes decoupled --faults "none syncer" --seeds 3
 #   scripts/bench/chaos.sh --json > runs.jsonl               # one JSON object per run, no table
@@ -14,8 +14,9 @@
 #   none      no faults.
 #   learners  every learner killed once and restarted 10 s later, one learner 3x slow for 20 s,
 #             one partitioned from the syncer for 10 s; times drawn by Python's random with the
-#             seed, in [5%, 60%] of the training time of the fault-free run of the same mode and
-#             seed (or of --horizon S). The schedule is printed and kept in the run's directory.
+#             seed, in [5%, 60%] of the wall time (wall_s) of the fault-free run of the same mode
+#             and seed (or of --horizon S), counted from the start of training. The schedule is
+#             printed and kept in the run's directory.
 #   syncer    the syncer killed at 40% of that time and restarted 5 s later. ddp has no syncer:
 #             its syncer row is skipped, and the table says so.
 # Options: --steps N (per learner, default 1000; train.lr_decay_steps follows), --eval-batches N
@@ -49,7 +50,7 @@ sets=()
 quick=0
 json=0
 table_only=""
-usage() { sed -n '2,37p' "$self" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,38p' "$self" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 abspath() { [[ $1 = /* ]] && echo "$1" || echo "$caller/$1"; }
 need_value() { [[ $# -ge 2 ]] || { echo "chaos.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
@@ -141,7 +142,7 @@ if compgen -G "$out/*/meta.json" > /dev/null; then
   echo "chaos.sh: '$out' already holds runs: pick a new --out (or --table $out to print them)" >&2
   exit 2
 fi
-timed_by="the fault-free training time (train_s) of the same mode and seed"
+timed_by="the wall time (wall_s) of the fault-free run of the same mode and seed"
 [[ -z $horizon ]] || timed_by="the given horizon, $horizon s"
 {
   echo "- config $config, $learners learners, $steps steps per learner (train.lr_decay_steps too), eval $eval_batches batches"
@@ -247,7 +248,7 @@ for seed in $seeds; do
         if [[ -n $s ]]; then
           ref=$(jq -r .wall_s <<< "$s")
           none_wall[$mode]=$ref
-          [[ -n $horizon ]] || hz=$(jq -r '.train_s // .wall_s' <<< "$s")
+          [[ -n $horizon ]] || hz=$ref
         fi
         continue
       fi

@@ -157,6 +157,7 @@ TEST_CASE("local run: chaos kills and partitions and slows learners and the run 
   slow.factor = 3;
   slow.duration_s = 1;
   o.config.chaos.events = {kill, partition, slow};
+  o.config.train.checkpoint_every = 20;  // the learners keep their moments for a restart
   TrainSummary s;
   LocalRunDetails d;
   const Status st = RunLocal(o, &s, Paced(5), &d);
@@ -176,6 +177,9 @@ TEST_CASE("local run: chaos kills and partitions and slows learners and the run 
   for (const auto& line : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
     if (line.value("event", "") == "chaos") played.insert(line["action"].get<std::string>());
   CHECK(played == std::set<std::string>{"kill", "restart", "partition_start", "partition_end", "slow_start", "slow_end"});
+  // The restarted learner took its AdamW moments back from its own checkpoint.
+  for (const auto& line : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
+    if (line.value("event", "") == "learner_done") CHECK(line["moments_restored"] == (line["learner"] == 1));
 }
 
 // Failure modes 3 and 8 in local mode: the syncer is killed (no flush, no save) while lock-step
