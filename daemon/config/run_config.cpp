@@ -708,16 +708,26 @@ Status ValidatePlacement(const RunConfig& c, const Origins& origins) {
   return Status::Ok();
 }
 
+// The validators' range errors: "file:line:col: key: DETAIL" / "...: must be RULE, got VALUE".
+struct RangeErrors {
+  const Origins& origins;
+  Status Fail(const std::string& key, const std::string& detail, std::initializer_list<std::string> blame) const {
+    return Status::Error(origins.OfValue(blame) + ": " + key + ": " + detail);
+  }
+  Status Check(const std::string& key, double value, bool ok, const std::string& rule) const {
+    if (ok) return Status::Ok();
+    return Fail(key, "must be " + rule + ", got " + FormatDouble(value), {key});
+  }
+};
+
 // Checks the sync section and the learners list.
 Status ValidateSync(const RunConfig& c, const Origins& origins) {
-  auto fail = [&](const std::string& key, const std::string& detail,
-                  std::initializer_list<std::string> blame) {
-    return Status::Error(origins.OfValue(blame) + ": " + key + ": " + detail);
+  const RangeErrors errors{origins};
+  auto fail = [&](const std::string& key, const std::string& detail, std::initializer_list<std::string> blame) {
+    return errors.Fail(key, detail, blame);
   };
-  auto check = [&](const std::string& key, double value, bool ok,
-                   const std::string& rule) -> Status {
-    if (ok) return Status::Ok();
-    return fail(key, "must be " + rule + ", got " + FormatDouble(value), {key});
+  auto check = [&](const std::string& key, double value, bool ok, const std::string& rule) {
+    return errors.Check(key, value, ok, rule);
   };
   const SyncConfig& s = c.sync;
   DL_RETURN_IF_ERROR(check("sync.learners", s.learners, s.learners >= 1, ">= 1"));
@@ -783,14 +793,12 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
 
 // Checks the chaos section's ranges; learner indices against sync.learners.
 Status ValidateChaos(const RunConfig& c, const Origins& origins) {
-  auto fail = [&](const std::string& key, const std::string& detail,
-                  std::initializer_list<std::string> blame) {
-    return Status::Error(origins.OfValue(blame) + ": " + key + ": " + detail);
+  const RangeErrors errors{origins};
+  auto fail = [&](const std::string& key, const std::string& detail, std::initializer_list<std::string> blame) {
+    return errors.Fail(key, detail, blame);
   };
-  auto check = [&](const std::string& key, double value, bool ok,
-                   const std::string& rule) -> Status {
-    if (ok) return Status::Ok();
-    return fail(key, "must be " + rule + ", got " + FormatDouble(value), {key});
+  auto check = [&](const std::string& key, double value, bool ok, const std::string& rule) {
+    return errors.Check(key, value, ok, rule);
   };
   const int learners = c.sync.learners;
   for (size_t i = 0; i < c.chaos.events.size(); ++i) {

@@ -4,6 +4,11 @@
 
 namespace diloco {
 
+nlohmann::json ChaosEventJson(double t_s, const ChaosAction& a) {
+  return {{"event", "chaos"}, {"t_s", t_s}, {"action", std::string(ToString(a.kind))}, {"learner", a.learner},
+          {"value", a.value}};
+}
+
 ChaosRunner::ChaosRunner(std::vector<ChaosAction> actions, ChaosTarget* target,
                          std::function<void(double, const ChaosAction&)> on_action)
     : target_(target), on_action_(std::move(on_action)), pending_(std::move(actions)) {}

@@ -8,12 +8,16 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
 #include "daemon/config/chaos_config.h"
 
 namespace diloco {
+
+// One played action as a metrics.jsonl line: {"event": "chaos", "t_s", "action", "learner", "value"}.
+nlohmann::json ChaosEventJson(double t_s, const ChaosAction& action);
 
 class ChaosTarget {
  public:

@@ -234,11 +234,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
     chaos = std::make_unique<ChaosRunner>(ExpandChaos(cfg.chaos, M, 7 * 24 * 3600.0), chaos_target.get(),
                                           [&](double t_s, const ChaosAction& a) {
                                             std::lock_guard<std::mutex> lock(metrics_mu);
-                                            (void)metrics.Write({{"event", "chaos"},
-                                                                 {"t_s", t_s},
-                                                                 {"action", std::string(ToString(a.kind))},
-                                                                 {"learner", a.learner},
-                                                                 {"value", a.value}});
+                                            (void)metrics.Write(ChaosEventJson(t_s, a));
                                           });
     chaos->Start();
   }

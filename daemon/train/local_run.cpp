@@ -302,14 +302,10 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   if (!cfg.chaos.empty()) {
     const std::vector<ChaosAction> actions = ExpandChaos(cfg.chaos, M, /*horizon_s=*/7 * 24 * 3600.0);
     chaos = std::make_unique<ChaosRunner>(actions, &fleet, [&](double t_s, const ChaosAction& a) {
-      std::fprintf(stderr, "chaos: t=%.1fs %s%s\n", t_s, std::string(ToString(a.kind)).c_str(),
-                   a.learner >= 0 ? (" " + LearnerName(a.learner)).c_str() : "");
+      const std::string who = a.learner >= 0 ? " " + LearnerName(a.learner) : "";
+      std::fprintf(stderr, "chaos: t=%.1fs %s%s\n", t_s, std::string(ToString(a.kind)).c_str(), who.c_str());
       std::lock_guard<std::mutex> lock(metrics_mu);
-      (void)metrics.Write({{"event", "chaos"},
-                           {"t_s", t_s},
-                           {"action", std::string(ToString(a.kind))},
-                           {"learner", a.learner},
-                           {"value", a.value}});
+      (void)metrics.Write(ChaosEventJson(t_s, a));
     });
     chaos->Start();
   }

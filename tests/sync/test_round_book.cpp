@@ -204,6 +204,23 @@ TEST_CASE("round book: a delta's c_steps is capped by its last heartbeat for the
     CHECK_FALSE(book.Admit(Delta(0, 0, 7, 40, 105), 7, At(10)));
     CHECK(book.Admit(Delta(0, 0, 7, 26, 105), 7, At(10)));
   }
+  SECTION("a listed fragment at 0 steps (just folded) is cross-checked") {
+    RoundBook book(Options(1, 1), kStart);
+    book.OnHeard(0, 1, At(0));
+    book.OnHeartbeat(0, Beat(100, 50, {Counters(0, 7, 0)}), At(0));
+    CHECK_FALSE(book.Admit(Delta(0, 0, 7, 100, 101), 7, At(10)));  // allowed: 0 + 1 + 1
+    CHECK(book.Admit(Delta(0, 0, 7, 2, 101), 7, At(10)));
+  }
+  SECTION("counts near 2^64 do not overflow the cross-check") {
+    RoundBookOptions o = Options(1, 1);
+    o.count_limits = {};  // only the heartbeat cross-check stands in the way
+    RoundBook book(o, kStart);
+    book.OnHeard(0, 1, At(0));
+    book.OnHeartbeat(0, Beat(100, 50, {Counters(0, 7, 20)}), At(0));
+    DeltaArrival d = Delta(0, 0, 7, kTwo63, kTwo63);
+    d.c_tokens = 0;
+    CHECK_FALSE(book.Admit(std::move(d), 7, At(10)));
+  }
   SECTION("a new incarnation forgets the old one's heartbeat") {
     RoundBook book(Options(1, 1), kStart);
     book.OnHeard(0, 1, At(0));
@@ -446,6 +463,20 @@ void CheckRound(const RoundState& rs, const std::vector<Presence>& want) {
     CHECK(got.expected_at.has_value() == want[i].expected_ms.has_value());
     if (got.expected_at && want[i].expected_ms) CHECK(Ms(*got.expected_at) == *want[i].expected_ms);
   }
+}
+
+// The liveness thread's copy of a kTraining beat can arrive after the training thread's kFinished
+// beat of the same step: it must not make the learner one to wait for again.
+TEST_CASE("round book: a late beat of the same step does not undo kFinished", "[unit][sync][round_book]") {
+  RoundBook book(Options(1, 1), kStart);
+  book.OnHeard(0, 1, At(0));
+  book.OnHeartbeat(0, Beat(100, 50, {}, LearnerState::kFinished), At(0));
+  book.OnHeartbeat(0, Beat(100, 50, {}, LearnerState::kTraining), At(5));
+  CHECK(book.Finished(0));
+  CHECK(book.AllDone());
+  // A later step is news, though (a learner that said kStopping may go on).
+  book.OnHeartbeat(0, Beat(101, 50, {}, LearnerState::kTraining), At(10));
+  CHECK_FALSE(book.Finished(0));
 }
 
 TEST_CASE("round book: Round: who is waited for, when heard, when in, when due", "[unit][sync][round_book]") {
