@@ -167,7 +167,9 @@ Status ComputeGoodput(const GoodputInput& in, GoodputReport* report) {
   double dropped_tokens = 0, discarded_tokens = 0;
   for (const LostDelta& d : in.lost) {
     const double weighted = in.fragment_weights[d.fragment] * d.tokens;
-    (d.cause == LossCause::kDropped ? dropped_tokens : discarded_tokens) += weighted;
+    if (d.cause == LossCause::kDropped) dropped_tokens += weighted;
+    else if (d.cause == LossCause::kDiscarded) discarded_tokens += weighted;
+    else down_tokens += weighted;
   }
 
   r.goodput = r.merged_tokens / r.provisioned_tokens;

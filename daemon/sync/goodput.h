@@ -20,6 +20,7 @@
 //     So a gap of g > 2·I between merges costs exactly g − 2·I seconds.
 //   waste, each a share of provisioned_tokens:
 //     down      = Σ_l nominal[l] × seconds learner l was kDown
+//                 + Σ_p w_p × tokens a learner trained but had not sent when it died (kCrashed)
 //     blocked   = Σ_l nominal[l] × seconds learner l was kBlocked
 //     dropped   = Σ_p w_p × tokens of p's deltas the syncer dropped
 //     discarded = Σ_p w_p × tokens of p's work the learner's fold discarded
@@ -46,7 +47,9 @@
 namespace diloco {
 
 enum class Activity { kTraining, kDown, kBlocked, kSyncing };  // kSyncing: snapshot install etc.
-enum class LossCause { kDropped, kDiscarded };  // dropped by the syncer / discarded by the fold
+// dropped by the syncer / discarded (the fold, a rollback) / lost with a learner that died
+// before sending it (counted as `down` waste: it is the failure's cost too)
+enum class LossCause { kDropped, kDiscarded, kCrashed };
 
 struct ActivitySpan {
   int learner = 0;

@@ -731,6 +731,11 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     report(final_state);
   } else {
     report(LearnerState::kFailed);
+    res.crashed_unix_ms = (int64_t)UnixMs();
+    for (int p = 0; p < P; p++) {
+      const LedgerFragment& f = ledger[p];
+      res.unsent_tokens_at_crash.push_back(f.c_tokens - (f.in_flight ? std::min(f.c_tokens, f.c_tokens_at_send) : 0));
+    }
   }
   *result = res;
   return Status::Ok();

@@ -157,6 +157,10 @@ struct LearnerResult {
   int64_t train_start_unix_ms = 0;
   std::vector<std::pair<int64_t, int64_t>> blocked_unix_ms;
   double compute_s = 0;
+  // Crashed: per fragment, the tokens trained since its base that had not left in a delta (lost
+  // with the learner; an in-flight delta may still be merged).
+  std::vector<uint64_t> unsent_tokens_at_crash;
+  int64_t crashed_unix_ms = 0;
   // With train.ranks > 1: CRC32C of each rank's parameters when the inner loop ended (before the
   // last Globals folded into rank 0); all equal.
   std::vector<uint32_t> rank_param_crc32c;

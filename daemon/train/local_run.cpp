@@ -94,6 +94,21 @@ Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
     for (const LearnerResult* r : incarnations[i])
       for (const auto& [a, b] : r->blocked_unix_ms) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
     for (const auto& [a, b] : down[i]) in.spans.push_back({i, rel(a), b > 0 ? rel(b) : in.wall_s, Activity::kDown});
+    for (const LearnerResult* r : incarnations[i])
+      for (size_t p = 0; p < r->unsent_tokens_at_crash.size(); p++)
+        if (r->unsent_tokens_at_crash[p] > 0)
+          in.lost.push_back({rel(r->crashed_unix_ms), (int)p, i, (double)r->unsent_tokens_at_crash[p], LossCause::kCrashed});
+  }
+  // A kill can land while the learner waits at a barrier: the down time wins the overlap.
+  std::stable_sort(in.spans.begin(), in.spans.end(), [](const ActivitySpan& a, const ActivitySpan& b) {
+    return a.learner != b.learner ? a.learner < b.learner : a.start_s < b.start_s;
+  });
+  for (size_t k = 1; k < in.spans.size(); k++) {
+    ActivitySpan& prev = in.spans[k - 1];
+    ActivitySpan& cur = in.spans[k];
+    if (prev.learner != cur.learner || cur.start_s >= prev.end_s) continue;
+    if (cur.activity == Activity::kDown) prev.end_s = cur.start_s;
+    else cur.start_s = std::min(prev.end_s, cur.end_s);
   }
   std::vector<Fragment> frags;
   DL_RETURN_IF_ERROR(PartitionFragments(gpt_tensor_table(GptConfigOf(cfg.model)), EffectiveFragments(cfg.sync), &frags));
