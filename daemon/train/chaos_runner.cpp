@@ -30,7 +30,9 @@ bool ChaosRunner::RestartPending(int learner) const {
   if (playing_) return true;  // an action taken off the list is being played
   for (const ChaosAction& a : pending_) {
     if (learner < 0 && a.kind == ChaosActionKind::kSyncerRestart) return true;
-    if (learner >= 0 && a.learner == learner && a.kind == ChaosActionKind::kRestart) return true;
+    if (learner >= 0 && a.learner == learner &&
+        (a.kind == ChaosActionKind::kRestart || a.kind == ChaosActionKind::kPartitionEnd))
+      return true;
   }
   return false;
 }

@@ -42,7 +42,8 @@ class ChaosRunner {
 
   void Start();  // t = 0 now; plays on its own thread
   void Stop();   // actions not played yet are dropped
-  // A restart of the learner (or the syncer: -1) is still to come.
+  // A restart of the learner (or the syncer: -1) is still to come; for a learner, the end of a
+  // partition counts too (it comes back).
   bool RestartPending(int learner) const;
 
  private:

@@ -233,7 +233,12 @@ TEST_CASE("local ddp: a killed learner stops the ring which resumes from its che
   kill.at_step = 25;
   kill.learner = 1;
   kill.restart_after_s = 0.5;
-  o.config.chaos.events = {kill};
+  ChaosEvent partition;  // a cut-off learner stops the ring too, until its link is back
+  partition.kind = ChaosEventKind::kPartition;
+  partition.at_step = 45;
+  partition.learner = 0;
+  partition.duration_s = 0.3;
+  o.config.chaos.events = {kill, partition};
   TrainSummary s;
   const Status st = RunLocal(o, &s, Paced(10));
   INFO(st.message());
@@ -247,7 +252,7 @@ TEST_CASE("local ddp: a killed learner stops the ring which resumes from its che
   int resumes = 0;
   for (const auto& line : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
     if (line.value("event", "") == "resume") resumes++;
-  CHECK(resumes == 1);
+  CHECK(resumes == 2);
 }
 
 }  // namespace
