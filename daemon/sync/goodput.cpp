@@ -155,11 +155,12 @@ Status ComputeGoodput(const GoodputInput& in, GoodputReport* report) {
   const size_t M = in.nominal_tokens_per_s.size();
   r.down_s.assign(M, 0);
   r.blocked_s.assign(M, 0);
-  double down_tokens = 0, blocked_tokens = 0;
+  double down_tokens = 0, blocked_tokens = 0, idle_tokens = 0;
   for (size_t l = 0; l < M; ++l) {
     for (const ActivitySpan& s : spans[l]) {
       if (s.activity == Activity::kDown) r.down_s[l] += s.end_s - s.start_s;
       if (s.activity == Activity::kBlocked) r.blocked_s[l] += s.end_s - s.start_s;
+      if (s.activity == Activity::kIdle) idle_tokens += in.nominal_tokens_per_s[l] * (s.end_s - s.start_s);
     }
     down_tokens += in.nominal_tokens_per_s[l] * r.down_s[l];
     blocked_tokens += in.nominal_tokens_per_s[l] * r.blocked_s[l];
@@ -178,6 +179,7 @@ Status ComputeGoodput(const GoodputInput& in, GoodputReport* report) {
   r.waste_blocked = blocked_tokens / r.provisioned_tokens;
   r.waste_dropped = dropped_tokens / r.provisioned_tokens;
   r.waste_discarded = discarded_tokens / r.provisioned_tokens;
+  r.waste_idle = idle_tokens / r.provisioned_tokens;
   *report = std::move(r);
   return Status::Ok();
 }
@@ -221,7 +223,8 @@ nlohmann::json GoodputToJson(const GoodputReport& r) {
            {{"down", r.waste_down},
             {"blocked", r.waste_blocked},
             {"dropped", r.waste_dropped},
-            {"discarded", r.waste_discarded}}},
+            {"discarded", r.waste_discarded},
+            {"idle", r.waste_idle}}},
           {"merged_tokens", r.merged_tokens},
           {"provisioned_tokens", r.provisioned_tokens}};
 }

@@ -24,6 +24,9 @@
 //     blocked   = Σ_l nominal[l] × seconds learner l was kBlocked
 //     dropped   = Σ_p w_p × tokens of p's deltas the syncer dropped
 //     discarded = Σ_p w_p × tokens of p's work the learner's fold discarded
+//     idle      = Σ_l nominal[l] × seconds learner l was kIdle (finished its
+//                 train.steps while the run went on, e.g. waiting for a
+//                 restarted learner to catch up)
 //   The shares need not add up to 1 − goodput: work in flight at the end,
 //   kSyncing time and unlogged losses are in neither.
 //
@@ -46,7 +49,8 @@
 
 namespace diloco {
 
-enum class Activity { kTraining, kDown, kBlocked, kSyncing };  // kSyncing: snapshot install etc.
+// kSyncing: snapshot install etc.; kIdle: done with its steps while the run goes on
+enum class Activity { kTraining, kDown, kBlocked, kSyncing, kIdle };
 // dropped by the syncer / discarded (the fold, a rollback) / lost with a learner that died
 // before sending it (counted as `down` waste: it is the failure's cost too)
 enum class LossCause { kDropped, kDiscarded, kCrashed };
@@ -90,6 +94,7 @@ struct GoodputReport {
   double waste_blocked = 0;
   double waste_dropped = 0;
   double waste_discarded = 0;
+  double waste_idle = 0;  // learners done with their steps while others still train
   double merged_tokens = 0;  // fragment-weighted
   double provisioned_tokens = 0;
   std::vector<double> down_s;     // per learner, after clipping to wall_s
@@ -113,7 +118,7 @@ struct GoodputPoint {
 // the inputs ComputeGoodput refuses and on bucket_s <= 0.
 Status GoodputOverTime(const GoodputInput& input, double bucket_s, std::vector<GoodputPoint>* out);
 
-// {"goodput", "uptime", "waste": {"down", "blocked", "dropped", "discarded"},
+// {"goodput", "uptime", "waste": {"down", "blocked", "dropped", "discarded", "idle"},
 //  "merged_tokens", "provisioned_tokens"}
 nlohmann::json GoodputToJson(const GoodputReport& report);
 

@@ -729,6 +729,7 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
     DL_RETURN_IF_ERROR(heartbeat(final_state));
     DL_RETURN_IF_ERROR(poll(0));
     report(final_state);
+    res.end_unix_ms = (int64_t)UnixMs();
   } else {
     report(LearnerState::kFailed);
     res.crashed_unix_ms = (int64_t)UnixMs();

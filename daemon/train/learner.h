@@ -161,6 +161,7 @@ struct LearnerResult {
   // with the learner; an in-flight delta may still be merged).
   std::vector<uint64_t> unsent_tokens_at_crash;
   int64_t crashed_unix_ms = 0;
+  int64_t end_unix_ms = 0;  // when this incarnation's training and flush ended
   // With train.ranks > 1: CRC32C of each rank's parameters when the inner loop ended (before the
   // last Globals folded into rank 0); all equal.
   std::vector<uint32_t> rank_param_crc32c;

@@ -94,6 +94,10 @@ Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
     for (const LearnerResult* r : incarnations[i])
       for (const auto& [a, b] : r->blocked_unix_ms) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
     for (const auto& [a, b] : down[i]) in.spans.push_back({i, rel(a), b > 0 ? rel(b) : in.wall_s, Activity::kDown});
+    // Done with its steps while the run goes on (a restarted learner catching up): idle.
+    const LearnerResult* last = incarnations[i].back();
+    if (!last->crashed && last->end_unix_ms > 0 && rel(last->end_unix_ms) < in.wall_s)
+      in.spans.push_back({i, rel(last->end_unix_ms), in.wall_s, Activity::kIdle});
     for (const LearnerResult* r : incarnations[i])
       for (size_t p = 0; p < r->unsent_tokens_at_crash.size(); p++)
         if (r->unsent_tokens_at_crash[p] > 0)

@@ -126,7 +126,7 @@ def load(out):
         r["final_val_loss"] = s.get("final_val_loss")
         r["tokens"] = s.get("tokens")
         r["wall_s"] = s.get("wall_s")
-        r["waste"] = {k: waste.get(k) for k in ("down", "blocked", "dropped", "discarded")}
+        r["waste"] = {k: waste.get(k) for k in ("down", "blocked", "dropped", "discarded", "idle")}
         notes = [meta["note"]] if meta.get("note") else []
         if meta.get("expected_actions", 0) > 0 and meta["status"] != "skipped":
             if r["played"] == 0:

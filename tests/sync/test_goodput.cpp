@@ -225,6 +225,20 @@ TEST_CASE("goodput: over time, per bucket", "[unit][sync][goodput]") {
   CHECK_FALSE(GoodputOverTime(in, 0, &points).ok());
 }
 
+// A learner done with its steps while a restarted one catches up: its idle time is waste too.
+TEST_CASE("goodput: a learner idle after its last step is idle waste", "[unit][sync][goodput]") {
+  GoodputInput in;
+  in.wall_s = 100;
+  in.nominal_tokens_per_s = {10, 10};
+  in.fragment_weights = {1.0};
+  in.expected_merge_interval_s = 10;
+  in.spans = {{0, 80, 100, Activity::kIdle}};
+  GoodputReport r;
+  REQUIRE(ComputeGoodput(in, &r).ok());
+  CHECK(r.waste_idle == Approx(20.0 * 10 / 2000));  // 20 s of one learner at 10 tok/s of 2000
+  CHECK(r.waste_down == 0);
+}
+
 TEST_CASE("goodput: the report as JSON", "[unit][sync][goodput]") {
   GoodputReport r;
   r.goodput = 0.5;
@@ -233,6 +247,7 @@ TEST_CASE("goodput: the report as JSON", "[unit][sync][goodput]") {
   r.waste_blocked = 0.25;
   r.waste_dropped = 0.0625;
   r.waste_discarded = 0.03125;
+  r.waste_idle = 0.015625;
   r.merged_tokens = 1000;
   r.provisioned_tokens = 2000;
   CHECK(GoodputToJson(r) == nlohmann::json{{"goodput", 0.5},
@@ -241,7 +256,8 @@ TEST_CASE("goodput: the report as JSON", "[unit][sync][goodput]") {
                                             {{"down", 0.125},
                                              {"blocked", 0.25},
                                              {"dropped", 0.0625},
-                                             {"discarded", 0.03125}}},
+                                             {"discarded", 0.03125},
+                                             {"idle", 0.015625}}},
                                            {"merged_tokens", 1000.0},
                                            {"provisioned_tokens", 2000.0}});
 }
