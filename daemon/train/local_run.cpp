@@ -304,7 +304,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     if (i == crashing) lo.crash_after_steps = hooks.crash_after_steps;
     if (hooks.before_step) lo.before_step = [&hooks, i](long step) { hooks.before_step(i, step); };
     if (crashing >= 0 && i != crashing && hooks.hold_others_at_step >= 0) {
-      lo.before_step = [&, at = hooks.hold_others_at_step](long step) {
+      lo.before_step = [&, i, at = hooks.hold_others_at_step](long step) {
+        if (hooks.before_step) hooks.before_step(i, step);
         if (step != at) return;
         // Until it has stopped and the syncer no longer counts it as live (heartbeat timeout).
         const auto t0 = Clock::now();

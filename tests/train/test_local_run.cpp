@@ -2,6 +2,8 @@
 #include "daemon/train/local_run.h"
 
 #include <catch2/catch.hpp>
+#include <thread>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -81,6 +83,9 @@ TEST_CASE("local run: versions keep advancing after a learner stops mid-run", "[
   hooks.crash_learner = 2;
   hooks.crash_after_steps = 20;
   hooks.hold_others_at_step = 25;
+  // Paced: the tiny model's 35 steps after the hold would otherwise be over before a round or
+  // two could close (a fragment with a delta in flight skips its fire points).
+  hooks.before_step = [](int, long) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); };
   TrainSummary s;
   const Status st = RunLocal(o, &s, hooks);
   INFO(st.message());
