@@ -109,6 +109,7 @@ class RoundBook {
   // Heard within the heartbeat timeout and not stopping or finished.
   bool Live(int learner, SyncTime now) const;
   bool Heard(int learner) const { return learners_[learner].heard; }
+  uint64_t Incarnation(int learner) const { return learners_[learner].incarnation; }  // 0: not heard
   // Said kStopping, kFinished or kFailed (its last delta, if pending, is still merged).
   bool Finished(int learner) const { return learners_[learner].finished; }
   bool AllDone() const;  // every learner said kFinished

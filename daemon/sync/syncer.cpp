@@ -277,7 +277,6 @@ Status Syncer::Run() {
     (void)im.router->SendTo(peer, msg, 0);  // a peer gone meanwhile: it will ask again
     return Status::Ok();
   };
-  std::vector<uint64_t> uplink_incarnation(M, 0);
   const uint64_t fragments_digest = FragmentsDigest(fragments_);
 
   // Hello -> Welcome (see the header): layout checks, then wait for the learner's uplink.
@@ -310,7 +309,7 @@ Status Syncer::Run() {
       w.reason = "fragment layout differs: learner has " + std::to_string(h.num_fragments) + " fragments (" +
                  hex(h.fragment_layout_digest) + "), the syncer " + std::to_string(P) + " (" + hex(fragments_digest) +
                  "); use the job's sync.fragments and sync.mode";
-    } else if (uplink_incarnation[learner] != m.header.incarnation) {
+    } else if (!im.book->Heard(learner) || im.book->Incarnation(learner) != m.header.incarnation) {
       w.result = JoinResult::kBusy;
       w.reason = "no heartbeat from this incarnation of " + m.header.sender + " on the uplink yet; try again";
     }
@@ -538,7 +537,6 @@ Status Syncer::Run() {
     ls.last_heard_unix_ms = UnixMs();
     if (im.book->OnHeard(learner, m.header.incarnation, now)) {
       // A new incarnation (a restart): waited for again until it says otherwise.
-      uplink_incarnation[learner] = m.header.incarnation;
       ls = LearnerStatusEntry();
       ls.learner = learner;
       ls.heard = true;

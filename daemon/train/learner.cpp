@@ -723,7 +723,10 @@ Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const
                      o.flush_timeout_ms);
     res.crashed = o.crash && o.crash->load();
   }
-  if (liveness) liveness->Stop();  // the last beat below is the final word
+  if (liveness) {
+    liveness->Stop();  // the last beat below is the final word
+    res.bytes_up += liveness->bytes_sent();
+  }
   if (!res.crashed) {
     const LearnerState final_state = res.stopped ? LearnerState::kStopping : LearnerState::kFinished;
     DL_RETURN_IF_ERROR(heartbeat(final_state));

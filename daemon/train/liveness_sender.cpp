@@ -69,7 +69,6 @@ void LivenessSender::Run(net::NetContext& context, std::promise<Status>* started
     net::Message m = net::ToMessage(std::move(om), nullptr);
     lock.unlock();
     (void)pub->Publish(topic, m);  // PUB never blocks; a full queue drops the beat
-    beats_sent_++;
     bytes_sent_ += bytes;
     lock.lock();
   }

@@ -40,8 +40,7 @@ class LivenessSender {
   void Update(const HeartbeatMsg& heartbeat);
   // No beat after this returns.
   void Stop();
-  uint64_t beats_sent() const { return beats_sent_; }
-  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_sent() const { return bytes_sent_; }  // wire bytes of the beats sent
 
  private:
   LivenessSender() = default;
@@ -54,7 +53,7 @@ class LivenessSender {
   bool stop_ = false;       // guarded by mu_
   bool have_beat_ = false;  // guarded by mu_
   HeartbeatMsg beat_;       // guarded by mu_
-  std::atomic<uint64_t> beats_sent_{0}, bytes_sent_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
 };
 
 }  // namespace diloco

@@ -40,7 +40,6 @@ void LocalSyncer::Kill() {
   thread_.join();
   lock.lock();
   syncer_.reset();  // its sockets close: the learners' messages go nowhere until the restart
-  killed_at_ = UnixMs();
 }
 
 void LocalSyncer::Restart() {
@@ -53,7 +52,6 @@ void LocalSyncer::Restart() {
     if (status_.ok()) status_ = st.WithContext("restarting the syncer");
     return;
   }
-  down_.push_back({killed_at_, UnixMs()});
   thread_ = std::thread([this] { RunThread(); });
 }
 
@@ -71,11 +69,6 @@ Status LocalSyncer::Stop() {
 SyncerStatusSnapshot LocalSyncer::CurrentStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
   return syncer_ ? syncer_->CurrentStatus() : SyncerStatusSnapshot();
-}
-
-std::vector<std::pair<int64_t, int64_t>> LocalSyncer::down_unix_ms() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return down_;
 }
 
 // ---- LocalFleet ----

@@ -30,7 +30,6 @@ class LocalSyncer {
   // Null while killed. The pointer stays valid until the next Kill/Stop (the caller's thread).
   Syncer* get() const { return syncer_.get(); }
   SyncerStatusSnapshot CurrentStatus() const;
-  std::vector<std::pair<int64_t, int64_t>> down_unix_ms() const;
 
  private:
   void RunThread();
@@ -41,8 +40,6 @@ class LocalSyncer {
   std::unique_ptr<Syncer> syncer_;
   std::thread thread_;
   Status status_;
-  int64_t killed_at_ = 0;
-  std::vector<std::pair<int64_t, int64_t>> down_;
 };
 
 class LocalFleet final : public ChaosTarget {

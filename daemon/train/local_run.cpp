@@ -321,8 +321,14 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::unique_ptr<ChaosRunner> chaos;
   if (!cfg.chaos.empty()) {
     const std::vector<ChaosAction> actions = ExpandChaos(cfg.chaos, M, /*horizon_s=*/7 * 24 * 3600.0);
+    // The timeline, unless random failures over the horizon make it long.
+    if (!options.quiet && actions.size() <= 40)
+      std::fprintf(stderr, "chaos schedule:\n%s", ChaosSummary(actions).c_str());
+    else if (!options.quiet)
+      std::fprintf(stderr, "chaos schedule: %zu actions (random failures included)\n", actions.size());
     chaos = std::make_unique<ChaosRunner>(actions, &fleet, [&](double t_s, const ChaosAction& a) {
-      const std::string who = a.learner >= 0 ? " " + LearnerName(a.learner) : "";
+      std::string who;  // appended, not " " + name: GCC 12 warns falsely (-Wrestrict) on that
+      if (a.learner >= 0) who.append(" ").append(LearnerName(a.learner));
       std::fprintf(stderr, "chaos: t=%.1fs %s%s\n", t_s, std::string(ToString(a.kind)).c_str(), who.c_str());
       std::lock_guard<std::mutex> lock(metrics_mu);
       (void)metrics.Write(ChaosEventJson(t_s, a));
