@@ -11,6 +11,7 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/control/client.h"
+#include "daemon/control/site_chaos.h"
 
 namespace diloco {
 namespace {
@@ -230,6 +231,32 @@ int RunLogsCommand(const LogsCommand& cmd) {
   } else {
     std::printf("%s", reply["text"].c_str());
   }
+  return 0;
+}
+
+}  // namespace diloco
+
+namespace diloco {
+
+int RunChaosCommand(const ChaosCommand& cmd) {
+  std::string socket;
+  if (!Socket("chaos", cmd.daemon, &socket)) return 2;
+  SiteChaosCommand c;
+  ControlArgs args = {{"action", cmd.action}, {"site", cmd.site}};
+  c.site = cmd.site;
+  c.learner = cmd.learner;
+  c.syncer = cmd.syncer;
+  c.process = cmd.process;
+  c.value = cmd.action == "slow" ? cmd.factor : cmd.prob;
+  c.duration_s = cmd.duration_s;
+  c.restart_after_s = cmd.restart_after_s;
+  for (const auto& [k, v] : SiteChaosArgs(c))
+    if (k != "action") args[k] = v;
+  // The same checks the daemon makes, before anything is sent.
+  if (Status st = ParseSiteChaos(args, &c); !st.ok()) return Fail("chaos", st, {{"usage", "1"}});
+  ControlArgs reply;
+  if (Status st = CallDaemon(socket, "chaos", cmd.job, args, &reply, 10000); !st.ok()) return Fail("chaos", st, reply);
+  std::fprintf(stderr, "job %s: %s\n", cmd.job.c_str(), reply["done"].c_str());
   return 0;
 }
 

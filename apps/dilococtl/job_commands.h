@@ -53,6 +53,23 @@ struct LogsCommand {
 };
 int RunLogsCommand(const LogsCommand& cmd);
 
+// Faults into a running job on one site (control/site_chaos.h; the site's daemon config must say
+// chaos: true).
+struct ChaosCommand {
+  DaemonRef daemon;
+  std::string job;
+  std::string action;  // kill, restart, slow, partition, heal, drop, corrupt
+  std::string site;
+  int learner = -1;
+  bool syncer = false;
+  bool process = false;
+  double restart_after_s = -1;
+  double factor = 0;  // slow
+  double prob = 0;    // drop, corrupt
+  double duration_s = -1;
+};
+int RunChaosCommand(const ChaosCommand& cmd);
+
 struct ExportCommand {
   DaemonRef daemon;
   std::string job;

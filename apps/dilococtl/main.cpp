@@ -73,6 +73,23 @@ int main(int argc, char** argv) {
   logs_cmd->add_flag("--json", logs.json, "Print {job, text} as JSON");
   AddDaemonOptions(logs_cmd, &logs.daemon);
 
+  ChaosCommand chaos;
+  CLI::App* chaos_cmd = app.add_subcommand(
+      "chaos", "Inject a fault into a running job on one site (its daemon config must say chaos: true)");
+  chaos_cmd->add_option("job", chaos.job, "Job id")->required();
+  chaos_cmd->add_option("action", chaos.action, "kill, restart, slow, partition, heal, drop or corrupt")
+      ->required()
+      ->check(CLI::IsMember({"kill", "restart", "slow", "partition", "heal", "drop", "corrupt"}));
+  chaos_cmd->add_option("site", chaos.site, "The site whose roles it hits")->required();
+  chaos_cmd->add_option("--learner", chaos.learner, "Only this learner of the job (default: every role on SITE)");
+  chaos_cmd->add_flag("--syncer", chaos.syncer, "Only the job's syncer (kill, restart)");
+  chaos_cmd->add_flag("--process", chaos.process, "kill: SIGKILL the site's dilocod itself (its supervisor restarts it)");
+  chaos_cmd->add_option("--restart-after", chaos.restart_after_s, "kill: restart the roles after this many seconds");
+  chaos_cmd->add_option("--factor", chaos.factor, "slow: step-time multiplier (0: back to the config's)");
+  chaos_cmd->add_option("--prob", chaos.prob, "drop, corrupt: per-message probability (0: back to normal)");
+  chaos_cmd->add_option("--duration", chaos.duration_s, "slow, partition, drop, corrupt: undo after this many seconds");
+  AddDaemonOptions(chaos_cmd, &chaos.daemon);
+
   ExportCommand export_;
   CLI::App* export_cmd = app.add_subcommand("export", "Write a job's merged model as a safetensors file");
   export_cmd->add_option("job", export_.job, "Job id")->required();
@@ -133,6 +150,7 @@ int main(int argc, char** argv) {
   if (status_cmd->parsed()) return RunStatusCommand(status);
   if (stop_cmd->parsed()) return RunStopCommand(stop);
   if (logs_cmd->parsed()) return RunLogsCommand(logs);
+  if (chaos_cmd->parsed()) return RunChaosCommand(chaos);
   if (export_cmd->parsed()) return RunExportCommand(export_);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);

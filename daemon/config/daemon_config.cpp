@@ -228,7 +228,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   c.source = source_name;
   const Section top(root, "", source_name,
                     {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
-                     "metrics_port", "devices"});
+                     "metrics_port", "devices", "chaos"});
   DL_RETURN_IF_ERROR(top.CheckKeys());
   DL_RETURN_IF_ERROR(top.String("site", &c.site));
   DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
@@ -237,6 +237,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   DL_RETURN_IF_ERROR(top.Bool("allow_plaintext", &c.allow_plaintext));
   DL_RETURN_IF_ERROR(top.Int("threads", &c.threads));
   DL_RETURN_IF_ERROR(top.Int("metrics_port", &c.metrics_port));
+  DL_RETURN_IF_ERROR(top.Bool("chaos", &c.chaos));
   DL_RETURN_IF_ERROR(ReadDevices(top, &c.devices));
   const Section listen(top.Get("listen"), "listen", source_name, kEndpointKeys);
   DL_RETURN_IF_ERROR(listen.CheckKeys());

@@ -17,6 +17,8 @@
 //   allow_plaintext: false             # true: no CURVE on loopback/ipc (development only)
 //   threads: 0                         # compute threads for this site's roles; 0 = all cores
 //   metrics_port: 0                    # Prometheus text on 127.0.0.1:PORT/metrics; 0 = off
+//   chaos: false                       # true: take chaos commands and jobs with a chaos: section
+//                                      #   (control/site_chaos.h; test clusters only: they kill)
 //   devices: cpu                       # what this site's learners may compute on (default cpu):
 //                                      #   devices: cpu                  CPU only
 //                                      #   devices: {cuda: [0, 1, 2, 3]} these GPUs (CUDA indices)
@@ -67,6 +69,7 @@ struct DaemonConfig {
   int threads = 0;
   int metrics_port = 0;
   SiteDevices devices;
+  bool chaos = false;
   std::string source;  // the file it came from, for messages
   bool operator==(const DaemonConfig&) const = default;
 

@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -18,6 +19,8 @@
 #include "daemon/control/control_protocol.h"
 #include "daemon/control/job_store.h"
 #include "daemon/control/roles.h"
+#include "daemon/control/site_chaos.h"
+#include "daemon/train/chaos_runner.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/server.h"
 #include "daemon/net/channel.h"
@@ -75,6 +78,46 @@ std::vector<std::string> SitesOf(const RunConfig& cfg) {
   return sites;
 }
 
+// A job's chaos timeline (its chaos: section) is played at the syncer's site by a ChaosRunner on
+// its own thread; this target only queues the runner's actions for the daemon's loop, which sends
+// each to the site it concerns. Learner steps (at_step events) come from the syncer's heartbeats.
+class QueuedChaosTarget final : public ChaosTarget {
+ public:
+  void KillLearner(int l) override { Push(ChaosActionKind::kKill, l, 0); }
+  void RestartLearner(int l) override { Push(ChaosActionKind::kRestart, l, 0); }
+  void SetSlowdown(int l, double f) override { Push(ChaosActionKind::kSlowStart, l, f); }
+  void SetPartitioned(int l, bool p) override {
+    Push(p ? ChaosActionKind::kPartitionStart : ChaosActionKind::kPartitionEnd, l, 0);
+  }
+  void SetLoss(int l, double p) override { Push(ChaosActionKind::kDropStart, l, p); }
+  void SetCorrupt(int l, double p) override { Push(ChaosActionKind::kCorruptStart, l, p); }
+  void KillSyncer() override { Push(ChaosActionKind::kSyncerKill, -1, 0); }
+  void RestartSyncer() override { Push(ChaosActionKind::kSyncerRestart, -1, 0); }
+  long LearnerStep(int l) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return l >= 0 && l < (int)steps_.size() ? steps_[l] : 0;
+  }
+  void SetSteps(std::vector<long> steps) {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_ = std::move(steps);
+  }
+  std::vector<ChaosAction> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(queue_, {});
+  }
+
+ private:
+  // The runner's calls name the effect; slow 1 / loss 0 / corrupt 0 are the ends (SiteChaosOf
+  // maps a start with value 0 to "back to normal" as well).
+  void Push(ChaosActionKind kind, int learner, double value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({kind, learner, value});
+  }
+  mutable std::mutex mu_;
+  std::vector<ChaosAction> queue_;
+  std::vector<long> steps_;
+};
+
 }  // namespace
 
 struct Daemon::Impl {
@@ -92,7 +135,23 @@ struct Daemon::Impl {
     std::map<std::string, std::unique_ptr<Role>> roles;
     bool stop_requested = false;
     bool syncer_stop_sent = false;
+    // Chaos (site_chaos.h): roles killed and still ending, roles killed (restart may come),
+    // actions to undo or restart later, and the job's own timeline when this site plays it.
+    std::vector<std::unique_ptr<Role>> dying;
+    std::set<std::string> killed;
+    std::vector<std::pair<Clock::time_point, SiteChaosCommand>> chaos_due;
+    std::shared_ptr<QueuedChaosTarget> chaos_target;
+    std::unique_ptr<ChaosRunner> chaos_runner;  // after chaos_target: it calls it
+    bool ChaosPending() const {
+      if (!dying.empty()) return true;
+      for (const auto& [t, c] : chaos_due)
+        if (c.action == SiteChaosAction::kRestart) return true;
+      for (const std::string& name : killed)
+        if (chaos_runner && chaos_runner->RestartPending(name == kSyncerName ? -1 : LearnerIndexOf(name))) return true;
+      return false;
+    }
   };
+  bool kill_process = false;  // chaos kill --process: SIGKILL after the reply
   std::map<std::string, Job> jobs;  // jobs with roles on this site that are not done
   std::string last_status;
   MetricsRegistry metrics;
@@ -225,6 +284,7 @@ struct Daemon::Impl {
     ro.threads = std::max(1, cores / n_roles);
     ro.allow_plaintext = config.allow_plaintext;
     ro.resume = resume;
+    ro.chaos_link = config.chaos;
     if (cfg.placement.syncer == config.site && wanted(kSyncerName)) {
       RoleOptions so = ro;
       so.uplink = config.listen.uplink;
@@ -284,8 +344,25 @@ struct Daemon::Impl {
     // Into the job's entry (a rejoin restarts some roles of a job whose others keep running).
     Job& entry = jobs[id];
     entry.config = cfg;
+    const bool syncer_started = job.roles.count(kSyncerName) > 0;
     for (auto& [name, role] : job.roles) entry.roles[name] = std::move(role);
+    if (syncer_started && !cfg.chaos.empty() && !entry.chaos_runner) StartChaosTimeline(id, entry, resume);
     return Status::Ok();
+  }
+
+  // The job's chaos: section, played from here (the syncer's site). Its clock starts now; after
+  // a restart of this daemon it is not played again (its faults would repeat).
+  void StartChaosTimeline(const std::string& id, Job& job, bool resume) {
+    if (resume) {
+      JobLog(id, "chaos: the job's chaos timeline is not replayed after a restart of this daemon");
+      return;
+    }
+    const std::vector<ChaosAction> actions = ExpandChaos(job.config.chaos, (int)job.config.placement.learners.size(),
+                                                         7 * 24 * 3600.0);
+    JobLog(id, "chaos timeline:\n" + ChaosSummary(actions));
+    job.chaos_target = std::make_shared<QueuedChaosTarget>();
+    job.chaos_runner = std::make_unique<ChaosRunner>(actions, job.chaos_target.get(), nullptr);
+    job.chaos_runner->Start();
   }
 
   // Takes a new job: persists it and starts its roles here.
@@ -299,6 +376,9 @@ struct Daemon::Impl {
       DL_RETURN_IF_ERROR(CheckJobFitsSite(config.site, config.devices, all.device, all.ranks));
       DL_RETURN_IF_ERROR(CheckTrainDevice(all).WithContext("site '" + config.site + "'"));
     }
+    if (!cfg.chaos.empty() && !config.chaos)
+      return Status::Error("the job has a chaos: section, which site " + config.site + " refuses: its daemon config (" +
+                           config.source + ") says chaos: false (set chaos: true on test clusters only)");
     JobRecord rec;
     rec.id = id;
     rec.submitted_to = submitted_to;
@@ -389,6 +469,7 @@ struct Daemon::Impl {
     auto it = jobs.find(id);
     if (it != jobs.end()) {
       for (auto& [name, role] : it->second.roles) j["roles"][name]["progress"] = role->Progress();
+      for (const std::string& name : it->second.killed) j["roles"][name]["state"] = "down";
     }
     RunConfig cfg;
     if (LoadJobConfig(id, &cfg).ok()) {
@@ -564,6 +645,185 @@ struct Daemon::Impl {
     return {{"ok", "1"}, {"text", text}};
   }
 
+
+  // ---- Chaos (site_chaos.h) ----
+
+  // The chaos command of a user (local CLI): carried out here or sent to its site.
+  ControlArgs Chaos(const std::string& id, const ControlArgs& a) {
+    if (!store->Exists(id)) return UnknownJob(id);
+    SiteChaosCommand c;
+    if (Status st = ParseSiteChaos(a, &c); !st.ok()) return {{"error", st.message()}, {"usage", "1"}};
+    RunConfig cfg;
+    if (Status st = LoadJobConfig(id, &cfg); !st.ok()) return {{"error", st.message()}};
+    const std::vector<std::string> sites = SitesOf(cfg);
+    if (std::find(sites.begin(), sites.end(), c.site) == sites.end())
+      return {{"error", "job " + id + " has no role on site '" + c.site + "' (its sites: " + [&] {
+                 std::string l;
+                 for (const std::string& x : sites) l += (l.empty() ? "" : ", ") + x;
+                 return l;
+               }() + ")"},
+              {"usage", "1"}};
+    Status st = SendChaos(id, c);
+    if (!st.ok()) return {{"error", st.message()}};
+    return {{"ok", "1"}, {"done", Describe(c)}};
+  }
+
+  Status SendChaos(const std::string& id, const SiteChaosCommand& c) {
+    if (c.site == config.site) return ApplyChaos(id, c);
+    ControlArgs reply;
+    return CallPeer(c.site, "peer_chaos", id, SiteChaosArgs(c), &reply, 3000);
+  }
+
+  // The roles of job id on this site that c names (kill and restart: learners and the syncer;
+  // the rest: learners), among `among`.
+  template <typename Names>
+  std::vector<std::string> ChaosRoles(const SiteChaosCommand& c, const Names& among) const {
+    std::vector<std::string> out;
+    const bool roles_too = c.action == SiteChaosAction::kKill || c.action == SiteChaosAction::kRestart;
+    for (const auto& entry : among) {
+      const std::string& name = NameOf(entry);
+      const bool is_syncer = name == kSyncerName;
+      if (c.syncer ? is_syncer : c.learner >= 0 ? name == LearnerName(c.learner) : (!is_syncer || roles_too))
+        out.push_back(name);
+    }
+    return out;
+  }
+  static const std::string& NameOf(const std::string& name) { return name; }
+  template <typename T>
+  static const std::string& NameOf(const std::pair<const std::string, T>& entry) { return entry.first; }
+
+  Status ApplyChaos(const std::string& id, const SiteChaosCommand& c) {
+    if (!config.chaos)
+      return Status::Error("site " + config.site + " takes no chaos commands: its daemon config (" + config.source +
+                           ") says chaos: false (set chaos: true on test clusters only)");
+    auto it = jobs.find(id);
+    if (it == jobs.end()) return Status::Error("job " + id + " has no running role on site " + config.site);
+    Job& job = it->second;
+    if (c.process) {
+      JobLog(id, "chaos: " + Describe(c) + ": SIGKILL after this reply");
+      kill_process = true;
+      return Status::Ok();
+    }
+    if (c.action == SiteChaosAction::kRestart) {
+      if (ChaosRoles(c, job.killed).empty())
+        return Status::Error("chaos: no killed role to restart on " + config.site + " (" + Describe(c) + ")");
+      job.chaos_due.push_back({Clock::now(), c});  // once the killed roles have ended
+      JobLog(id, "chaos: " + Describe(c));
+      return Status::Ok();
+    }
+    std::vector<std::string> names;
+    for (const std::string& name : ChaosRoles(c, job.roles))
+      if (!job.roles[name]->done()) names.push_back(name);
+    if (names.empty())
+      return Status::Error("chaos: nothing to " + std::string(ToString(c.action)) + " on " + config.site + " for job " + id +
+                           ": no running role matches (" + Describe(c) + ")");
+    for (const std::string& name : names) {
+      Role& role = *job.roles[name];
+      Status st;
+      switch (c.action) {
+        case SiteChaosAction::kKill:
+          role.Kill();
+          job.dying.push_back(std::move(job.roles[name]));
+          job.roles.erase(name);
+          job.killed.insert(name);
+          break;
+        case SiteChaosAction::kSlow: st = role.SetSlowdown(c.value); break;
+        case SiteChaosAction::kPartition:
+        case SiteChaosAction::kHeal:
+          st = role.ShapeLink([&](net::LinkParams* p) { p->partitioned = c.action == SiteChaosAction::kPartition; });
+          break;
+        case SiteChaosAction::kDrop: st = role.ShapeLink([&](net::LinkParams* p) { p->loss = c.value; }); break;
+        case SiteChaosAction::kCorrupt: st = role.ShapeLink([&](net::LinkParams* p) { p->corrupt = c.value; }); break;
+        case SiteChaosAction::kRestart: break;
+      }
+      if (!st.ok()) return st.WithContext("chaos on job " + id);
+    }
+    double undo_after_s = 0;
+    if (std::optional<SiteChaosCommand> undo = UndoOf(c, &undo_after_s))
+      job.chaos_due.push_back({Clock::now() + std::chrono::milliseconds((int64_t)(undo_after_s * 1000)), *undo});
+    JobLog(id, "chaos: " + Describe(c));
+    return Status::Ok();
+  }
+
+  // Each loop turn: killed roles that ended go; the job's timeline's actions go out; restarts and
+  // undos that are due happen.
+  void ChaosTick() {
+    for (auto& [id, job] : jobs) {
+      std::erase_if(job.dying, [](const std::unique_ptr<Role>& r) { return r->done(); });
+      if (job.chaos_target) {
+        std::vector<long> steps(job.config.placement.learners.size(), 0);
+        auto sit = job.roles.find(kSyncerName);
+        if (sit != job.roles.end()) {
+          const nlohmann::json p = sit->second->Progress();
+          for (const auto& l : p.value("learners", nlohmann::json::array())) {
+            const int i = l.value("learner", -1);
+            if (i >= 0 && i < (int)steps.size()) steps[i] = l.value("step", 0L);
+          }
+        }
+        job.chaos_target->SetSteps(std::move(steps));
+        for (const ChaosAction& a : job.chaos_target->Take()) {
+          for (const SiteChaosCommand& c : SiteChaosOf(a, job.config.placement.learners, job.config.placement.syncer)) {
+            if (Status st = SendChaos(id, c); !st.ok()) JobLog(id, "chaos timeline: " + Describe(c) + ": " + st.message());
+          }
+        }
+      }
+      const auto now = Clock::now();
+      std::vector<SiteChaosCommand> due;
+      for (auto dit = job.chaos_due.begin(); dit != job.chaos_due.end();) {
+        if (dit->first <= now) {
+          due.push_back(dit->second);
+          dit = job.chaos_due.erase(dit);
+        } else {
+          ++dit;
+        }
+      }
+      for (const SiteChaosCommand& c : due) {
+        if (c.action != SiteChaosAction::kRestart) {
+          if (Status st = ApplyChaos(id, c); !st.ok()) JobLog(id, "chaos: " + Describe(c) + ": " + st.message());
+          continue;
+        }
+        RestartKilled(id, job, c);
+      }
+    }
+  }
+
+  // Starts the killed roles c names again, from what they left on disk; waits for a killed role
+  // that has not ended yet (its sockets and files are still in use), retrying for up to 15 s
+  // (a syncer's ports take a moment to be free again).
+  void RestartKilled(const std::string& id, Job& job, const SiteChaosCommand& c) {
+    std::set<std::string> names;
+    for (const std::string& name : ChaosRoles(c, job.killed)) names.insert(name);
+    if (names.empty()) return;
+    const auto retry = [&] { job.chaos_due.push_back({Clock::now() + std::chrono::milliseconds(200), c}); };
+    for (const auto& r : job.dying)
+      if (names.count(r->name())) return retry();
+    JobRecord rec;
+    Status st = store->Load(id, &rec);
+    if (st.ok()) st = StartRoles(id, job.config, true, &rec, &names);
+    if (!st.ok()) {
+      const int tries = ++restart_tries[id];
+      if (tries < 75) return retry();
+      for (const std::string& name : names) {
+        rec.roles[name].state = JobState::kFailed;
+        rec.roles[name].error = "restart after a chaos kill failed: " + st.message();
+      }
+    }
+    restart_tries.erase(id);
+    for (const std::string& name : names) job.killed.erase(name);
+    (void)store->Save(rec);
+    JobLog(id, "chaos: " + Describe(c) + (st.ok() ? "" : ": " + st.message()));
+  }
+  std::map<std::string, int> restart_tries;
+
+  // chaos kill --process: the reply has gone (ZeroMQ sends it from its I/O thread: give it a
+  // moment), then die as kill -9 would: no role saves anything.
+  void KillProcessIfAsked() {
+    if (!kill_process) return;
+    Log("chaos: SIGKILL to this dilocod");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::kill(::getpid(), SIGKILL);
+  }
+
   ControlArgs HandleLocal(const std::string& name, const std::string& job, const ControlArgs& a) {
     auto arg = [&](const char* k, const std::string& d = "") { auto it = a.find(k); return it == a.end() ? d : it->second; };
     if (name == "ping") return {{"ok", "1"}, {"site", config.site}};
@@ -572,6 +832,7 @@ struct Daemon::Impl {
     if (name == "status") return job == kNoJob ? List() : JobStatus(job);
     if (name == "stop") return Stop(job);
     if (name == "logs") return Logs(job, std::max(1, std::atoi(arg("tail", "50").c_str())));
+    if (name == "chaos") return Chaos(job, a);
     if (name == "run_dir") {
       if (!store->Exists(job)) return UnknownJob(job);
       return {{"ok", "1"}, {"run_dir", store->RunDir(job)}, {"site", config.site}};
@@ -602,6 +863,15 @@ struct Daemon::Impl {
     }
     if (c->name == "peer_rejoin") {
       if (Status st = RejoinLearners(job); !st.ok()) return {{"error", st.message()}};
+      return {{"ok", "1"}};
+    }
+    if (c->name == "peer_chaos") {
+      SiteChaosCommand command;
+      Status st = ParseSiteChaos(a, &command);
+      if (st.ok() && command.site != config.site) st = Status::Error("chaos for site " + command.site + " sent to " + config.site);
+      if (st.ok()) st = ApplyChaos(job, command);
+      if (!st.ok()) return {{"error", st.message()}};
+      JobLog(job, "chaos from " + sender);
       return {{"ok", "1"}};
     }
     if (c->name == "peer_logs") {
@@ -686,7 +956,13 @@ struct Daemon::Impl {
         changed = true;
         rit = job.roles.erase(rit);
       }
-      if (job.roles.empty()) {
+      const bool chaos_pending = job.roles.empty() && job.ChaosPending();
+      if (job.roles.empty() && !chaos_pending) {
+        for (const std::string& name : job.killed) {  // killed by chaos, never restarted
+          rec.roles[name].state = JobState::kStopped;
+          rec.roles[name].error = "killed by a chaos command and not restarted";
+          changed = true;
+        }
         bool failed = false, stopped = job.stop_requested;
         for (auto& [name, rr] : rec.roles) {
           failed |= rr.state == JobState::kFailed;
@@ -697,7 +973,7 @@ struct Daemon::Impl {
         JobLog(id, std::string("job ") + ToString(rec.state) + " on this site");
       }
       if (changed) (void)store->Save(rec);
-      if (job.roles.empty()) {
+      if (job.roles.empty() && !chaos_pending) {
         it = jobs.erase(it);
         UpdateSdStatus();
       } else {
@@ -884,6 +1160,7 @@ Status Daemon::Run() {
   net::Received r;
   while (!g_shutdown) {
     im.Reap();
+    im.ChaosTick();
     im.CheckLearnersEnded();
     im.UpdateMetrics();
     if (!net::PollReadable(sockets, 100, &ready)) continue;
@@ -896,6 +1173,7 @@ Status Daemon::Run() {
         im.Reply(*im.local, r, m, reply);
       }
     }
+    im.KillProcessIfAsked();
     if (ready.size() > 1 && ready[1] && im.peers->Receive(&r, 0) == net::RecvResult::kMessage) {
       const ParsedMessage& m = *im.peer_parsed;
       std::string sender = m.header.sender;
@@ -909,6 +1187,7 @@ Status Daemon::Run() {
         }
       }
       im.Reply(*im.peers, r, m, im.HandlePeer(sender, m));
+      im.KillProcessIfAsked();
     }
   }
   // Shutting down: the jobs stay "running" on disk, so a restart resumes them.

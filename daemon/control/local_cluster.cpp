@@ -128,6 +128,7 @@ Status LocalCluster::Create(const LocalClusterOptions& options, std::unique_ptr<
       << Tcp(p.downlink) << ", snapshot: " << Tcp(p.snapshot) << "}\n"
       << "threads: " << options.threads_per_site << "\n";
     if (options.metrics) f << "metrics_port: " << c->metrics_ports_[site] << "\n";
+    if (options.chaos) f << "chaos: true\n";
     if (options.curve) {
       f << "keys: keys\n";
     } else {

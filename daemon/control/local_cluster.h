@@ -25,6 +25,7 @@ struct LocalClusterOptions {
   bool curve = true;               // false: allow_plaintext and no keys
   int threads_per_site = 1;        // daemon config `threads`
   bool metrics = false;            // give each site a free metrics_port (MetricsPort)
+  bool chaos = false;              // chaos: true in every site's config (control/site_chaos.h)
 };
 
 class LocalCluster {

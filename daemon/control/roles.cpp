@@ -75,6 +75,10 @@ struct Role::Impl {
   int index = -1;
   std::vector<float> init;
   std::atomic<bool> stop{false}, crash{false};
+  std::atomic<double> slowdown{1};
+  std::shared_ptr<net::Link> link;  // with options.chaos_link
+  std::mutex link_mu;
+  net::LinkParams link_now;  // guarded by link_mu
   JsonlWriter metrics;
   std::mutex metrics_mu;
   mutable std::mutex progress_mu;
@@ -115,6 +119,14 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
     const auto started = Clock::now();
     Status st = im.syncer->Run();
     const std::string state_path = (fs::path(im.options.run_dir) / "global_state.bin").string();
+    if (r->killed_) {
+      // Killed on purpose (chaos): nothing saved, as after kill -9; the update log holds every
+      // published version.
+      std::lock_guard<std::mutex> lock(r->mu_);
+      r->outcome_ = Status::Error("killed (chaos)");
+      r->done_ = true;
+      return;
+    }
     if (im.crash) {
       // The daemon is going down: Run may have ended on the closed context before its own last
       // save, so save here what a restart resumes from (versions never go back).
@@ -183,6 +195,13 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   DL_RETURN_IF_ERROR(im.metrics.Open((fs::path(options.run_dir) / (LearnerName(index) + ".jsonl")).string()));
   im.progress.index = index;
   im.progress.step = im.start_step;
+  im.slowdown = SlowdownOf(cfg.learners, index);
+  if (options.chaos_link) {
+    net::LinkOptions link;
+    link.name = LearnerName(index) + "<->syncer";
+    link.seed = mix_seed(cfg.train.seed, 1000 + index);
+    DL_RETURN_IF_ERROR(net::Link::Create(context, link, &im.link).WithContext(LearnerName(index) + "'s chaos link"));
+  }
   Role* r = role.get();
   role->thread_ = std::thread([r, &context] {
     Impl& im = *r->impl_;
@@ -205,6 +224,8 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
     lo.metrics_mu = &im.metrics_mu;
     lo.stop = &im.stop;
     lo.crash = &im.crash;
+    lo.slowdown = &im.slowdown;
+    lo.link = im.link;
     lo.on_progress = [&im](const LearnerProgress& p) {
       std::lock_guard<std::mutex> lock(im.progress_mu);
       im.progress = p;
@@ -316,6 +337,29 @@ void Role::RequestStop() {
 void Role::RequestShutdown() {
   if (impl_->syncer) impl_->syncer->RequestStop();
   impl_->crash = true;
+}
+
+void Role::Kill() {
+  killed_ = true;
+  if (impl_->syncer) impl_->syncer->Abort();
+  impl_->crash = true;
+}
+
+Status Role::SetSlowdown(double factor) {
+  Impl& im = *impl_;
+  if (im.syncer) return Status::Error("the syncer takes no slowdown");
+  im.slowdown = factor > 0 ? factor : SlowdownOf(im.options.config.learners, im.index);
+  return Status::Ok();
+}
+
+Status Role::ShapeLink(const std::function<void(net::LinkParams*)>& change) {
+  Impl& im = *impl_;
+  if (!im.link)
+    return Status::Error(name_ + " has no emulated link to cut: it started before this site's config said chaos: true");
+  std::lock_guard<std::mutex> lock(im.link_mu);
+  change(&im.link_now);
+  DL_RETURN_IF_ERROR(im.link->SetParams(net::LinkDirection::kUp, im.link_now));
+  return im.link->SetParams(net::LinkDirection::kDown, im.link_now);
 }
 
 void Role::Join() {

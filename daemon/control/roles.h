@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/net/context.h"
+#include "daemon/net/link_shaper.h"
 #include "daemon/net/socket.h"
 #include "daemon/util/status.h"
 
@@ -35,6 +37,9 @@ struct RoleOptions {
   bool allow_plaintext = false;
   std::optional<net::CurveOptions> curve;  // syncer: server keys; learner: client keys + server key
   bool resume = false;                     // continue after a daemon restart
+  // A learner: its sockets go through an emulated link (net/link_shaper.h), unshaped, so chaos
+  // commands can cut it (partition, drop, corrupt). Set on sites whose config says chaos: true.
+  bool chaos_link = false;
 };
 
 class Role {
@@ -60,6 +65,15 @@ class Role {
   void RequestShutdown();
   void Join();
 
+  // Chaos (control/site_chaos.h). Kill: stop dead, as kill -9 would: a learner sends nothing
+  // more, the syncer merges and saves nothing more (its update log stays). Slowdown: a learner's
+  // step stretch (0: back to the config's). ShapeLink: change a learner's emulated link (an error
+  // when it has none, or for the syncer).
+  void Kill();
+  bool killed() const { return killed_; }
+  Status SetSlowdown(double factor);
+  Status ShapeLink(const std::function<void(net::LinkParams*)>& change);
+
  private:
   struct Impl;
   Role() = default;
@@ -67,6 +81,7 @@ class Role {
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> killed_{false};
   mutable std::mutex mu_;
   Status outcome_;
   nlohmann::json result_;

@@ -97,9 +97,10 @@ std::string HttpGetMetrics(int port) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir, bool metrics = false) {
+std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir, bool metrics = false, bool chaos = false) {
   LocalClusterOptions o;
   o.metrics = metrics;
+  o.chaos = chaos;
   o.dir = dir.file("cluster");
   o.sites = {"site-s", "site-a", "site-b"};
   o.dilocod_path = kBin + "dilocod";
@@ -389,6 +390,76 @@ TEST_CASE("the syncer daemon killed with -9 resumes from its checkpoint and vers
   CHECK_THAT(TailFile(c->LogPath("site-s"), 200), Catch::Contains("replayed"));
 }
 
+// dilococtl chaos against a daemon job: a learner's roles killed and restarted on its site, a
+// learner slowed and partitioned through its emulated link, each undone on time, and the job
+// completes with the killed learner resumed from its recorded step.
+TEST_CASE("dilococtl chaos kills, slows and partitions a daemon job's learners and it completes", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir, /*metrics=*/false, /*chaos=*/true);
+  // Paced (each step stretched 8x, ~5 ms) so the learners are still training through the faults.
+  // Its own chaos: section (played from site-s, sent to site-b) cuts learner-1 off once it
+  // reaches step 600.
+  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) +
+                                                        "learners: [{slowdown: 8}, {slowdown: 8}]\n"
+                                                        "chaos: {events: [{at_step: 600, partition: {learner: 1, duration_s: 1}}]}\n");
+  const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
+  CtlResult r = Ctl(dir, "submit '" + yaml + "'" + sock);
+  REQUIRE(r.exit_code == 0);
+  const std::string job = r.out.substr(0, r.out.find('\n'));
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 200; }, 40,
+             "learner-1 to reach step 200");
+
+  // Mistakes are refused before anything happens.
+  r = Ctl(dir, "chaos " + job + " kill site-z" + sock);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("no role on site 'site-z'"));
+  r = Ctl(dir, "chaos " + job + " kill site-a --syncer" + sock);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("no running role matches"));
+  r = Ctl(dir, "chaos " + job + " drop site-a --prob 2" + sock);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("probability in [0, 1]"));
+
+  // site-b's learner dies (through site-a's daemon, forwarded) and comes back 2 s later.
+  r = Ctl(dir, "chaos " + job + " kill site-b --restart-after 2" + sock);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("kill every role of the job on site-b (restart after 2 s)"));
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return s["learners"][1].value("state", "") == "down"; }, 10,
+             "learner-1 to show as down");
+  WaitStatus(*c, "site-a", job,
+             [](const nlohmann::json& s) { return s["learners"][1].value("state", "") == "running" && s["learners"][1].contains("progress"); },
+             20, "learner-1 to run again");
+  // site-a's learner: 3x slower for 2 s, then cut off for 2 s.
+  r = Ctl(dir, "chaos " + job + " slow site-a --factor 20 --duration 2" + sock);
+  CHECK(r.exit_code == 0);
+  r = Ctl(dir, "chaos " + job + " partition site-a --learner 0 --duration 2" + sock);
+  CHECK(r.exit_code == 0);
+  const int64_t healed_ms = UnixMs() + 2000;
+
+  const nlohmann::json s = WaitStatus(*c, "site-a", job, Completed, 90, "the job to complete after the faults");
+  const nlohmann::json& r1 = s["learners"][1]["result"];
+  CHECK(r1["start_step"].get<long>() > 0);
+  CHECK(r1["snapshots_installed"].get<int>() >= 1);
+  CHECK(r1["steps"] == 3000);
+  CHECK(s["learners"][0]["result"]["steps"] == 3000);
+  const std::string log_a = ReadFile(c->StateDir("site-a") + "/jobs/" + job + "/job.log");
+  const std::string log_b = ReadFile(c->StateDir("site-b") + "/jobs/" + job + "/job.log");
+  CHECK_THAT(log_b, Catch::Contains("chaos: kill every role of the job on site-b") &&
+                        Catch::Contains("chaos: restart every role of the job on site-b") &&
+                        Catch::Contains("resumed roles: learner-1") &&
+                        Catch::Contains("chaos: partition learner-1 on site-b") && Catch::Contains("chaos: heal learner-1 on site-b"));
+  CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("chaos timeline"));
+  CHECK_THAT(log_a, Catch::Contains("chaos: slow every learner of the job on site-a (x20) for 2 s") &&
+                        Catch::Contains("chaos: slow every learner of the job on site-a (back to the config's pace)") &&
+                        Catch::Contains("chaos: partition learner-0 on site-a for 2 s") &&
+                        Catch::Contains("chaos: heal learner-0 on site-a"));
+  // learner-0's deltas were merged after its link healed.
+  int merged_after = 0;
+  for (const auto& m : Merges(s["run_dir"])) merged_after += m["time_ms"].get<int64_t>() > healed_ms && MergedFrom(m, 0);
+  CHECK(merged_after > 0);
+}
+
 TEST_CASE("dilococtl stop ends a job on every site", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
@@ -431,6 +502,11 @@ TEST_CASE("bad input is refused clearly: config, job id, unknown peer key, secon
   r = Ctl(dir, "submit '" + dir.Write("z.yaml", unknown_site) + "'" + sock);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Catch::Contains("site-z"));
+  // A chaos: section on sites that do not allow chaos.
+  r = Ctl(dir, "submit '" + dir.Write("chaos.yaml", JobYaml(10) + "chaos: {events: [{at_s: 1, kill: {learner: 0}}]}\n") +
+                   "'" + sock);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("chaos: false"));
   r = Ctl(dir, "list --json" + sock);
   CHECK(nlohmann::json::parse(r.out).empty());
 
