@@ -96,6 +96,17 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
     }
     out << "\n";
   }
+  // Goodput as the syncer's site sees it (live while running, the final figure once done).
+  const nlohmann::json g = sp.contains("goodput") ? sp["goodput"]
+                           : syncer.contains("result") ? syncer["result"].value("goodput", nlohmann::json())
+                                                       : nlohmann::json();
+  if (g.is_object()) {
+    out << "         goodput " << Fixed(Num(g, "goodput", 0.0), 3) << "  uptime " << Fixed(Num(g, "uptime", 0.0), 3)
+        << "  waste:";
+    for (const char* cause : {"down", "dropped", "idle"})
+      out << " " << cause << " " << Fixed(Num(g.value("waste", nlohmann::json::object()), cause, 0.0), 3);
+    out << "\n";
+  }
   out << "learner  site         device     state       progress                       step   tok/s    loss  sent/folded  "
          "staleness\n";
   const long steps = Num(s, "steps", 0L);

@@ -182,6 +182,13 @@ struct Daemon::Impl {
         {"dilocod_syncer_bytes_received_total", MetricKind::kCounter, "Uplink wire bytes received.", j},
         {"dilocod_syncer_bytes_published_total", MetricKind::kCounter, "Downlink wire bytes published.", j},
         {"dilocod_syncer_live_learners", MetricKind::kGauge, "Learners the syncer hears from.", j},
+        {"dilocod_job_goodput_ratio", MetricKind::kGauge,
+         "Share of the provisioned learners' tokens that reached the global model (the syncer's view).", j},
+        {"dilocod_job_uptime_ratio", MetricKind::kGauge,
+         "Share of the wall time in which the global model advanced within 2x its expected merge interval.", j},
+        {"dilocod_job_waste_ratio", MetricKind::kGauge,
+         "Share of the provisioned tokens wasted, by cause (down, dropped, idle as the syncer sees them).",
+         {"job", "cause"}},
         {"dilocod_syncer_rounds_total", MetricKind::kCounter,
          "Merge rounds by what closed them (quorum, grace window expired, ...): where the syncer waited.",
          {"job", "reason"}},
@@ -216,6 +223,13 @@ struct Daemon::Impl {
           metrics.Set("dilocod_syncer_live_learners", {id}, live);
           const nlohmann::json reasons = p.value("merge_reasons", nlohmann::json::object());
           for (const auto& [reason, n] : reasons.items()) metrics.Set("dilocod_syncer_rounds_total", {id, reason}, n.get<double>());
+          if (p.contains("goodput")) {
+            const nlohmann::json& g = p["goodput"];
+            metrics.Set("dilocod_job_goodput_ratio", {id}, g.value("goodput", 0.0));
+            metrics.Set("dilocod_job_uptime_ratio", {id}, g.value("uptime", 0.0));
+            for (const char* cause : {"down", "dropped", "idle"})
+              metrics.Set("dilocod_job_waste_ratio", {id, cause}, g["waste"].value(cause, 0.0));
+          }
         } else {
           const std::vector<std::string> labels = {id, std::to_string(p.value("learner", 0))};
           metrics.Set("dilocod_learner_steps", labels, p.value("step", 0.0));
@@ -583,6 +597,7 @@ struct Daemon::Impl {
          {"wall_s", Number(sr, "wall_s", 0.0)},
          {"peak_rss_mb", peak_rss},
          {"job", status.value("id", "")}};
+    if (sr.contains("goodput")) s.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
     return s;
   }
 
@@ -1161,6 +1176,8 @@ Status Daemon::Run() {
   while (!g_shutdown) {
     im.Reap();
     im.ChaosTick();
+    for (auto& [id, job] : im.jobs)
+      for (auto& [name, role] : job.roles) role->Observe();
     im.CheckLearnersEnded();
     im.UpdateMetrics();
     if (!net::PollReadable(sockets, 100, &ready)) continue;

@@ -8,6 +8,9 @@
 #include <fstream>
 #include <map>
 
+#include "daemon/control/job_store.h"
+#include "daemon/control/live_goodput.h"
+#include "daemon/sync/fragments.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/train/checkpoint.h"
@@ -70,6 +73,7 @@ struct Role::Impl {
   RoleOptions options;
   // Syncer role.
   std::unique_ptr<Syncer> syncer;
+  std::unique_ptr<LiveGoodput> goodput;  // before syncer: Observe reads it
   std::unique_ptr<Corpus> corpus;
   // Learner role.
   int index = -1;
@@ -113,11 +117,27 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
   so.exit_when_all_finished = true;
   DL_RETURN_IF_ERROR(Syncer::Create(context, so, table, im.init.data(), &im.syncer));
+  std::vector<Fragment> frags;
+  DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
+  LiveGoodputOptions go;
+  go.learners = cfg.sync.learners;
+  double numel = 0;
+  for (const Fragment& f : frags) numel += (double)f.numel;
+  for (const Fragment& f : frags) go.fragment_weights.push_back((double)f.numel / numel);
+  go.tokens_per_step = (double)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size;
+  go.inner_steps = cfg.sync.inner_steps;
+  go.events_path = (fs::path(options.run_dir) / "events.log").string();
+  go.start_unix_ms = UnixMsNow();
+  im.goodput = std::make_unique<LiveGoodput>(go);
   Role* r = role.get();
   role->thread_ = std::thread([r] {
     Impl& im = *r->impl_;
     const auto started = Clock::now();
     Status st = im.syncer->Run();
+    // As the learners left it (before the evaluation below).
+    nlohmann::json goodput;
+    r->Observe();
+    if (GoodputReport g; im.goodput->Report(UnixMsNow(), &g).ok()) goodput = GoodputToJson(g);
     const std::string state_path = (fs::path(im.options.run_dir) / "global_state.bin").string();
     if (r->killed_) {
       // Killed on purpose (chaos): nothing saved, as after kill -9; the update log holds every
@@ -165,6 +185,7 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
                 {"checkpoint", ckpt_path},
                 {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
                 {"peak_rss_mb", peak_rss_mb()}};
+      if (!goodput.is_null()) result["goodput"] = goodput;
     }
     std::lock_guard<std::mutex> lock(r->mu_);
     r->outcome_ = st;
@@ -303,6 +324,8 @@ nlohmann::json Role::Progress() const {
             {"bytes_published", s.bytes_published},
             {"learners", learners}};
     AddMergeHistory((fs::path(im.options.run_dir) / "events.log").string(), &out);
+    GoodputReport g;
+    if (im.goodput->Report(UnixMsNow(), &g).ok()) out["goodput"] = GoodputToJson(g);
     return out;
   }
   LearnerProgress p;
@@ -337,6 +360,11 @@ void Role::RequestStop() {
 void Role::RequestShutdown() {
   if (impl_->syncer) impl_->syncer->RequestStop();
   impl_->crash = true;
+}
+
+void Role::Observe() {
+  Impl& im = *impl_;
+  if (im.syncer && im.goodput) im.goodput->Observe(im.syncer->CurrentStatus(), UnixMsNow());
 }
 
 void Role::Kill() {

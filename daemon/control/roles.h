@@ -64,6 +64,9 @@ class Role {
   // The daemon is going down (SIGTERM): stop as fast as possible, keeping what a restart needs.
   void RequestShutdown();
   void Join();
+  // The syncer: one look at its learners for the job's goodput (control/live_goodput.h); the
+  // daemon calls it every turn of its loop. Nothing for a learner.
+  void Observe();
 
   // Chaos (control/site_chaos.h). Kill: stop dead, as kill -9 would: a learner sends nothing
   // more, the syncer merges and saves nothing more (its update log stays). Slowdown: a learner's

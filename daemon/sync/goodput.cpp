@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -229,6 +230,30 @@ nlohmann::json GoodputToJson(const GoodputReport& r) {
           {"provisioned_tokens", r.provisioned_tokens}};
 }
 
+namespace {
+
+// One line of events.log: a merge's contributors (merged) and its skipped deltas that carry
+// tokens (lost as kDropped; a "replaced" delta's work travels in the newer one: not lost).
+// Other events are skipped.
+Status ParseMergeLine(const nlohmann::json& ev, int64_t run_start_unix_ms, const std::string& where,
+                      std::vector<MergedDelta>* merged, std::vector<LostDelta>* dropped) {
+  if (!ev.is_object() || ev.value("event", "") != "merge") return Status::Ok();
+  try {
+    const double time_s = static_cast<double>(ev.at("time_ms").get<int64_t>() - run_start_unix_ms) / 1000;
+    const int fragment = ev.at("fragment").get<int>();
+    for (const nlohmann::json& c : ev.at("contributors"))
+      merged->push_back({time_s, fragment, c.at("learner").get<int>(), c.at("tokens").get<double>()});
+    for (const nlohmann::json& k : ev.value("skipped", nlohmann::json::array()))
+      if (k.value("why", "") != "replaced" && k.value("tokens", 0.0) > 0)
+        dropped->push_back({time_s, fragment, k.at("learner").get<int>(), k.value("tokens", 0.0), LossCause::kDropped});
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(where + ": merge record without a field this reader needs (" + e.what() + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms, std::vector<MergedDelta>* out,
                         std::vector<LostDelta>* lost) {
   std::ifstream f(events_path);
@@ -245,23 +270,37 @@ Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_m
       if (i + 1 == lines.size()) break;  // the syncer may be writing it now
       return Status::Error(where + ": not JSON; is the file damaged?");
     }
-    if (!ev.is_object() || ev.value("event", "") != "merge") continue;
-    try {
-      const double time_s = static_cast<double>(ev.at("time_ms").get<int64_t>() - run_start_unix_ms) / 1000;
-      const int fragment = ev.at("fragment").get<int>();
-      for (const nlohmann::json& c : ev.at("contributors")) {
-        merged.push_back({time_s, fragment, c.at("learner").get<int>(), c.at("tokens").get<double>()});
-      }
-      // A replaced delta's work travels in the newer one that replaced it: not lost.
-      for (const nlohmann::json& k : ev.value("skipped", nlohmann::json::array()))
-        if (k.value("why", "") != "replaced" && k.value("tokens", 0.0) > 0)
-          dropped.push_back({time_s, fragment, k.at("learner").get<int>(), k.value("tokens", 0.0), LossCause::kDropped});
-    } catch (const nlohmann::json::exception& e) {
-      return Status::Error(where + ": merge record without a field this reader needs (" + e.what() + ")");
-    }
+    DL_RETURN_IF_ERROR(ParseMergeLine(ev, run_start_unix_ms, where, &merged, &dropped));
   }
   out->insert(out->end(), merged.begin(), merged.end());
   if (lost) lost->insert(lost->end(), dropped.begin(), dropped.end());
+  return Status::Ok();
+}
+
+MergeTapeReader::MergeTapeReader(std::string events_path) : path_(std::move(events_path)) {}
+
+Status MergeTapeReader::ReadNew(int64_t run_start_unix_ms, std::vector<MergedDelta>* merged,
+                                std::vector<LostDelta>* lost) {
+  std::ifstream f(path_, std::ios::binary);
+  if (!f) return Status::Ok();  // no merge yet
+  f.seekg(offset_);
+  std::string chunk((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t at = 0;
+  for (size_t nl; (nl = chunk.find('\n', at)) != std::string::npos; at = nl + 1) {  // whole lines only
+    line_++;
+    if (nl == at) continue;
+    const std::string where = path_ + " line " + std::to_string(line_);
+    const nlohmann::json ev = nlohmann::json::parse(chunk.begin() + at, chunk.begin() + nl, nullptr, false);
+    if (ev.is_discarded()) {
+      offset_ += nl + 1;  // not read again
+      return Status::Error(where + ": not JSON; is the file damaged?");
+    }
+    if (Status st = ParseMergeLine(ev, run_start_unix_ms, where, merged, lost); !st.ok()) {
+      offset_ += nl + 1;
+      return st;
+    }
+  }
+  offset_ += at;
   return Status::Ok();
 }
 

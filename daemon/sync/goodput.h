@@ -131,4 +131,17 @@ nlohmann::json GoodputToJson(const GoodputReport& report);
 Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms,
                         std::vector<MergedDelta>* out, std::vector<LostDelta>* lost = nullptr);
 
+// The same records from an events.log that grows (a running syncer's): each ReadNew parses only
+// the whole lines written since the last call. A file not there yet holds no merge.
+class MergeTapeReader {
+ public:
+  explicit MergeTapeReader(std::string events_path);
+  Status ReadNew(int64_t run_start_unix_ms, std::vector<MergedDelta>* merged, std::vector<LostDelta>* lost);
+
+ private:
+  std::string path_;
+  int64_t offset_ = 0;  // bytes of whole lines read
+  int64_t line_ = 0;
+};
+
 }  // namespace diloco

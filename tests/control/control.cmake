@@ -3,6 +3,7 @@ diloco_test(control_tests
   control/test_daemon_config.cpp
   control/test_job_store.cpp
   control/test_site_chaos.cpp
+  control/test_live_goodput.cpp
   control/test_daemon_e2e.cpp
 )
 target_link_libraries(control_tests PRIVATE diloco_control diloco_export nlohmann_json::nlohmann_json)

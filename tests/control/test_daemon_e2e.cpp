@@ -199,7 +199,8 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   // Prometheus text on each site's metrics port.
   std::string learner_metrics, syncer_metrics;
   for (int i = 0; i < 100 && (learner_metrics.find("dilocod_learner_steps{") == std::string::npos ||
-                              syncer_metrics.find("dilocod_syncer_merges_total{") == std::string::npos); i++) {
+                              syncer_metrics.find("dilocod_syncer_merges_total{") == std::string::npos ||
+                              syncer_metrics.find("dilocod_job_goodput_ratio{") == std::string::npos); i++) {
     learner_metrics = HttpGetMetrics(c->MetricsPort("site-b"));
     syncer_metrics = HttpGetMetrics(c->MetricsPort("site-s"));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -207,6 +208,9 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   CHECK_THAT(learner_metrics, Catch::Contains("dilocod_learner_steps{job=\"" + job + "\",learner=\"1\"}"));
   CHECK_THAT(syncer_metrics, Catch::Contains("# TYPE dilocod_syncer_merges_total counter"));
   CHECK_THAT(syncer_metrics, Catch::Contains("dilocod_jobs{state=\"running\"}"));
+  CHECK_THAT(syncer_metrics, Catch::Contains("dilocod_job_goodput_ratio{job=\"" + job + "\"}") &&
+                                 Catch::Contains("dilocod_job_uptime_ratio{job=\"" + job + "\"}") &&
+                                 Catch::Contains("dilocod_job_waste_ratio{job=\"" + job + "\",cause=\"down\"}"));
 
   const nlohmann::json s = WaitStatus(*c, "site-b", job, Completed, 60, "the job to complete");
   const nlohmann::json& sum = s["summary"];
@@ -214,6 +218,9 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   CHECK(sum["steps"] == 3000);
   CHECK(sum["outer_steps"].get<int>() > 0);
   CHECK(sum["final_val_loss"].get<double>() < sum["initial_val_loss"].get<double>());
+  CHECK(sum["goodput"].get<double>() > 0);
+  CHECK(sum["goodput"].get<double>() <= 1);
+  CHECK(sum["waste"]["down"] == 0);  // nobody failed
   CHECK(fs::exists(sum["checkpoint"].get<std::string>()));
   CHECK(fs::exists(s["run_dir"].get<std::string>() + "/global_state.bin"));
   // The merged model exports as safetensors whose tensors match the model's table.
@@ -437,7 +444,15 @@ TEST_CASE("dilococtl chaos kills, slows and partitions a daemon job's learners a
   CHECK(r.exit_code == 0);
   const int64_t healed_ms = UnixMs() + 2000;
 
+  // The status screen shows goodput while the job runs.
+  r = Ctl(dir, "status " + job + sock);
+  CHECK_THAT(r.out, Catch::Contains("goodput ") && Catch::Contains("uptime "));
   const nlohmann::json s = WaitStatus(*c, "site-a", job, Completed, 90, "the job to complete after the faults");
+  // learner-1's outage is down waste in the syncer's accounting; nothing was dropped.
+  INFO(s["summary"].dump());
+  CHECK(s["summary"]["waste"]["down"].get<double>() > 0);
+  CHECK(s["summary"]["goodput"].get<double>() > 0);
+  CHECK(s["summary"]["goodput"].get<double>() < 1);
   const nlohmann::json& r1 = s["learners"][1]["result"];
   CHECK(r1["start_step"].get<long>() > 0);
   CHECK(r1["snapshots_installed"].get<int>() >= 1);
