@@ -68,6 +68,8 @@ struct Syncer::Impl {
   std::vector<LearnerStatusEntry> learners;  // what each learner last reported
   RoundTimings timings;
   uint64_t welcomes = 0, refusals = 0;
+
+  class Loop;  // Run()'s event loop (below)
 };
 
 namespace {
@@ -220,423 +222,593 @@ void Syncer::RefreshStatus(bool running) {
   status_ = std::move(st);
 }
 
-Status Syncer::Run() {
-  Impl& im = *impl_;
-  const SyncConfig& sc = im.options.sync;
-  const int M = sc.learners;
-  const size_t P = fragments_.size();
-  DecideOptions dopt;
-  dopt.mode = sc.mode;
-  dopt.quorum = EffectiveQuorum(sc);
-  dopt.overlap_steps = sc.overlap;
-  dopt.grace_gamma = sc.grace.gamma;
-  dopt.grace_cap_ms = sc.grace.cap_ms;
-  dopt.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
-  const CodecOptions down_codec{sc.codec.down, sc.codec.block, 0};
+// Run's event loop (CONVENTIONS.md): its state is these members, each message, timer and merge a
+// named method. What outlives it is Impl's (sockets, the round book, the logs) and the Syncer's
+// (Θ, the result, the status copy).
+class Syncer::Impl::Loop {
+ public:
+  explicit Loop(Syncer& syncer);
+  Status Run();
+
+ private:
+  // Timers, once per turn.
+  Status DecideAll(SyncTime now, SyncTime* next_wake);
+  void RecordQuorumTime(const RoundState& rs, int quorum);
+  void RefreshStatusIfDue(SyncTime now);
+  Status PublishStatusIfDue(SyncTime now);
+  bool ShouldLeave() const;
+  // Receiving.
+  Status Receive(SyncTime wake, bool* closed);
+  bool DrainUplink();
+  Status DrainRouter();
+  void HandleUplink(const net::Received& r, SyncTime now);
+  void NoteHeard(int learner, const ParsedMessage& m, SyncTime now);
+  void HandleHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now);
+  void HandleDelta(int learner, const ParsedMessage& m, SyncTime now);
+  void ApplyDrops();
+  Status HandleRouter(const net::Received& r);
+  Status HandleHello(int learner, const std::string& peer, const ParsedMessage& m);
+  WelcomeMsg WelcomeFor(int learner, const ParsedMessage& m) const;
+  Status HandleSnapshotRequest(const std::string& peer, const ParsedMessage& m);
+  // Sending.
+  EnvelopeHeader Header(uint64_t* seq) const;
+  Status PublishStatus();
+  Status Reply(const std::string& peer, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload);
+  // Merging.
+  Status Merge(size_t p, const std::string& reason, double grace_ms);
+  Status Advance(size_t p, const std::vector<float>& update, UpdateRecord* record, std::vector<float>* decoded);
+  Status LogUpdate(size_t p, uint32_t theta_crc, UpdateRecord* record);
+  std::shared_ptr<std::vector<uint8_t>> GlobalPayload(size_t p, std::vector<uint8_t>&& bytes) const;
+  GlobalMsg GlobalOf(size_t p, uint32_t theta_crc, const std::vector<uint64_t>& tensor_bytes) const;
+  void Credit(const std::vector<PendingDelta>& ok, const std::vector<double>& weights, GlobalMsg* g, MergeEvent* ev);
+  Status PublishGlobal(const GlobalMsg& g, std::shared_ptr<std::vector<uint8_t>> payload);
+  void Checkpoint();
+  // The end.
+  Status MergeAllPending();
+  Status SaveFinalState();
+
+  Syncer& syncer_;
+  Impl& im_;
+  GlobalState& state_;
+  SyncerResult& result_;
+  const std::vector<Fragment>& fragments_;
+  const SyncConfig& sc_;
+  const int M_;     // learners
+  const size_t P_;  // fragments
+  DecideOptions dopt_;
+  const CodecOptions down_codec_;
   // Error feedback on the downlink too: what the codec drops from one update of a fragment goes
   // out with its next one, so Θ stays within one message's rounding of the unquantized
   // trajectory. Not checkpointed: a restarted syncer loses at most that one rounding.
-  ErrorFeedback down_ef(down_codec);
-  uint64_t router_seq = 0;
-  auto header = [&](uint64_t* seq) {
-    EnvelopeHeader h;
-    h.job_id = im.options.job_id;
-    h.sender = kSyncerName;
-    h.seq = ++*seq;
-    h.incarnation = im.incarnation;
-    h.sent_unix_ms = (uint64_t)UnixMs();
-    return h;
-  };
-  auto publish_status = [&]() -> Status {
-    SyncerStatusMsg st;
-    for (const auto& f : state_.fragments) st.versions.push_back(f.version);
-    const auto now = Clock::now();
-    for (int l = 0; l < M; l++)
-      if (im.book->Live(l, now)) st.live_learners.push_back(LearnerName(l));
-    st.acks = im.book->Acks();
-    st.merges = state_.merges;
-    st.dropped_deltas = state_.dropped_deltas;
-    const size_t n_drops = std::min<size_t>(im.recent_drops.size(), 1024);
-    st.recent_drops.assign(im.recent_drops.begin(), im.recent_drops.begin() + n_drops);
-    im.recent_drops.erase(im.recent_drops.begin(), im.recent_drops.begin() + n_drops);
-    OutgoingMessage om;
-    DL_RETURN_IF_ERROR(BuildMessage(header(&im.seq), st, {}, &om));
-    result_.bytes_published += om.wire_bytes();
-    net::Message msg = net::ToMessage(std::move(om), nullptr);
-    (void)im.downlink->Publish(im.options.job_id, msg);
-    return Status::Ok();
-  };
-  auto reply = [&](const std::string& peer, const MessageBody& body,
-                   std::shared_ptr<std::vector<uint8_t>> payload) -> Status {
-    OutgoingMessage om;
-    std::span<const uint8_t> bytes;
-    if (payload) bytes = {payload->data(), payload->size()};
-    DL_RETURN_IF_ERROR(BuildMessage(header(&router_seq), body, bytes, &om));
-    result_.bytes_published += om.wire_bytes();
-    net::Message msg = net::ToMessage(std::move(om), payload);
-    (void)im.router->SendTo(peer, msg, 0);  // a peer gone meanwhile: it will ask again
-    return Status::Ok();
-  };
-  const uint64_t fragments_digest = FragmentsDigest(fragments_);
+  ErrorFeedback down_ef_;
+  uint64_t router_seq_ = 0;
+  const uint64_t fragments_digest_;
 
-  // Hello -> Welcome (see the header): layout checks, then wait for the learner's uplink.
-  auto handle_hello = [&](int learner, const std::string& peer, const ParsedMessage& m) -> Status {
-    const HelloMsg& h = *m.get<HelloMsg>();
-    WelcomeMsg w;
-    w.learner = m.header.sender;
-    w.tensor_table_digest = im.table_digest;
-    w.num_params = im.num_params;
-    w.num_fragments = (uint32_t)P;
-    w.fragment_layout_digest = fragments_digest;
-    for (const auto& f : state_.fragments) w.versions.push_back(f.version);
-    w.heartbeat_interval_ms = (uint32_t)im.options.heartbeat_interval_ms;
-    w.heartbeat_timeout_ms = (uint32_t)sc.heartbeat_timeout_ms;
-    auto hex = [](uint64_t v) {
-      char b[24];
-      std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
-      return std::string(b);
-    };
-    if (h.tensor_table_digest != im.table_digest || h.num_params != im.num_params) {
-      w.result = JoinResult::kTableMismatch;
-      w.reason = "model differs: learner has " + std::to_string(h.num_params) + " parameters (table digest " +
-                 hex(h.tensor_table_digest) + "), the syncer " + std::to_string(im.num_params) + " (" +
-                 hex(im.table_digest) + "); use the job's model config";
-    } else if (h.param_dtype != ParamDType::kFp32) {
-      w.result = JoinResult::kDTypeMismatch;
-      w.reason = "the syncer holds fp32 parameters only";
-    } else if (h.num_fragments != P || h.fragment_layout_digest != fragments_digest) {
-      w.result = JoinResult::kLayoutMismatch;
-      w.reason = "fragment layout differs: learner has " + std::to_string(h.num_fragments) + " fragments (" +
-                 hex(h.fragment_layout_digest) + "), the syncer " + std::to_string(P) + " (" + hex(fragments_digest) +
-                 "); use the job's sync.fragments and sync.mode";
-    } else if (!im.book->Heard(learner) || im.book->Incarnation(learner) != m.header.incarnation) {
-      w.result = JoinResult::kBusy;
-      w.reason = "no heartbeat from this incarnation of " + m.header.sender + " on the uplink yet; try again";
-    }
-    if (w.result == JoinResult::kAccepted) {
-      im.welcomes++;
-    } else if (w.result != JoinResult::kBusy) {
-      im.refusals++;
-      std::fprintf(stderr, "syncer: refused %s: %s\n", m.header.sender.c_str(), w.reason.c_str());
-    }
-    DL_RETURN_IF_ERROR(reply(peer, w, nullptr));
-    if (w.result == JoinResult::kAccepted) DL_RETURN_IF_ERROR(publish_status());
-    return Status::Ok();
-  };
+  bool status_due_ = false;  // publish a SyncerStatus at the next turn of the loop
+  Clock::time_point last_message_ = Clock::now();
+  Clock::time_point last_status_ = Clock::now();
+  Clock::time_point last_refresh_ = Clock::now() - std::chrono::hours(1);
+  std::vector<net::Socket*> sockets_;
+  std::vector<bool> ready_;
+};
 
-  // SnapshotRequest -> one Snapshot part per fragment, all cut at the same versions.
-  auto handle_snapshot_request = [&](const std::string& peer, const ParsedMessage& m) -> Status {
-    const SnapshotRequestMsg& rq = *m.get<SnapshotRequestMsg>();
-    std::vector<uint32_t> wanted = rq.fragments;
-    if (wanted.empty())
-      for (uint32_t p = 0; p < P; p++) wanted.push_back(p);
-    wanted.erase(std::remove_if(wanted.begin(), wanted.end(), [&](uint32_t p) { return p >= P; }), wanted.end());
-    if (wanted.empty()) return Status::Ok();
-    std::vector<uint64_t> versions;
-    for (const auto& f : state_.fragments) versions.push_back(f.version);
-    const uint64_t snapshot_id = ++im.snapshot_ids;
-    const CodecOptions fp32{CodecKind::kFp32, sc.codec.block, 0};
-    for (size_t i = 0; i < wanted.size(); i++) {
-      const uint32_t p = wanted[i];
-      const FragmentGlobal& fg = state_.fragments[p];
-      auto payload = std::make_shared<std::vector<uint8_t>>();
-      std::vector<uint64_t> tensor_bytes;
-      DL_RETURN_IF_ERROR(EncodeTensors(fp32, fg.theta, FragmentNumels(fragments_[p]), payload.get(), &tensor_bytes));
-      SnapshotMsg sm;
-      sm.request_id = rq.request_id;
-      sm.snapshot_id = snapshot_id;
-      sm.part = (uint32_t)i;
-      sm.num_parts = (uint32_t)wanted.size();
-      sm.fragment = p;
-      sm.version = fg.version;
-      sm.fragment_crc32c = Crc32c(fg.theta.data(), fg.theta.size() * sizeof(float));
-      sm.versions = versions;
-      sm.payload = FragmentPayloadInfo(fragments_[p], CodecKind::kFp32, sc.codec.block, tensor_bytes);
-      DL_RETURN_IF_ERROR(reply(peer, sm, payload));
-    }
-    result_.snapshots_served++;
-    return Status::Ok();
-  };
+Syncer::Impl::Loop::Loop(Syncer& syncer)
+    : syncer_(syncer),
+      im_(*syncer.impl_),
+      state_(syncer.state_),
+      result_(syncer.result_),
+      fragments_(syncer.fragments_),
+      sc_(im_.options.sync),
+      M_(sc_.learners),
+      P_(fragments_.size()),
+      down_codec_{sc_.codec.down, sc_.codec.block, 0},
+      down_ef_(down_codec_),
+      fragments_digest_(FragmentsDigest(fragments_)) {
+  dopt_.mode = sc_.mode;
+  dopt_.quorum = EffectiveQuorum(sc_);
+  dopt_.overlap_steps = sc_.overlap;
+  dopt_.grace_gamma = sc_.grace.gamma;
+  dopt_.grace_cap_ms = sc_.grace.cap_ms;
+  dopt_.heartbeat_timeout_ms = sc_.heartbeat_timeout_ms;
+  sockets_.push_back(&im_.uplink->socket());
+  if (im_.router) sockets_.push_back(&im_.router->socket());
+}
 
-  // Deltas that will not be merged (the book's drops): logged with the next merge of their
-  // fragment, counted in the ledger, and (tell_learner) named in the next SyncerStatus so their
-  // learner stops waiting for them.
-  auto apply_drops = [&] {
-    for (DeltaDrop& d : im.book->TakeDrops()) {
-      if (d.tell_learner) im.recent_drops.push_back({LearnerName(d.learner), d.fragment, d.base_version, d.why});
-      LedgerEntry& le = LedgerFor(&state_, d.learner);
-      if (d.rejected) {
-        le.rejected++;
-        state_.rejected_deltas++;
-      } else {
-        le.dropped++;
-        state_.dropped_deltas++;
-      }
-      if (d.fragment < P)
-        im.skipped[d.fragment].push_back({d.learner, std::move(d.why), std::move(d.detail), d.tokens});
-    }
-  };
+Status Syncer::Run() {
+  Impl::Loop loop(*this);
+  return loop.Run();
+}
 
-  auto handle_delta = [&](int learner, const ParsedMessage& m, SyncTime now) {
-    const DeltaMsg& d = *m.get<DeltaMsg>();
-    if (d.fragment >= P) {
-      LedgerFor(&state_, learner).rejected++;
-      state_.rejected_deltas++;
-      return;
-    }
-    DeltaArrival a;
-    a.learner = learner;
-    a.fragment = d.fragment;
-    a.base_version = d.base_version;
-    a.c_steps = d.c_steps;
-    a.c_tokens = d.c_tokens;
-    a.learner_step = d.learner_step;
-    if (Status st = DecodeFragmentPayload(fragments_[d.fragment], d.payload, m, &a.delta); !st.ok()) {
-      im.book->Reject(learner, d.fragment, d.base_version, "bad_payload", st.message());
-    } else if (im.options.reject_delta && im.options.reject_delta(learner, d.fragment)) {
-      im.book->Reject(learner, d.fragment, d.base_version, "test_rejected", "rejected by the test hook");
-    } else {
-      im.book->Admit(std::move(a), state_.fragments[d.fragment].version, now);
-    }
-    apply_drops();
-  };
-
-  // A checkpoint off the merge path: a copy of the state goes to the writer's thread (skipped
-  // while the previous one is still being written); the log segment it covers is dropped once
-  // the file is durable.
-  auto checkpoint = [&] {
-    if (im.state_writer->busy()) return;
-    if (!im.update_log->HasPrevious()) {
-      if (Status st = im.update_log->Rotate(); !st.ok()) {
-        std::fprintf(stderr, "syncer: skipping a checkpoint: %s\n", st.message().c_str());
-        return;
-      }
-    }
-    UpdateLog* log = im.update_log.get();
-    im.state_writer->Submit(state_, [log](Status st) {
-      if (st.ok()) (void)log->DropPrevious();
-      else std::fprintf(stderr, "syncer: checkpoint failed (the update log keeps everything): %s\n", st.message().c_str());
-    });
-  };
-
-  auto merge = [&](size_t p, const std::string& reason, double grace_ms) -> Status {
-    const auto t0 = Clock::now();
-    FragmentGlobal& fg = state_.fragments[p];
-    // Fresh deltas in learner order (not arrival order: the merge's sums, the Global's
-    // contributor list and the event are the same whichever delta came first).
-    const std::vector<PendingDelta> ok = im.book->TakeForMerge((uint32_t)p, fg.version);
-    apply_drops();
-    if (ok.empty()) return Status::Ok();
-    std::vector<Contribution> contributions;
-    for (const auto& pd : ok) contributions.push_back({pd.learner, pd.counts, pd.delta.data()});
-    const Fragment& frag = fragments_[p];
-    const size_t n = frag.numel;
-    std::vector<float> merged(n), update(n), decoded(n);
-    std::vector<double> weights;
-    DL_RETURN_IF_ERROR(MergeContributions(frag, &contributions, sc.weighting, sc.merge, merged.data(), &weights));
-    OuterNesterovUpdate(merged.data(), n, sc.outer.lr, sc.outer.momentum, fg.momentum.data(), update.data());
-    const std::vector<uint64_t> numels = FragmentNumels(frag);
-    UpdateRecord record;
-    DL_RETURN_IF_ERROR(down_ef.Encode((uint32_t)p, update, numels, &record.payload, &record.tensor_bytes)
-                           .WithContext("syncer: encoding the update of fragment " + std::to_string(p)));
-    DL_RETURN_IF_ERROR(DecodeTensors(down_codec, record.payload, numels, record.tensor_bytes, decoded));
-    ApplyUpdate(decoded.data(), n, fg.theta.data());
-    fg.version++;
-    result_.versions[p] = fg.version;
-    state_.merges++;
-    const uint32_t theta_crc = Crc32c(fg.theta.data(), n * sizeof(float));
-    if (im.update_log) {
-      // Durable before it is published: a syncer killed after this point comes back at this version.
-      record.fragment = (uint32_t)p;
-      record.version = fg.version;
-      record.theta_crc32c = theta_crc;
-      record.codec = down_codec;
-      DL_RETURN_IF_ERROR(im.update_log->Append(record).WithContext("syncer: logging version " +
-                                                                   std::to_string(fg.version) + " of fragment " +
-                                                                   std::to_string(p)));
-    }
-    const std::vector<uint64_t> tensor_bytes = record.tensor_bytes;
-    auto payload = std::make_shared<std::vector<uint8_t>>(std::move(record.payload));
-    if (im.options.nan_global_update && im.options.nan_global_update((uint32_t)p, fg.version) &&
-        down_codec.kind == CodecKind::kFp32 && payload->size() >= sizeof(float)) {
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      std::memcpy(payload->data(), &nan, sizeof nan);
-    }
-
-    GlobalMsg g;
-    g.fragment = (uint32_t)p;
-    g.version = fg.version;
-    g.base_version = fg.version - 1;
-    g.is_full = false;
-    g.fragment_crc32c = theta_crc;
-    if (im.options.corrupt_global_crc && im.options.corrupt_global_crc((uint32_t)p, fg.version)) g.fragment_crc32c ^= 1;
-    g.payload = FragmentPayloadInfo(frag, down_codec.kind, down_codec.block_size, tensor_bytes);
-    MergeEvent ev;
-    ev.time_ms = UnixMs();
-    ev.fragment = (int)p;
-    ev.version = fg.version;
-    ev.reason = reason;
-    ev.grace_ms = grace_ms;
-    ev.delta_norm = L2(merged.data(), n);
-    ev.update_norm = L2(decoded.data(), n);
-    for (size_t i = 0; i < ok.size(); i++) {
-      const auto& pd = ok[i];
-      g.contributors.push_back({LearnerName(pd.learner), pd.base_version, (uint64_t)pd.counts.steps,
-                                (uint64_t)pd.counts.tokens, (float)weights[i]});
-      ev.contributors.push_back({pd.learner, weights[i], fg.version - 1 - pd.base_version, pd.base_version,
-                                 pd.counts.tokens, pd.counts.steps});
-      LedgerEntry& le = LedgerFor(&state_, pd.learner);
-      le.tokens += (uint64_t)pd.counts.tokens;
-      le.steps += (uint64_t)pd.counts.steps;
-      le.merged++;
-    }
-    ev.skipped = std::move(im.skipped[p]);
-    im.skipped[p].clear();
-
-    OutgoingMessage om;
-    DL_RETURN_IF_ERROR(BuildMessage(header(&im.seq), g, *payload, &om));
-    result_.bytes_published += om.wire_bytes();
-    net::Message msg = net::ToMessage(std::move(om), payload);
-    (void)im.downlink->Publish(im.options.job_id, msg);
-    if (im.have_events) DL_RETURN_IF_ERROR(im.events.Append(ev));
-    if (im.state_writer && sc.checkpoint_every > 0 && state_.merges % sc.checkpoint_every == 0) checkpoint();
-    im.timings.sync_ms.Add(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    return Status::Ok();
-  };
-
-  auto decide_all = [&](SyncTime now, SyncTime* next_wake) -> Status {
-    for (size_t p = 0; p < P; p++) {
-      if (!im.book->HasPending((uint32_t)p)) continue;
-      const RoundState rs = im.book->Round((uint32_t)p, now, im.timings);
-      const Decision d = Decide(now, rs, dopt);
-      if (d.action == DecideAction::kMerge) {
-        // ξ_quorum: round open (first arrival) -> the arrival that made the quorum.
-        std::vector<SyncTime> at;
-        for (const LearnerPresence& lp : rs.learners)
-          if (lp.contributed_at) at.push_back(*lp.contributed_at);
-        std::sort(at.begin(), at.end());
-        const size_t k = std::min(at.size(), (size_t)std::max(1, d.quorum)) - 1;
-        im.timings.quorum_ms.Add(std::chrono::duration<double, std::milli>(at[k] - at[0]).count());
-        DL_RETURN_IF_ERROR(merge(p, ToString(d.reason), d.grace_ms));
-      } else {
-        *next_wake = std::min(*next_wake, d.wait_until);
-      }
-    }
-    return Status::Ok();
-  };
-
-  bool status_due = false;  // publish a SyncerStatus at the next turn of the loop
-  // One uplink message: liveness, heartbeats, deltas (the main stream or the liveness stream).
-  auto handle_uplink = [&](const net::Received& r, SyncTime now) {
-    const ParsedMessage& m = *im.parsed;
-    result_.bytes_received += m.wire_bytes;
-    const int learner = LearnerIndexOf(m.header.sender);
-    if (learner < 0 || learner >= M) return;
-    LearnerStatusEntry& ls = im.learners[learner];
-    ls.heard = true;
-    ls.last_heard_unix_ms = UnixMs();
-    if (im.book->OnHeard(learner, m.header.incarnation, now)) {
-      // A new incarnation (a restart): waited for again until it says otherwise.
-      ls = LearnerStatusEntry();
-      ls.learner = learner;
-      ls.heard = true;
-      ls.last_heard_unix_ms = UnixMs();
-      ls.incarnation = m.header.incarnation;
-    }
-    if (r.topic == im.options.job_id) {
-      im.book->OnStreamSeq(learner, m.header.seq);
-      // A gap in a learner's main stream may be a lost delta: the next status (now) tells it.
-      if (r.seq.verdict == net::SeqVerdict::kGap) status_due = true;
-    }
-    if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
-      if (hb->step_time_ms > 0) im.timings.step_ms.Add(hb->step_time_ms);
-      im.book->OnHeartbeat(learner, *hb, now);
-      if (hb->step >= ls.step) {  // the liveness stream may deliver an older beat late
-        ls.state = hb->state;
-        ls.step = hb->step;
-        ls.tokens = hb->tokens;
-        ls.loss = hb->loss;
-        ls.tokens_per_s = hb->tokens_per_s;
-        ls.step_time_ms = hb->step_time_ms;
-      }
-    } else if (const DeltaMsg* d = m.get<DeltaMsg>()) {
-      im.book->OnDeltaSeen(learner, d->fragment);
-      handle_delta(learner, m, now);
-    }
-  };
-  auto handle_router = [&](const net::Received& r) -> Status {
-    const ParsedMessage& m = *im.router_parsed;
-    result_.bytes_received += m.wire_bytes;
-    const int learner = LearnerIndexOf(m.header.sender);
-    if (learner < 0 || learner >= M) return Status::Ok();
-    if (m.get<HelloMsg>()) return handle_hello(learner, r.peer, m);
-    if (m.get<SnapshotRequestMsg>()) return handle_snapshot_request(r.peer, m);
-    return Status::Ok();
-  };
-
-  auto last_message = Clock::now();
-  auto last_status = Clock::now();
-  auto last_refresh = Clock::now() - std::chrono::hours(1);
-  net::Received r;
-  std::vector<net::Socket*> sockets{&im.uplink->socket()};
-  if (im.router) sockets.push_back(&im.router->socket());
-  std::vector<bool> ready;
+Status Syncer::Impl::Loop::Run() {
   for (;;) {
-    if (abort_) return Status::Ok();
-    SyncTime now = Clock::now();
+    if (syncer_.abort_) return Status::Ok();
+    const SyncTime now = Clock::now();
     SyncTime wake = now + std::chrono::milliseconds(20);
-    DL_RETURN_IF_ERROR(decide_all(now, &wake));
-    if (now - last_refresh >= std::chrono::milliseconds(50)) {
-      RefreshStatus(true);
-      last_refresh = now;
-    }
-    if (status_due || !im.recent_drops.empty() || (im.options.status_interval_ms > 0 &&
-                                     now - last_status >= std::chrono::milliseconds(im.options.status_interval_ms))) {
-      DL_RETURN_IF_ERROR(publish_status());
-      last_status = now;
-      status_due = false;
-    }
-    if (im.book->AllDone() && im.options.exit_when_all_finished) break;
-    if (stop_ && Clock::now() - last_message > std::chrono::milliseconds(im.options.idle_exit_ms)) break;
-    now = Clock::now();
-    const int timeout_ms =
-        wake <= now ? 0 : (int)std::min<int64_t>(20, std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1);
-    if (!net::PollReadable(sockets, timeout_ms, &ready)) continue;
-    // Drain a bounded batch from each socket, then decide again.
+    DL_RETURN_IF_ERROR(DecideAll(now, &wake));
+    RefreshStatusIfDue(now);
+    DL_RETURN_IF_ERROR(PublishStatusIfDue(now));
+    if (ShouldLeave()) break;
     bool closed = false;
-    for (int i = 0; i < 256; i++) {
-      const net::RecvResult rr = im.uplink->Receive(&r, 0);
-      closed = rr == net::RecvResult::kClosed;
-      if (rr != net::RecvResult::kMessage) break;
-      now = Clock::now();
-      last_message = now;
-      handle_uplink(r, now);
-    }
-    if (im.router) {
-      for (int i = 0; i < 64; i++) {
-        const net::RecvResult rr = im.router->Receive(&r, 0);
-        if (rr != net::RecvResult::kMessage) break;
-        last_message = Clock::now();
-        DL_RETURN_IF_ERROR(handle_router(r));
-      }
-    }
+    DL_RETURN_IF_ERROR(Receive(wake, &closed));
     if (closed) break;
   }
-  // Flush: whatever is still pending is merged now (the run is over).
-  for (size_t p = 0; p < P; p++)
-    if (im.book->HasPending((uint32_t)p)) DL_RETURN_IF_ERROR(merge(p, "flush", 0));
-  if (im.state_writer) {
-    (void)im.state_writer->Wait();
-    DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, state_));
-    // The final state covers every logged update.
-    if (!im.update_log->HasPrevious()) DL_RETURN_IF_ERROR(im.update_log->Rotate());
-    DL_RETURN_IF_ERROR(im.update_log->DropPrevious());
-  }
+  DL_RETURN_IF_ERROR(MergeAllPending());
+  DL_RETURN_IF_ERROR(SaveFinalState());
   result_.merges = state_.merges;
   result_.dropped_deltas = state_.dropped_deltas;
   result_.rejected_deltas = state_.rejected_deltas;
-  RefreshStatus(false);
+  syncer_.RefreshStatus(false);
   return Status::Ok();
+}
+
+Status Syncer::Impl::Loop::DecideAll(SyncTime now, SyncTime* next_wake) {
+  for (size_t p = 0; p < P_; p++) {
+    if (!im_.book->HasPending((uint32_t)p)) continue;
+    const RoundState rs = im_.book->Round((uint32_t)p, now, im_.timings);
+    const Decision d = Decide(now, rs, dopt_);
+    if (d.action == DecideAction::kMerge) {
+      RecordQuorumTime(rs, d.quorum);
+      DL_RETURN_IF_ERROR(Merge(p, ToString(d.reason), d.grace_ms));
+    } else {
+      *next_wake = std::min(*next_wake, d.wait_until);
+    }
+  }
+  return Status::Ok();
+}
+
+// ξ_quorum: round open (first arrival) -> the arrival that made the quorum.
+void Syncer::Impl::Loop::RecordQuorumTime(const RoundState& rs, int quorum) {
+  std::vector<SyncTime> at;
+  for (const LearnerPresence& lp : rs.learners)
+    if (lp.contributed_at) at.push_back(*lp.contributed_at);
+  std::sort(at.begin(), at.end());
+  const size_t k = std::min(at.size(), (size_t)std::max(1, quorum)) - 1;
+  im_.timings.quorum_ms.Add(std::chrono::duration<double, std::milli>(at[k] - at[0]).count());
+}
+
+void Syncer::Impl::Loop::RefreshStatusIfDue(SyncTime now) {
+  if (now - last_refresh_ < std::chrono::milliseconds(50)) return;
+  syncer_.RefreshStatus(true);
+  last_refresh_ = now;
+}
+
+Status Syncer::Impl::Loop::PublishStatusIfDue(SyncTime now) {
+  if (status_due_ || !im_.recent_drops.empty() ||
+      (im_.options.status_interval_ms > 0 &&
+       now - last_status_ >= std::chrono::milliseconds(im_.options.status_interval_ms))) {
+    DL_RETURN_IF_ERROR(PublishStatus());
+    last_status_ = now;
+    status_due_ = false;
+  }
+  return Status::Ok();
+}
+
+// Every learner finished (local mode), or RequestStop and a quiet uplink.
+bool Syncer::Impl::Loop::ShouldLeave() const {
+  if (im_.book->AllDone() && im_.options.exit_when_all_finished) return true;
+  return syncer_.stop_ && Clock::now() - last_message_ > std::chrono::milliseconds(im_.options.idle_exit_ms);
+}
+
+// Waits until wake (20 ms at most) for a message. *closed: the uplink closed.
+Status Syncer::Impl::Loop::Receive(SyncTime wake, bool* closed) {
+  const SyncTime now = Clock::now();
+  const int64_t to_wake_ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
+  const int timeout_ms = wake <= now ? 0 : (int)std::min<int64_t>(20, to_wake_ms + 1);
+  if (!net::PollReadable(sockets_, timeout_ms, &ready_)) return Status::Ok();
+  // Drain a bounded batch from each socket, then decide again.
+  *closed = DrainUplink();
+  return DrainRouter();
+}
+
+// True when the uplink closed.
+bool Syncer::Impl::Loop::DrainUplink() {
+  net::Received r;
+  bool closed = false;
+  for (int i = 0; i < 256; i++) {
+    const net::RecvResult rr = im_.uplink->Receive(&r, 0);
+    closed = rr == net::RecvResult::kClosed;
+    if (rr != net::RecvResult::kMessage) break;
+    const SyncTime now = Clock::now();
+    last_message_ = now;
+    HandleUplink(r, now);
+  }
+  return closed;
+}
+
+Status Syncer::Impl::Loop::DrainRouter() {
+  if (!im_.router) return Status::Ok();
+  net::Received r;
+  for (int i = 0; i < 64; i++) {
+    const net::RecvResult rr = im_.router->Receive(&r, 0);
+    if (rr != net::RecvResult::kMessage) break;
+    last_message_ = Clock::now();
+    DL_RETURN_IF_ERROR(HandleRouter(r));
+  }
+  return Status::Ok();
+}
+
+// One uplink message: liveness, heartbeats, deltas (the main stream or the liveness stream).
+void Syncer::Impl::Loop::HandleUplink(const net::Received& r, SyncTime now) {
+  const ParsedMessage& m = *im_.parsed;
+  result_.bytes_received += m.wire_bytes;
+  const int learner = LearnerIndexOf(m.header.sender);
+  if (learner < 0 || learner >= M_) return;
+  NoteHeard(learner, m, now);
+  if (r.topic == im_.options.job_id) {
+    im_.book->OnStreamSeq(learner, m.header.seq);
+    // A gap in a learner's main stream may be a lost delta: the next status (now) tells it.
+    if (r.seq.verdict == net::SeqVerdict::kGap) status_due_ = true;
+  }
+  if (const HeartbeatMsg* hb = m.get<HeartbeatMsg>()) {
+    HandleHeartbeat(learner, *hb, now);
+  } else if (const DeltaMsg* d = m.get<DeltaMsg>()) {
+    im_.book->OnDeltaSeen(learner, d->fragment);
+    HandleDelta(learner, m, now);
+  }
+}
+
+void Syncer::Impl::Loop::NoteHeard(int learner, const ParsedMessage& m, SyncTime now) {
+  LearnerStatusEntry& ls = im_.learners[learner];
+  ls.heard = true;
+  ls.last_heard_unix_ms = UnixMs();
+  if (im_.book->OnHeard(learner, m.header.incarnation, now)) {
+    // A new incarnation (a restart): waited for again until it says otherwise.
+    ls = LearnerStatusEntry();
+    ls.learner = learner;
+    ls.heard = true;
+    ls.last_heard_unix_ms = UnixMs();
+    ls.incarnation = m.header.incarnation;
+  }
+}
+
+void Syncer::Impl::Loop::HandleHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now) {
+  LearnerStatusEntry& ls = im_.learners[learner];
+  if (hb.step_time_ms > 0) im_.timings.step_ms.Add(hb.step_time_ms);
+  im_.book->OnHeartbeat(learner, hb, now);
+  if (hb.step >= ls.step) {  // the liveness stream may deliver an older beat late
+    ls.state = hb.state;
+    ls.step = hb.step;
+    ls.tokens = hb.tokens;
+    ls.loss = hb.loss;
+    ls.tokens_per_s = hb.tokens_per_s;
+    ls.step_time_ms = hb.step_time_ms;
+  }
+}
+
+void Syncer::Impl::Loop::HandleDelta(int learner, const ParsedMessage& m, SyncTime now) {
+  const DeltaMsg& d = *m.get<DeltaMsg>();
+  if (d.fragment >= P_) {
+    LedgerFor(&state_, learner).rejected++;
+    state_.rejected_deltas++;
+    return;
+  }
+  DeltaArrival a;
+  a.learner = learner;
+  a.fragment = d.fragment;
+  a.base_version = d.base_version;
+  a.c_steps = d.c_steps;
+  a.c_tokens = d.c_tokens;
+  a.learner_step = d.learner_step;
+  if (Status st = DecodeFragmentPayload(fragments_[d.fragment], d.payload, m, &a.delta); !st.ok()) {
+    im_.book->Reject(learner, d.fragment, d.base_version, "bad_payload", st.message());
+  } else if (im_.options.reject_delta && im_.options.reject_delta(learner, d.fragment)) {
+    im_.book->Reject(learner, d.fragment, d.base_version, "test_rejected", "rejected by the test hook");
+  } else {
+    im_.book->Admit(std::move(a), state_.fragments[d.fragment].version, now);
+  }
+  ApplyDrops();
+}
+
+// Deltas that will not be merged (the book's drops): logged with the next merge of their
+// fragment, counted in the ledger, and (tell_learner) named in the next SyncerStatus so their
+// learner stops waiting for them.
+void Syncer::Impl::Loop::ApplyDrops() {
+  for (DeltaDrop& d : im_.book->TakeDrops()) {
+    if (d.tell_learner) im_.recent_drops.push_back({LearnerName(d.learner), d.fragment, d.base_version, d.why});
+    LedgerEntry& le = LedgerFor(&state_, d.learner);
+    if (d.rejected) {
+      le.rejected++;
+      state_.rejected_deltas++;
+    } else {
+      le.dropped++;
+      state_.dropped_deltas++;
+    }
+    if (d.fragment < P_)
+      im_.skipped[d.fragment].push_back({d.learner, std::move(d.why), std::move(d.detail), d.tokens});
+  }
+}
+
+Status Syncer::Impl::Loop::HandleRouter(const net::Received& r) {
+  const ParsedMessage& m = *im_.router_parsed;
+  result_.bytes_received += m.wire_bytes;
+  const int learner = LearnerIndexOf(m.header.sender);
+  if (learner < 0 || learner >= M_) return Status::Ok();
+  if (m.get<HelloMsg>()) return HandleHello(learner, r.peer, m);
+  if (m.get<SnapshotRequestMsg>()) return HandleSnapshotRequest(r.peer, m);
+  return Status::Ok();
+}
+
+// Hello -> Welcome (see the header): layout checks, then wait for the learner's uplink.
+Status Syncer::Impl::Loop::HandleHello(int learner, const std::string& peer, const ParsedMessage& m) {
+  const WelcomeMsg w = WelcomeFor(learner, m);
+  if (w.result == JoinResult::kAccepted) {
+    im_.welcomes++;
+  } else if (w.result != JoinResult::kBusy) {
+    im_.refusals++;
+    std::fprintf(stderr, "syncer: refused %s: %s\n", m.header.sender.c_str(), w.reason.c_str());
+  }
+  DL_RETURN_IF_ERROR(Reply(peer, w, nullptr));
+  if (w.result == JoinResult::kAccepted) DL_RETURN_IF_ERROR(PublishStatus());
+  return Status::Ok();
+}
+
+WelcomeMsg Syncer::Impl::Loop::WelcomeFor(int learner, const ParsedMessage& m) const {
+  const HelloMsg& h = *m.get<HelloMsg>();
+  WelcomeMsg w;
+  w.learner = m.header.sender;
+  w.tensor_table_digest = im_.table_digest;
+  w.num_params = im_.num_params;
+  w.num_fragments = (uint32_t)P_;
+  w.fragment_layout_digest = fragments_digest_;
+  for (const auto& f : state_.fragments) w.versions.push_back(f.version);
+  w.heartbeat_interval_ms = (uint32_t)im_.options.heartbeat_interval_ms;
+  w.heartbeat_timeout_ms = (uint32_t)sc_.heartbeat_timeout_ms;
+  auto hex = [](uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    return std::string(b);
+  };
+  if (h.tensor_table_digest != im_.table_digest || h.num_params != im_.num_params) {
+    w.result = JoinResult::kTableMismatch;
+    w.reason = "model differs: learner has " + std::to_string(h.num_params) + " parameters (table digest " +
+               hex(h.tensor_table_digest) + "), the syncer " + std::to_string(im_.num_params) + " (" +
+               hex(im_.table_digest) + "); use the job's model config";
+  } else if (h.param_dtype != ParamDType::kFp32) {
+    w.result = JoinResult::kDTypeMismatch;
+    w.reason = "the syncer holds fp32 parameters only";
+  } else if (h.num_fragments != P_ || h.fragment_layout_digest != fragments_digest_) {
+    w.result = JoinResult::kLayoutMismatch;
+    w.reason = "fragment layout differs: learner has " + std::to_string(h.num_fragments) + " fragments (" +
+               hex(h.fragment_layout_digest) + "), the syncer " + std::to_string(P_) + " (" +
+               hex(fragments_digest_) + "); use the job's sync.fragments and sync.mode";
+  } else if (!im_.book->Heard(learner) || im_.book->Incarnation(learner) != m.header.incarnation) {
+    w.result = JoinResult::kBusy;
+    w.reason = "no heartbeat from this incarnation of " + m.header.sender + " on the uplink yet; try again";
+  }
+  return w;
+}
+
+// SnapshotRequest -> one Snapshot part per fragment, all cut at the same versions.
+Status Syncer::Impl::Loop::HandleSnapshotRequest(const std::string& peer, const ParsedMessage& m) {
+  const SnapshotRequestMsg& rq = *m.get<SnapshotRequestMsg>();
+  std::vector<uint32_t> wanted = rq.fragments;
+  if (wanted.empty())
+    for (uint32_t p = 0; p < P_; p++) wanted.push_back(p);
+  wanted.erase(std::remove_if(wanted.begin(), wanted.end(), [&](uint32_t p) { return p >= P_; }), wanted.end());
+  if (wanted.empty()) return Status::Ok();
+  std::vector<uint64_t> versions;
+  for (const auto& f : state_.fragments) versions.push_back(f.version);
+  const uint64_t snapshot_id = ++im_.snapshot_ids;
+  const CodecOptions fp32{CodecKind::kFp32, sc_.codec.block, 0};
+  for (size_t i = 0; i < wanted.size(); i++) {
+    const uint32_t p = wanted[i];
+    const FragmentGlobal& fg = state_.fragments[p];
+    auto payload = std::make_shared<std::vector<uint8_t>>();
+    std::vector<uint64_t> tensor_bytes;
+    DL_RETURN_IF_ERROR(EncodeTensors(fp32, fg.theta, FragmentNumels(fragments_[p]), payload.get(), &tensor_bytes));
+    SnapshotMsg sm;
+    sm.request_id = rq.request_id;
+    sm.snapshot_id = snapshot_id;
+    sm.part = (uint32_t)i;
+    sm.num_parts = (uint32_t)wanted.size();
+    sm.fragment = p;
+    sm.version = fg.version;
+    sm.fragment_crc32c = Crc32c(fg.theta.data(), fg.theta.size() * sizeof(float));
+    sm.versions = versions;
+    sm.payload = FragmentPayloadInfo(fragments_[p], CodecKind::kFp32, sc_.codec.block, tensor_bytes);
+    DL_RETURN_IF_ERROR(Reply(peer, sm, payload));
+  }
+  result_.snapshots_served++;
+  return Status::Ok();
+}
+
+EnvelopeHeader Syncer::Impl::Loop::Header(uint64_t* seq) const {
+  EnvelopeHeader h;
+  h.job_id = im_.options.job_id;
+  h.sender = kSyncerName;
+  h.seq = ++*seq;
+  h.incarnation = im_.incarnation;
+  h.sent_unix_ms = (uint64_t)UnixMs();
+  return h;
+}
+
+Status Syncer::Impl::Loop::PublishStatus() {
+  SyncerStatusMsg st;
+  for (const auto& f : state_.fragments) st.versions.push_back(f.version);
+  const auto now = Clock::now();
+  for (int l = 0; l < M_; l++)
+    if (im_.book->Live(l, now)) st.live_learners.push_back(LearnerName(l));
+  st.acks = im_.book->Acks();
+  st.merges = state_.merges;
+  st.dropped_deltas = state_.dropped_deltas;
+  const size_t n_drops = std::min<size_t>(im_.recent_drops.size(), 1024);
+  st.recent_drops.assign(im_.recent_drops.begin(), im_.recent_drops.begin() + n_drops);
+  im_.recent_drops.erase(im_.recent_drops.begin(), im_.recent_drops.begin() + n_drops);
+  OutgoingMessage om;
+  DL_RETURN_IF_ERROR(BuildMessage(Header(&im_.seq), st, {}, &om));
+  result_.bytes_published += om.wire_bytes();
+  net::Message msg = net::ToMessage(std::move(om), nullptr);
+  (void)im_.downlink->Publish(im_.options.job_id, msg);
+  return Status::Ok();
+}
+
+Status Syncer::Impl::Loop::Reply(const std::string& peer, const MessageBody& body,
+                                 std::shared_ptr<std::vector<uint8_t>> payload) {
+  OutgoingMessage om;
+  std::span<const uint8_t> bytes;
+  if (payload) bytes = {payload->data(), payload->size()};
+  DL_RETURN_IF_ERROR(BuildMessage(Header(&router_seq_), body, bytes, &om));
+  result_.bytes_published += om.wire_bytes();
+  net::Message msg = net::ToMessage(std::move(om), payload);
+  (void)im_.router->SendTo(peer, msg, 0);  // a peer gone meanwhile: it will ask again
+  return Status::Ok();
+}
+
+Status Syncer::Impl::Loop::Merge(size_t p, const std::string& reason, double grace_ms) {
+  const auto t0 = Clock::now();
+  FragmentGlobal& fg = state_.fragments[p];
+  // Fresh deltas in learner order (not arrival order: the merge's sums, the Global's
+  // contributor list and the event are the same whichever delta came first).
+  const std::vector<PendingDelta> ok = im_.book->TakeForMerge((uint32_t)p, fg.version);
+  ApplyDrops();
+  if (ok.empty()) return Status::Ok();
+  std::vector<Contribution> contributions;
+  for (const auto& pd : ok) contributions.push_back({pd.learner, pd.counts, pd.delta.data()});
+  const Fragment& frag = fragments_[p];
+  const size_t n = frag.numel;
+  std::vector<float> merged(n), update(n), decoded(n);
+  std::vector<double> weights;
+  DL_RETURN_IF_ERROR(MergeContributions(frag, &contributions, sc_.weighting, sc_.merge, merged.data(), &weights));
+  OuterNesterovUpdate(merged.data(), n, sc_.outer.lr, sc_.outer.momentum, fg.momentum.data(), update.data());
+  UpdateRecord record;
+  DL_RETURN_IF_ERROR(Advance(p, update, &record, &decoded));
+  const uint32_t theta_crc = Crc32c(fg.theta.data(), n * sizeof(float));
+  DL_RETURN_IF_ERROR(LogUpdate(p, theta_crc, &record));
+  const std::vector<uint64_t> tensor_bytes = record.tensor_bytes;
+  auto payload = GlobalPayload(p, std::move(record.payload));
+
+  GlobalMsg g = GlobalOf(p, theta_crc, tensor_bytes);
+  MergeEvent ev;
+  ev.time_ms = UnixMs();
+  ev.fragment = (int)p;
+  ev.version = fg.version;
+  ev.reason = reason;
+  ev.grace_ms = grace_ms;
+  ev.delta_norm = L2(merged.data(), n);
+  ev.update_norm = L2(decoded.data(), n);
+  Credit(ok, weights, &g, &ev);
+  ev.skipped = std::move(im_.skipped[p]);
+  im_.skipped[p].clear();
+
+  DL_RETURN_IF_ERROR(PublishGlobal(g, payload));
+  if (im_.have_events) DL_RETURN_IF_ERROR(im_.events.Append(ev));
+  if (im_.state_writer && sc_.checkpoint_every > 0 && state_.merges % sc_.checkpoint_every == 0) Checkpoint();
+  im_.timings.sync_ms.Add(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  return Status::Ok();
+}
+
+// The next version of fragment p: the update goes through the downlink codec (with error
+// feedback) into *record, and Θ_p moves by exactly the decoded update (*decoded), what every
+// learner applies.
+Status Syncer::Impl::Loop::Advance(size_t p, const std::vector<float>& update, UpdateRecord* record,
+                                   std::vector<float>* decoded) {
+  FragmentGlobal& fg = state_.fragments[p];
+  const std::vector<uint64_t> numels = FragmentNumels(fragments_[p]);
+  DL_RETURN_IF_ERROR(down_ef_.Encode((uint32_t)p, update, numels, &record->payload, &record->tensor_bytes)
+                         .WithContext("syncer: encoding the update of fragment " + std::to_string(p)));
+  DL_RETURN_IF_ERROR(DecodeTensors(down_codec_, record->payload, numels, record->tensor_bytes, *decoded));
+  ApplyUpdate(decoded->data(), fragments_[p].numel, fg.theta.data());
+  fg.version++;
+  result_.versions[p] = fg.version;
+  state_.merges++;
+  return Status::Ok();
+}
+
+Status Syncer::Impl::Loop::LogUpdate(size_t p, uint32_t theta_crc, UpdateRecord* record) {
+  if (!im_.update_log) return Status::Ok();
+  // Durable before it is published: a syncer killed after this point comes back at this version.
+  const uint64_t version = state_.fragments[p].version;
+  record->fragment = (uint32_t)p;
+  record->version = version;
+  record->theta_crc32c = theta_crc;
+  record->codec = down_codec_;
+  return im_.update_log->Append(*record).WithContext("syncer: logging version " + std::to_string(version) +
+                                                     " of fragment " + std::to_string(p));
+}
+
+// The update as it goes out; the nan_global_update test hook puts a NaN in it.
+std::shared_ptr<std::vector<uint8_t>> Syncer::Impl::Loop::GlobalPayload(size_t p, std::vector<uint8_t>&& bytes) const {
+  auto payload = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  if (im_.options.nan_global_update && im_.options.nan_global_update((uint32_t)p, state_.fragments[p].version) &&
+      down_codec_.kind == CodecKind::kFp32 && payload->size() >= sizeof(float)) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(payload->data(), &nan, sizeof nan);
+  }
+  return payload;
+}
+
+// The Global of fragment p's new version (its contributors come with Credit); the
+// corrupt_global_crc test hook spoils its CRC32C.
+GlobalMsg Syncer::Impl::Loop::GlobalOf(size_t p, uint32_t theta_crc, const std::vector<uint64_t>& tensor_bytes) const {
+  const uint64_t version = state_.fragments[p].version;
+  GlobalMsg g;
+  g.fragment = (uint32_t)p;
+  g.version = version;
+  g.base_version = version - 1;
+  g.is_full = false;
+  g.fragment_crc32c = theta_crc;
+  if (im_.options.corrupt_global_crc && im_.options.corrupt_global_crc((uint32_t)p, version)) g.fragment_crc32c ^= 1;
+  g.payload = FragmentPayloadInfo(fragments_[p], down_codec_.kind, down_codec_.block_size, tensor_bytes);
+  return g;
+}
+
+// Each merged delta: its learner named in the Global and the event, its work in the ledger.
+void Syncer::Impl::Loop::Credit(const std::vector<PendingDelta>& ok, const std::vector<double>& weights,
+                                GlobalMsg* g, MergeEvent* ev) {
+  for (size_t i = 0; i < ok.size(); i++) {
+    const auto& pd = ok[i];
+    g->contributors.push_back({LearnerName(pd.learner), pd.base_version, (uint64_t)pd.counts.steps,
+                               (uint64_t)pd.counts.tokens, (float)weights[i]});
+    ev->contributors.push_back({pd.learner, weights[i], g->version - 1 - pd.base_version, pd.base_version,
+                                pd.counts.tokens, pd.counts.steps});
+    LedgerEntry& le = LedgerFor(&state_, pd.learner);
+    le.tokens += (uint64_t)pd.counts.tokens;
+    le.steps += (uint64_t)pd.counts.steps;
+    le.merged++;
+  }
+}
+
+Status Syncer::Impl::Loop::PublishGlobal(const GlobalMsg& g, std::shared_ptr<std::vector<uint8_t>> payload) {
+  OutgoingMessage om;
+  DL_RETURN_IF_ERROR(BuildMessage(Header(&im_.seq), g, *payload, &om));
+  result_.bytes_published += om.wire_bytes();
+  net::Message msg = net::ToMessage(std::move(om), payload);
+  (void)im_.downlink->Publish(im_.options.job_id, msg);
+  return Status::Ok();
+}
+
+// A checkpoint off the merge path: a copy of the state goes to the writer's thread (skipped
+// while the previous one is still being written); the log segment it covers is dropped once
+// the file is durable.
+void Syncer::Impl::Loop::Checkpoint() {
+  if (im_.state_writer->busy()) return;
+  if (!im_.update_log->HasPrevious()) {
+    if (Status st = im_.update_log->Rotate(); !st.ok()) {
+      std::fprintf(stderr, "syncer: skipping a checkpoint: %s\n", st.message().c_str());
+      return;
+    }
+  }
+  UpdateLog* log = im_.update_log.get();
+  im_.state_writer->Submit(state_, [log](Status st) {
+    if (st.ok()) (void)log->DropPrevious();
+    else std::fprintf(stderr, "syncer: checkpoint failed (the update log keeps everything): %s\n", st.message().c_str());
+  });
+}
+
+// Flush: whatever is still pending is merged now (the run is over).
+Status Syncer::Impl::Loop::MergeAllPending() {
+  for (size_t p = 0; p < P_; p++)
+    if (im_.book->HasPending((uint32_t)p)) DL_RETURN_IF_ERROR(Merge(p, "flush", 0));
+  return Status::Ok();
+}
+
+Status Syncer::Impl::Loop::SaveFinalState() {
+  if (!im_.state_writer) return Status::Ok();
+  (void)im_.state_writer->Wait();
+  DL_RETURN_IF_ERROR(SaveGlobalState(im_.state_path, state_));
+  // The final state covers every logged update.
+  if (!im_.update_log->HasPrevious()) DL_RETURN_IF_ERROR(im_.update_log->Rotate());
+  return im_.update_log->DropPrevious();
 }
 
 }  // namespace diloco

@@ -73,676 +73,900 @@ void ContiguousPayload(const ParsedMessage& m, std::vector<uint8_t>* out) {
   for (const auto& chunk : m.payload_spans()) out->insert(out->end(), chunk.begin(), chunk.end());
 }
 
-// The learner's hook on the inner loop (inner_loop.h): the outer sync around every step.
-class LearnerHook final : public InnerLoopHook {
+// Rank 0 of the learner's ring: everything of RunLearner but the followers. An event loop
+// (CONVENTIONS.md): its state is these members; each message, timer and phase is a method, and
+// its hook on the inner loop (inner_loop.h) is the outer sync around every step.
+class LearnerLoop final : public InnerLoopHook {
  public:
-  std::function<Status(long, StepControl*)> before;
-  std::function<Status(const StepResult&)> after;
-  Status BeforeStep(long step, TrainingBackend&, StepControl* control) override { return before(step, control); }
-  Status AfterStep(const StepResult& r, TrainingBackend&) override { return after(r); }
-};
+  // train: the learner's sampler (ranks × batch_size rows per step), shared with the followers.
+  // frags: backend 0's table partitioned into fragments (PartitionFragments).
+  LearnerLoop(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train, LocalRing& ring,
+              std::vector<Fragment> frags);
 
-// Rank 0 of the learner's ring: everything of RunLearner but the followers.
-// train: the learner's sampler (ranks × batch_size rows per step), shared with the followers.
-Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
-                        LocalRing& ring, bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
-  const RunConfig& cfg = *o.config;
-  const TrainConfig& tc = cfg.train;
-  const SyncConfig& sc = cfg.sync;
-  const std::string me = LearnerName(o.index);
-  TrainingBackend& backend = ring.backend(0);
-  LearnerResult res;
-  std::vector<ParamRange> changed;  // parameters rewritten since the ring last copied them
+  // Start, train and flush. *loop_entered: the inner loop started (the followers are in it);
+  // *loop_end_crc: rank 0's parameters when the inner loop ended (train.ranks > 1).
+  Status Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result);
 
-  std::vector<Fragment> frags;
-  DL_RETURN_IF_ERROR(PartitionFragments(backend.table(), EffectiveFragments(sc), &frags));
-  const int P = (int)frags.size();
-  const int H = sc.inner_steps;
+  // InnerLoopHook: the outer sync around every step.
+  Status BeforeStep(long at, TrainingBackend&, StepControl* control) override;
+  Status AfterStep(const StepResult& r, TrainingBackend&) override;
+
+ private:
+  // Setup.
+  void SetUpSyncState();
+  Status OpenDownlink();
+  Status OpenUplink();
+  Status OpenSnapshotDealer();
+  // Phases of Run.
+  Status Handshake(bool* ended);
+  HelloMsg Hello() const;
+  Status AwaitJoinSnapshot(bool* ended);
+  Status StartFromInitParams();
+  Status StartLiveness();
+  Status Flush();
+  bool Settled(Clock::time_point deadline) const;
+  Status Finish();
+  // Sending.
+  Status Build(uint64_t* sq, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload,
+               net::Message* out);
+  Status Send(const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload);
+  Status SendDealer(const MessageBody& body);
+  Status Heartbeat(LearnerState state);
+  Status BeatIfDue();
+  Status SendDelta(int p, long at_step);
+  Status SendFiringDeltas(long done);
+  Status ResendLost();
+  // Receiving.
+  Status Poll(int timeout_ms);
+  Status HandleDownlink(net::Received& r);
+  Status HandleGlobal(net::Received& r);
+  Status ApplyGlobal(const ParsedMessage& m);
+  Status DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g, const ParsedMessage& m);
+  void HandleStatus(const SyncerStatusMsg& st);
+  void HandleDropNotices(const std::vector<DroppedDelta>& drops);
+  void CheckVersionsAndAcks(const SyncerStatusMsg& st);
+  Status HandleDealer();
+  // Snapshots (Clone pattern).
+  void NeedSnapshot(const std::string& why);
+  Status RequestSnapshot();
+  Status InstallSnapshot(std::vector<ParsedMessage>&& parts);
+  Status InstallSnapshotPart(ParsedMessage& part);
+  Status ApplyBufferedGlobals(const std::map<uint64_t, uint64_t>& versions);
+  // Steps.
+  Status WaitForBlockedFragments();
+  Status WaitUntil(const std::function<bool()>& done, const std::string& what);
+  double StretchStep(double step_s);
+  Status SaveMomentsIfDue(long done);
+  void LogStep(const StepResult& r, long done, double step_s);
+  // State.
+  void MarkChanged(int p);
+  void Report(LearnerState state);
+  LearnerState StateNow() const;
+  std::vector<uint64_t> BaseVersions() const;
+  bool Crashed() const;
+  bool Stopping() const;
+
+  net::NetContext& context_;
+  const LearnerOptions& o_;
+  const RunConfig& cfg_;
+  const TrainConfig& tc_;
+  const SyncConfig& sc_;
+  const std::string me_;
+  const BatchSampler& train_;
+  LocalRing& ring_;
+  TrainingBackend& backend_;
+  LearnerResult res_;
+  std::vector<ParamRange> changed_;  // parameters rewritten since the ring last copied them
+
+  const std::vector<Fragment> frags_;
+  const int P_;  // fragments
+  const int H_;  // sync.inner_steps
   // The outer-sync state lives on the backend (base, θ at send, residual: sync_*); the host keeps
   // a mirror of each base, updated from the same decoded bytes, to check the Globals' CRC32C. The
   // ledger (fragment_ledger.h) keeps versions, counters and what is in flight.
-  FragmentLedger ledger(P, sc.fold, sc.max_staleness);
-  std::vector<std::vector<float>> bases(P);
-  {
-    std::vector<std::vector<ParamRange>> ranges;
-    for (const Fragment& frag : frags) ranges.push_back(RangesOf(frag));
-    backend.sync_setup(ranges);
-  }
-  for (int p = 0; p < P; p++) {
-    bases[p].resize(frags[p].numel);
-    backend.sync_read_base(p, bases[p].data());
-  }
-  // The parameters of fragment p changed on rank 0: the ring copies them before the next step.
-  auto mark_changed = [&](int p) {
-    for (const FragmentRange& r : frags[p].ranges) changed.push_back({r.offset, r.numel});
-  };
-  std::vector<uint8_t> contiguous;
-  const long block_after = sc.mode == SyncMode::kDiloco      ? 0
-                           : sc.mode == SyncMode::kStreaming ? sc.overlap
-                                                             : std::numeric_limits<long>::max();
+  FragmentLedger ledger_;
+  std::vector<std::vector<float>> bases_;
+  std::vector<uint8_t> contiguous_;
+  // Steps a fragment may stay in flight before training waits for its Global (ledger Blocks):
+  // 0 in diloco, sync.overlap in streaming, never in decoupled.
+  const long block_after_;
 
-  // Sockets (this thread's): the downlink first, so nothing published after the handshake is missed.
-  auto parsed = std::make_shared<ParsedMessage>();
-  ParseOptions expect;
-  expect.job_id = o.job_id;
-  expect.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
-  expect.model_params = backend.num_params();
-  expect.allowed_senders = {kSyncerName};
-  net::ReceiveOptions ro;
-  // Globals are verified and decoded where ZeroMQ received them (no copy of the payload).
-  ro.validator = net::EnvelopeValidatorInPlace(expect, parsed);
-  net::SocketOptions so = LearnerSocket(o, me + ".downlink");
-  so.recv_hwm_msgs = 100000;
-  std::unique_ptr<net::SubChannel> down;
-  DL_RETURN_IF_ERROR(net::SubChannel::Create(context, so, ro, &down));
-  DL_RETURN_IF_ERROR(down->Subscribe(o.job_id));
-  DL_RETURN_IF_ERROR(down->Connect(o.downlink_endpoint).WithContext(me + " downlink"));
-  net::SocketOptions po = LearnerSocket(o, me + ".uplink");
-  po.send_hwm_msgs = 100000;
-  std::unique_ptr<net::PubChannel> up;
-  DL_RETURN_IF_ERROR(net::PubChannel::Create(context, po, &up));
-  DL_RETURN_IF_ERROR(up->Connect(o.uplink_endpoint).WithContext(me + " uplink"));
-  auto dparsed = std::make_shared<ParsedMessage>();
-  ParseOptions dexpect = expect;
-  dexpect.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
-  net::ReceiveOptions dro;
-  dro.validator = net::EnvelopeValidator(dexpect, dparsed);
-  dro.track_sequence = false;  // replies to requests: the syncer numbers them across all learners
-  net::SocketOptions dso = LearnerSocket(o, me + ".snapshot");
-  dso.recv_hwm_msgs = 100000;
-  dso.linger_ms = 0;
-  std::unique_ptr<net::DealerChannel> dealer;
-  DL_RETURN_IF_ERROR(net::DealerChannel::Create(context, dso, dro, &dealer));
-  if (o.snapshot_endpoint.empty())
-    return Status::Error(me + ": no snapshot endpoint (the syncer's ROUTER) given");
-  DL_RETURN_IF_ERROR(dealer->Connect(o.snapshot_endpoint).WithContext(me + " snapshot endpoint"));
+  // Sockets (this thread's).
+  std::shared_ptr<ParsedMessage> parsed_ = std::make_shared<ParsedMessage>();
+  ParseOptions expect_;
+  std::unique_ptr<net::SubChannel> down_;
+  std::unique_ptr<net::PubChannel> up_;
+  std::shared_ptr<ParsedMessage> dparsed_ = std::make_shared<ParsedMessage>();
+  std::unique_ptr<net::DealerChannel> dealer_;
 
-  const uint64_t incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-  uint64_t seq = 0, dealer_seq = 0;
-  auto build = [&](uint64_t* sq, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload,
-                   net::Message* out) -> Status {
-    EnvelopeHeader h;
-    h.job_id = o.job_id;
-    h.sender = me;
-    h.seq = ++*sq;
-    h.incarnation = incarnation;
-    h.sent_unix_ms = UnixMs();
-    OutgoingMessage om;
-    std::span<const uint8_t> bytes;
-    if (payload) bytes = {payload->data(), payload->size()};
-    DL_RETURN_IF_ERROR(BuildMessage(h, body, bytes, &om));
-    res.bytes_up += om.wire_bytes();
-    *out = net::ToMessage(std::move(om), payload);
-    return Status::Ok();
-  };
-  auto send = [&](const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) -> Status {
-    net::Message m;
-    DL_RETURN_IF_ERROR(build(&seq, body, std::move(payload), &m));
-    (void)up->Publish(o.job_id, m);
-    return Status::Ok();
-  };
-  auto send_dealer = [&](const MessageBody& body) -> Status {
-    net::Message m;
-    DL_RETURN_IF_ERROR(build(&dealer_seq, body, nullptr, &m));
-    (void)dealer->Send(m, 0);  // queued until connected; a full queue: retried later
-    return Status::Ok();
-  };
+  const uint64_t incarnation_;
+  uint64_t seq_ = 0, dealer_seq_ = 0;
 
-  double step_ms_ema = 0;
-  float last_loss = std::numeric_limits<float>::quiet_NaN();
-  long step = o.start_step;
-  net::CloneClient clone;  // awaiting a snapshot until the start decides otherwise
-  LearnerProgress progress;
-  progress.index = o.index;
-  progress.device = ring.description();
-  progress.ranks = ring.ranks();
-  auto last_step_save = Clock::now() - std::chrono::hours(1);
-  auto report = [&](LearnerState state) {
-    // What a restart continues from (a few times a second; a step is cheap to lose).
-    if (!o.run_dir.empty() && Clock::now() - last_step_save > std::chrono::milliseconds(250)) {
-      last_step_save = Clock::now();
-      (void)SaveLearnerStep(o.run_dir, o.index, step);
-    }
-    if (!o.on_progress) return;
-    progress.state = state;
-    progress.step = step;
-    progress.tokens = res.tokens;
-    progress.loss = last_loss;
-    progress.tokens_per_s = res.train_s > 0 ? res.tokens / res.train_s : 0;
-    progress.base_versions.clear();
-    for (int p = 0; p < P; p++) progress.base_versions.push_back(ledger[p].base_version);
-    progress.deltas_sent = res.deltas_sent;
-    progress.globals_applied = res.globals_applied;
-    progress.snapshots_installed = res.snapshots_installed;
-    o.on_progress(progress);
-  };
-  std::unique_ptr<LivenessSender> liveness;  // started once the handshake is through
-  auto heartbeat = [&](LearnerState state) -> Status {
-    HeartbeatMsg hb;
-    hb.state = state;
-    hb.step = step;
-    hb.tokens = res.tokens;
-    hb.loss = last_loss;
-    hb.tokens_per_s = res.train_s > 0 ? (float)(res.tokens / res.train_s) : 0.f;
-    hb.step_time_ms = (float)step_ms_ema;
-    hb.interval_ms = o.heartbeat_interval_ms;
-    for (int p = 0; p < P; p++) {
-      const LedgerFragment& f = ledger[p];
-      hb.fragments.push_back({(uint32_t)p, f.base_version, f.c_steps, f.c_tokens, f.in_flight});
-    }
-    if (liveness) liveness->Update(hb);
-    return send(hb, nullptr);
-  };
+  double step_ms_ema_ = 0;
+  float last_loss_ = std::numeric_limits<float>::quiet_NaN();
+  long step_;
+  net::CloneClient clone_;  // awaiting a snapshot until the start decides otherwise
+  LearnerProgress progress_;
+  Clock::time_point last_step_save_ = Clock::now() - std::chrono::hours(1);
+  std::unique_ptr<LivenessSender> liveness_;  // started once the handshake is through
 
   // Snapshot requests (Clone pattern): at most one outstanding; re-sent after snapshot_retry_ms.
-  uint64_t request_id = 0;
-  auto requested_at = Clock::now();
-  bool request_outstanding = false;
-  std::unique_ptr<SnapshotAssembler> assembler;
-  std::string resync_reason = "join";
-  auto request_snapshot = [&]() -> Status {
-    SnapshotRequestMsg rq;
-    rq.request_id = ++request_id;
-    rq.reason = resync_reason;
-    assembler = std::make_unique<SnapshotAssembler>(request_id, backend.num_params() * sizeof(float) + (1 << 20));
-    request_outstanding = true;
-    requested_at = Clock::now();
-    return send_dealer(rq);
-  };
-  auto need_snapshot = [&](const std::string& why) {
-    clone.BeginSnapshot();
-    resync_reason = why;
-  };
+  uint64_t request_id_ = 0;
+  Clock::time_point requested_at_ = Clock::now();
+  bool request_outstanding_ = false;
+  std::unique_ptr<SnapshotAssembler> assembler_;
+  std::string resync_reason_ = "join";
 
-  std::vector<float> scratch;
-  // Applies one Global that is the next version of its fragment (the CloneClient said so).
-  auto apply_global = [&](const ParsedMessage& m) -> Status {
-    const GlobalMsg* g = m.get<GlobalMsg>();
-    const int p = (int)g->fragment;
-    std::vector<float>& base = bases[p];
-    const Fragment& frag = frags[p];
-    // An update that does not decode, or is not finite, would poison every parameter it touches:
-    // refuse it and resync from a snapshot.
-    Status decoded = DecodeFragmentPayload(frag, g->payload, m, &scratch);
-    if (decoded.ok() && !std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isfinite(x); }))
-      decoded = Status::Error("its update is not finite");
-    if (!decoded.ok()) {
-      res.globals_refused++;
-      std::fprintf(stderr, "%s: refusing Global %llu of fragment %d (%s); resyncing\n", me.c_str(),
-                   (unsigned long long)g->version, p, decoded.message().c_str());
-      need_snapshot("refused global of fragment " + std::to_string(p));
-      return Status::Ok();
-    }
-    if (g->payload.topk_fraction != 0)
-      return Status::Error(me + ": a top-k Global (fragment " + std::to_string(g->fragment) +
-                           ") cannot be applied where the parameters live; use a dense sync.codec.down");
-    const bool included_self = std::any_of(g->contributors.begin(), g->contributors.end(),
-                                           [&](const Contributor& c) { return c.learner == me; });
-    ApplyUpdate(scratch.data(), frag.numel, base.data());
-    ContiguousPayload(m, &contiguous);
-    if (!backend.sync_apply_update((int)g->fragment, contiguous.data(), contiguous.size(),
-                                   SyncCodecOf(g->payload.codec), g->payload.block_size))
-      return Status::Error(me + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
-                           " that the wire codec accepted; this is a bug");
-    if (Crc32c(base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
-      // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p, and a delta in flight,
-      // stay until then: a lock-step learner keeps waiting for the snapshot).
-      ledger.OnCrcMismatch(p, g->version);
-      res.crc_mismatches++;
-      need_snapshot("crc mismatch on fragment " + std::to_string(g->fragment) + " version " +
-                    std::to_string(g->version));
-      return Status::Ok();
-    }
-    const GlobalFold fold = ledger.OnGlobal(p, g->version, included_self);
-    backend.sync_fold(p, FoldModeOf(sc.fold), sc.alpha,
-                      fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
-    if (fold.shift_at_send) backend.sync_shift_at_send(p);
-    mark_changed(p);
-    res.globals_applied++;
-    progress.last_fragment_folded = (int)g->fragment;
-    return Status::Ok();
-  };
-
-  // A Global from the downlink (its parse in *parsed, its frames in r).
-  auto handle_global = [&](net::Received& r) -> Status {
-    const GlobalMsg* g = parsed->get<GlobalMsg>();
-    if ((int)g->fragment >= P) return Status::Ok();
-    net::VersionedUpdate u;
-    u.key = g->fragment;
-    u.version = g->version;
-    u.full = false;  // the syncer sends updates only; a full Global would be applied as a gap
-    u.message = std::move(r.message);
-    std::vector<net::VersionedUpdate> apply;
-    const net::CloneVerdict v = clone.OnUpdate(std::move(u), &apply);
-    if (v == net::CloneVerdict::kApply) return apply_global(*parsed);
-    if (v == net::CloneVerdict::kGap) {
-      res.gaps++;
-      need_snapshot("gap in the global stream of fragment " + std::to_string(g->fragment));
-    }
-    return Status::Ok();
-  };
-
-  // A SyncerStatus (fragment_ledger.h, Status and Drop):
-  //  - a drop notice for our in-flight delta: no Global will include it, so stop waiting; the next
-  //    delta of that fragment carries all the progress since its base (the error-feedback
-  //    residual of the dropped one goes too). A base from the future: the syncer went back: resync;
-  //  - a version that differs from our base: we missed a Global (or the syncer went back): resync;
-  //  - an in-flight delta the syncer has heard past and does not hold: lost; sent again at once
-  //    (lost_deltas), so a lock-step round is not left waiting for it.
-  std::vector<int> lost_deltas;
-  auto last_downlink = Clock::now();
-  auto handle_status = [&](const SyncerStatusMsg& st) {
-    for (const DroppedDelta& d : st.recent_drops) {
-      if (d.learner != me || d.fragment >= (uint32_t)P) continue;
-      if (!ledger.OnDrop((int)d.fragment, d.base_version)) continue;
-      backend.sync_reset_residual((int)d.fragment);
-      res.deltas_dropped++;
-      std::fprintf(stderr, "%s: the syncer dropped our delta of fragment %u (base %llu): %s\n", me.c_str(),
-                   d.fragment, (unsigned long long)d.base_version, d.reason.c_str());
-      if (d.reason == ToString(StalenessVerdict::kFromTheFuture))
-        need_snapshot("the syncer is behind our base of fragment " + std::to_string(d.fragment));
-    }
-    if (clone.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
-    const LearnerAck* ack = nullptr;
-    for (const LearnerAck& a : st.acks)
-      if (a.learner == me && a.incarnation == incarnation) ack = &a;
-    const StatusVerdict v = ledger.OnStatus(st.versions, ack);
-    if (!v.missed.empty()) {
-      res.globals_missed += v.missed.size();
-      const int p = v.missed.front();
-      need_snapshot("fragment " + std::to_string(p) + " is at version " + std::to_string(st.versions[p]) +
-                    " at the syncer, ours is " + std::to_string(ledger[p].base_version));
-    }
-    for (int p : v.lost) {
-      backend.sync_reset_residual(p);
-      res.deltas_lost++;
-      lost_deltas.push_back(p);
-      std::fprintf(stderr, "%s: our delta of fragment %d (base %llu) never reached the syncer; sending again\n",
-                   me.c_str(), p, (unsigned long long)ledger[p].sent_base);
-    }
-  };
-
-  // A complete snapshot: install the fragments that differ, then the buffered newer Globals.
-  auto install_snapshot = [&](std::vector<ParsedMessage>&& parts) -> Status {
-    std::map<uint64_t, uint64_t> versions;
-    for (ParsedMessage& part : parts) {
-      const SnapshotMsg& sm = *part.get<SnapshotMsg>();
-      if ((int)sm.fragment >= P || sm.versions.size() != (size_t)P)
-        return Status::Error(me + ": snapshot has " + std::to_string(sm.versions.size()) + " fragments, this learner " +
-                             std::to_string(P) + "; are the syncer and the learner running the same config?");
-      const Fragment& frag = frags[sm.fragment];
-      DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, sm.payload, part, &scratch)
-                             .WithContext(me + ": snapshot part for fragment " + std::to_string(sm.fragment)));
-      if (Crc32c(scratch.data(), frag.numel * sizeof(float)) != sm.fragment_crc32c)
-        return Status::Error(me + ": snapshot fragment " + std::to_string(sm.fragment) + " fails its CRC32C");
-      const int p = (int)sm.fragment;
-      if (!std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isfinite(x); }))
-        return Status::Error(me + ": snapshot fragment " + std::to_string(p) + " is not finite");
-      const bool same = !ledger[p].bad && ledger[p].base_version == sm.version &&
-                        Crc32c(bases[p].data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
-      if (!same) {
-        bases[p] = scratch;
-        backend.sync_install(p, bases[p].data());
-        mark_changed(p);
-        ledger.OnSnapshot(p, sm.version);
-      }
-    }
-    const std::vector<uint64_t>& cut = parts.front().get<SnapshotMsg>()->versions;
-    for (int p = 0; p < P; p++) versions[(uint64_t)p] = cut[p];
-    res.snapshots_installed++;
-    request_outstanding = false;
-    std::vector<net::VersionedUpdate> apply;
-    clone.OnSnapshot(versions, &apply);
-    ParsedMessage m;
-    for (auto& u : apply) {
-      const auto spans = u.message.spans();
-      DL_RETURN_IF_ERROR(ParseEnvelope(spans, expect, &m).WithContext(me + ": a buffered global"));
-      DL_RETURN_IF_ERROR(apply_global(m));
-    }
-    return Status::Ok();
-  };
+  std::vector<float> scratch_;
+  // In-flight deltas the syncer's status says it never got: sent again (ResendLost).
+  std::vector<int> lost_deltas_;
+  Clock::time_point last_downlink_ = Clock::now();
 
   // Startup exchange state (see the header).
-  bool welcomed = false, downlink_seen = false;
-  auto handle_dealer = [&]() -> Status {
-    res.bytes_down += dparsed->wire_bytes;
-    if (const WelcomeMsg* w = dparsed->get<WelcomeMsg>()) {
-      if (w->result == JoinResult::kAccepted) {
-        welcomed = true;
-      } else if (w->result != JoinResult::kBusy) {
-        return Status::Error(me + ": the syncer at " + o.snapshot_endpoint + " refused this learner: " + w->reason);
-      }
-      return Status::Ok();
-    }
-    if (dparsed->get<SnapshotMsg>() && assembler && request_outstanding) {
-      if (dparsed->get<SnapshotMsg>()->request_id != request_id) return Status::Ok();  // an older answer
-      if (Status st = assembler->Add(std::move(*dparsed)); !st.ok()) {
-        std::fprintf(stderr, "%s: dropping a snapshot part (%s); will ask again\n", me.c_str(), st.message().c_str());
-        return Status::Ok();
-      }
-      if (assembler->complete()) return install_snapshot(assembler->Take());
-    }
-    return Status::Ok();
-  };
+  bool welcomed_ = false, downlink_seen_ = false;
 
-  std::vector<net::Socket*> sockets{&down->socket(), &dealer->socket()};
-  std::vector<bool> ready;
-  bool started = false;  // the start decided how to leave the initial "awaiting snapshot"
-  auto poll = [&](int timeout_ms) -> Status {
-    if (timeout_ms > 0 && !net::PollReadable(sockets, timeout_ms, &ready)) return Status::Ok();
-    net::Received r;
-    while (down->Receive(&r, 0) == net::RecvResult::kMessage) {
-      downlink_seen = true;
-      last_downlink = Clock::now();
-      res.bytes_down += parsed->wire_bytes;
-      if (parsed->get<GlobalMsg>()) DL_RETURN_IF_ERROR(handle_global(r));
-      if (const SyncerStatusMsg* st = parsed->get<SyncerStatusMsg>()) handle_status(*st);
-    }
-    while (dealer->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(handle_dealer());
-    if (started && clone.awaiting_snapshot() &&
-        (!request_outstanding || Clock::now() - requested_at > std::chrono::milliseconds(o.snapshot_retry_ms)))
-      DL_RETURN_IF_ERROR(request_snapshot());
-    return Status::Ok();
-  };
+  std::vector<net::Socket*> sockets_;
+  std::vector<bool> ready_;
+  bool started_ = false;  // the start decided how to leave the initial "awaiting snapshot"
 
-  auto send_delta = [&](int p, long at_step) -> Status {
-    const LedgerFragment& f = ledger[p];
-    const Fragment& frag = frags[p];
-    auto payload = std::make_shared<std::vector<uint8_t>>();
-    std::vector<uint64_t> tensor_bytes;
-    // Δ = base − θ, encoded where the parameters live (θ at send is kept there too).
-    if (!backend.sync_encode_delta(p, SyncCodecOf(sc.codec.up), sc.codec.block, payload.get(), &tensor_bytes))
-      return Status::Error(me + ": the delta of fragment " + std::to_string(p) + " at step " +
-                           std::to_string(at_step) + " is NaN or Inf (or overflows the codec); try a lower train.lr");
-    DeltaMsg d;
-    d.fragment = (uint32_t)p;
-    d.base_version = f.base_version;
-    d.c_steps = f.c_steps;
-    d.c_tokens = f.c_tokens;
-    d.learner_step = (uint64_t)at_step;
-    d.payload = FragmentPayloadInfo(frag, sc.codec.up, sc.codec.block, tensor_bytes);
-    DL_RETURN_IF_ERROR(send(d, payload));
-    ledger.OnSend(p, at_step, seq);  // seq: the delta's number on the main stream
-    res.deltas_sent++;
-    progress.last_fragment_sent = p;
-    return Status::Ok();
-  };
+  const long tokens_per_step_;
+  const double slowdown_;
+  double recent_sum_ = 0;
+  int recent_n_ = 0;
+  Clock::time_point last_beat_ = Clock::now() - std::chrono::hours(1);
+  Clock::time_point train_start_;
+};
 
-  const int B = tc.batch_size, T = cfg.model.block_size;
-  const long tokens_per_step = (long)ring.ranks() * B * T;
-  const double slowdown = SlowdownOf(cfg.learners, o.index);
-  double recent_sum = 0;
-  int recent_n = 0;
-  auto last_beat = Clock::now() - std::chrono::hours(1);
-  auto state_now = [&] { return clone.awaiting_snapshot() ? LearnerState::kResyncing : LearnerState::kTraining; };
-  auto beat_if_due = [&]() -> Status {
-    if (Clock::now() - last_beat < std::chrono::milliseconds(o.heartbeat_interval_ms)) return Status::Ok();
-    last_beat = Clock::now();
-    return heartbeat(state_now());
-  };
-  auto crashed = [&] {
-    return (o.crash && o.crash->load()) || (o.crash_after_steps >= 0 && step >= o.crash_after_steps);
-  };
-  auto stopping = [&] { return o.stop && o.stop->load(); };
-  // Lost deltas go again with all the work since their base (not while a snapshot is awaited:
-  // the bases are about to change, and the snapshot settles what is in flight).
-  auto resend_lost = [&]() -> Status {
-    if (clone.awaiting_snapshot()) return Status::Ok();
-    std::vector<int> lost;
-    lost.swap(lost_deltas);
-    for (int p : lost)
-      if (!ledger[p].in_flight && ledger[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
-    return Status::Ok();
-  };
-  // Poll (and beat) until done() or the syncer has been silent for syncer_timeout_ms. what names
-  // the wait in the error and in the progress lines printed every 30 s.
-  auto wait_until = [&](const std::function<bool()>& done, const std::string& what) -> Status {
-    auto last_said = Clock::now();
-    while (!done()) {
-      if ((o.crash && o.crash->load())) return Status::Ok();
-      DL_RETURN_IF_ERROR(beat_if_due());
-      DL_RETURN_IF_ERROR(poll(10));
-      DL_RETURN_IF_ERROR(resend_lost());
-      const auto now = Clock::now();
-      if (now - last_downlink > std::chrono::milliseconds(o.syncer_timeout_ms))
-        return Status::Error(me + ": no word from the syncer (downlink " + o.downlink_endpoint + ") for " +
-                             std::to_string(o.syncer_timeout_ms / 1000) + " s while " + what +
-                             "; is it running? (LearnerOptions::syncer_timeout_ms)");
-      if (now - last_said > std::chrono::seconds(30)) {
-        std::fprintf(stderr, "%s: still %s\n", me.c_str(), what.c_str());
-        last_said = now;
-      }
-    }
-    return Status::Ok();
-  };
+LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
+                         LocalRing& ring, std::vector<Fragment> frags)
+    : context_(context),
+      o_(o),
+      cfg_(*o.config),
+      tc_(cfg_.train),
+      sc_(cfg_.sync),
+      me_(LearnerName(o.index)),
+      train_(train),
+      ring_(ring),
+      backend_(ring.backend(0)),
+      frags_(std::move(frags)),
+      P_((int)frags_.size()),
+      H_(sc_.inner_steps),
+      ledger_(P_, sc_.fold, sc_.max_staleness),
+      bases_(P_),
+      block_after_(sc_.mode == SyncMode::kDiloco      ? 0
+                   : sc_.mode == SyncMode::kStreaming ? sc_.overlap
+                                                      : std::numeric_limits<long>::max()),
+      incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
+      step_(o.start_step),
+      tokens_per_step_((long)ring.ranks() * tc_.batch_size * cfg_.model.block_size),
+      slowdown_(SlowdownOf(cfg_.learners, o.index)) {
+  progress_.index = o.index;
+  progress_.device = ring.description();
+  progress_.ranks = ring.ranks();
+}
 
-  // Startup exchange: Heartbeat(kJoining) on the uplink, Hello on the DEALER, until Welcome
-  // and a downlink message (both directions up).
-  report(LearnerState::kJoining);
-  {
-    HelloMsg hello;
-    hello.role = PeerRole::kLearner;
-    hello.tensor_table_digest = backend.table().digest();
-    hello.num_params = backend.num_params();
-    hello.num_fragments = (uint32_t)P;
-    hello.fragment_layout_digest = FragmentsDigest(frags);
-    hello.build = "dilocod learner";
-    const auto t0 = Clock::now();
-    auto last_hello = t0 - std::chrono::hours(1);
-    auto last_join_beat = t0 - std::chrono::hours(1);
-    while (!(welcomed && downlink_seen)) {
-      if (crashed()) {
-        res.crashed = true;
-        *result = res;
-        return Status::Ok();
-      }
-      if (stopping()) {
-        res.stopped = true;
-        *result = res;
-        return Status::Ok();
-      }
-      const auto now = Clock::now();
-      if (now - t0 > std::chrono::milliseconds(o.handshake_timeout_ms))
-        return Status::Error(me + ": no answer from the syncer (uplink " + o.uplink_endpoint + ", downlink " +
-                             o.downlink_endpoint + ", snapshot " + o.snapshot_endpoint + ") within " +
-                             std::to_string(o.handshake_timeout_ms) + " ms; is it running, and are the keys right?");
-      if (now - last_join_beat >= std::chrono::milliseconds(20)) {
-        DL_RETURN_IF_ERROR(heartbeat(LearnerState::kJoining));
-        last_join_beat = now;
-      }
-      if (now - last_hello >= std::chrono::milliseconds(50)) {
-        DL_RETURN_IF_ERROR(send_dealer(hello));
-        last_hello = now;
-      }
-      DL_RETURN_IF_ERROR(poll(10));
+Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
+  SetUpSyncState();
+  // The downlink first, so nothing published after the handshake is missed.
+  DL_RETURN_IF_ERROR(OpenDownlink());
+  DL_RETURN_IF_ERROR(OpenUplink());
+  DL_RETURN_IF_ERROR(OpenSnapshotDealer());
+
+  bool ended = false;  // crashed or stopped before training
+  DL_RETURN_IF_ERROR(Handshake(&ended));
+  if (!ended) {
+    started_ = true;
+    if (o_.join_from_snapshot) {
+      DL_RETURN_IF_ERROR(AwaitJoinSnapshot(&ended));
+    } else {
+      DL_RETURN_IF_ERROR(StartFromInitParams());
     }
   }
-  started = true;
-  if (o.join_from_snapshot) {
-    // Train only once the snapshot is in (poll sends the request; Globals are buffered meanwhile).
-    resync_reason = "join";
-    report(LearnerState::kResyncing);
-    const auto t0 = Clock::now();
-    while (clone.awaiting_snapshot()) {
-      if (crashed() || stopping()) {
-        res.crashed = crashed();
-        res.stopped = !res.crashed;
-        *result = res;
-        return Status::Ok();
-      }
-      DL_RETURN_IF_ERROR(beat_if_due());
-      DL_RETURN_IF_ERROR(poll(10));
-      if (Clock::now() - t0 > std::chrono::milliseconds(o.handshake_timeout_ms))
-        return Status::Error(me + ": no snapshot from the syncer at " + o.snapshot_endpoint + " within " +
-                             std::to_string(o.handshake_timeout_ms) + " ms");
-    }
-  } else {
-    // Version 0 of every fragment is init_params; Globals buffered so far apply now.
-    std::map<uint64_t, uint64_t> zero;
-    for (int p = 0; p < P; p++) zero[(uint64_t)p] = 0;
-    std::vector<net::VersionedUpdate> apply;
-    clone.OnSnapshot(zero, &apply);
-    ParsedMessage m;
-    for (auto& u : apply) {
-      const auto spans = u.message.spans();
-      DL_RETURN_IF_ERROR(ParseEnvelope(spans, expect, &m).WithContext(me + ": a buffered global"));
-      DL_RETURN_IF_ERROR(apply_global(m));
-    }
+  if (ended) {
+    *result = res_;
+    return Status::Ok();
   }
-  DL_RETURN_IF_ERROR(heartbeat(state_now()));
-  last_beat = Clock::now();
-  report(state_now());
-  {
-    // From here on liveness beats come from their own thread (liveness_sender.h).
-    LivenessOptions lo;
-    lo.job_id = o.job_id;
-    lo.sender = me;
-    lo.incarnation = incarnation;
-    lo.endpoint = o.uplink_endpoint;
-    lo.socket = LearnerSocket(o, me + ".liveness");
-    lo.socket.linger_ms = 0;
-    lo.interval_ms = o.heartbeat_interval_ms;
-    lo.crash = o.crash;
-    DL_RETURN_IF_ERROR(LivenessSender::Start(context, lo, &liveness));
-    DL_RETURN_IF_ERROR(heartbeat(state_now()));  // gives the liveness thread its first beat
-  }
+  DL_RETURN_IF_ERROR(Heartbeat(StateNow()));
+  last_beat_ = Clock::now();
+  Report(StateNow());
+  DL_RETURN_IF_ERROR(StartLiveness());
 
-  const auto train_start = Clock::now();
-  res.train_start_unix_ms = (int64_t)UnixMs();
-  LearnerHook hook;
-  hook.before = [&](long at, StepControl* control) -> Status {
-    step = at;
-    if (TimeLimitReached(tc, train_start)) {
-      control->stop = true;
-      return Status::Ok();
-    }
-    if (crashed()) {
-      res.crashed = true;
-      control->stop = true;
-      return Status::Ok();
-    }
-    if (stopping()) {
-      res.stopped = true;
-      control->stop = true;
-      return Status::Ok();
-    }
-    if (o.before_step) o.before_step(step);
-    DL_RETURN_IF_ERROR(poll(0));
-    DL_RETURN_IF_ERROR(resend_lost());
-    // Lock-step modes: wait for fragments in flight too long, as long as the syncer is there (a
-    // lost delta or Global is found through its status and sent or fetched again).
-    for (int p = 0; p < P; p++) {
-      if (!ledger.Blocks(p, step, block_after)) continue;
-      const auto w0 = Clock::now();
-      const int64_t w0_unix = (int64_t)UnixMs();
-      DL_RETURN_IF_ERROR(wait_until([&] { return !ledger.Blocks(p, step, block_after) || stopping(); },
-                                    "waiting for the global of fragment " + std::to_string(p) + " at step " +
-                                        std::to_string(step)));
-      res.wait_s += std::chrono::duration<double>(Clock::now() - w0).count();
-      res.blocked_unix_ms.push_back({w0_unix, (int64_t)UnixMs()});
-    }
-    DL_RETURN_IF_ERROR(beat_if_due());
-    control->changed = std::move(changed);
-    changed.clear();
-    return Status::Ok();
-  };
-  hook.after = [&](const StepResult& r) -> Status {
-    const StepStats& st = r.stats;
-    if (!st.applied)
-      return Status::Error(me + ": training diverged at step " + std::to_string(step) +
-                           " (loss or gradient NaN/Inf). Try a lower train.lr or sync.outer.lr");
-    const double slow = o.slowdown ? o.slowdown->load() : slowdown;
-    if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * r.step_s));
-    const double step_s = r.step_s * std::max(1.0, slow);
-    res.compute_s += r.step_s;
-    step_ms_ema = step_ms_ema == 0 ? step_s * 1e3 : step_ms_ema + 0.2 * (step_s * 1e3 - step_ms_ema);
-    res.train_s += step_s;
-    res.tokens += tokens_per_step;
-    last_loss = (float)st.loss;
-    recent_sum += st.loss;
-    recent_n++;
-    ledger.OnStep((uint64_t)tokens_per_step);
-    const long done = r.step + 1;
-    step = done;
-    // No deltas while a snapshot is awaited: the bases are about to change.
-    for (int p = 0; p < P; p++)
-      if (Fires(p, done, H, P) && !ledger[p].in_flight && !clone.awaiting_snapshot())
-        DL_RETURN_IF_ERROR(send_delta(p, done));
-    report(state_now());
-    // The learner's own moments, for a restart (its parameters then come from a snapshot).
-    if (!o.run_dir.empty() && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0)
-      DL_RETURN_IF_ERROR(SaveCheckpoint(LearnerCheckpointPath(o.run_dir, o.index), backend, done, RunConfigToYaml(cfg))
-                             .WithContext(me + ": saving its moments"));
-    if (done % tc.log_every == 0 || done == tc.steps) {
-      res.final_train_loss = recent_sum / recent_n;
-      recent_sum = 0;
-      recent_n = 0;
-      if (o.metrics) {
-        std::lock_guard<std::mutex> lock(*o.metrics_mu);
-        (void)o.metrics->Write({{"learner", o.index},
-                                {"step", done},
-                                {"loss", st.loss},
-                                {"lr", r.lr},
-                                {"grad_norm", st.grad_norm},
-                                {"tokens", res.tokens},
-                                {"step_ms", step_s * 1e3},
-                                {"tok_per_s", res.tokens / res.train_s},
-                                {"bytes_up", res.bytes_up},
-                                {"bytes_down", res.bytes_down},
-                                {"versions", [&] {
-                                   std::vector<uint64_t> v;
-                                   for (int p = 0; p < P; p++) v.push_back(ledger[p].base_version);
-                                   return v;
-                                 }()}});
-      }
-    }
-    return Status::Ok();
-  };
+  train_start_ = Clock::now();
+  res_.train_start_unix_ms = (int64_t)UnixMs();
   *loop_entered = true;
-  DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg, train, 0, step), backend, ring.comm(0), &hook, &step));
-  if (ring.ranks() > 1) *loop_end_crc = ParamsCrc32c(backend);  // before the last polls fold into rank 0
-  res.steps = step;
-  if (!o.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o.run_dir, o.index, step));
-  if (!res.crashed) {
-    // Flush, so no work is lost at the end: the deltas in flight are merged or let go (lost ones
-    // go again), then the work since each fragment's last send goes out, and the learner stays
-    // until the syncer has merged that too (within flush_timeout_ms).
-    const auto deadline = Clock::now() + std::chrono::milliseconds(o.flush_timeout_ms);
-    auto settled = [&] {
-      return (!ledger.AnyInFlight() && !clone.awaiting_snapshot() && lost_deltas.empty()) ||
-             Clock::now() > deadline;
-    };
-    DL_RETURN_IF_ERROR(wait_until(settled, "flushing: waiting for the globals of the deltas in flight"));
-    if (!clone.awaiting_snapshot())
-      for (int p = 0; p < P; p++)
-        if (!ledger[p].in_flight && ledger[p].c_steps > 0) DL_RETURN_IF_ERROR(send_delta(p, step));
-    DL_RETURN_IF_ERROR(wait_until(settled, "flushing: waiting for the syncer to merge the last deltas"));
-    for (int p = 0; p < P; p++)
-      if (ledger[p].in_flight)
-        std::fprintf(stderr, "%s: fragment %d's last delta was not merged within %d ms of the end\n", me.c_str(), p,
-                     o.flush_timeout_ms);
-    res.crashed = o.crash && o.crash->load();
+  DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg_, train_, 0, step_), backend_, ring_.comm(0), this, &step_));
+  if (ring_.ranks() > 1) *loop_end_crc = ParamsCrc32c(backend_);  // before the last polls fold into rank 0
+  res_.steps = step_;
+  if (!o_.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o_.run_dir, o_.index, step_));
+  if (!res_.crashed) DL_RETURN_IF_ERROR(Flush());
+  DL_RETURN_IF_ERROR(Finish());
+  *result = res_;
+  return Status::Ok();
+}
+
+void LearnerLoop::SetUpSyncState() {
+  std::vector<std::vector<ParamRange>> ranges;
+  for (const Fragment& frag : frags_) ranges.push_back(RangesOf(frag));
+  backend_.sync_setup(ranges);
+  for (int p = 0; p < P_; p++) {
+    bases_[p].resize(frags_[p].numel);
+    backend_.sync_read_base(p, bases_[p].data());
   }
-  if (liveness) {
-    liveness->Stop();  // the last beat below is the final word
-    res.bytes_up += liveness->bytes_sent();
+}
+
+Status LearnerLoop::OpenDownlink() {
+  expect_.job_id = o_.job_id;
+  expect_.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
+  expect_.model_params = backend_.num_params();
+  expect_.allowed_senders = {kSyncerName};
+  net::ReceiveOptions ro;
+  // Globals are verified and decoded where ZeroMQ received them (no copy of the payload).
+  ro.validator = net::EnvelopeValidatorInPlace(expect_, parsed_);
+  net::SocketOptions so = LearnerSocket(o_, me_ + ".downlink");
+  so.recv_hwm_msgs = 100000;
+  DL_RETURN_IF_ERROR(net::SubChannel::Create(context_, so, ro, &down_));
+  DL_RETURN_IF_ERROR(down_->Subscribe(o_.job_id));
+  DL_RETURN_IF_ERROR(down_->Connect(o_.downlink_endpoint).WithContext(me_ + " downlink"));
+  return Status::Ok();
+}
+
+Status LearnerLoop::OpenUplink() {
+  net::SocketOptions po = LearnerSocket(o_, me_ + ".uplink");
+  po.send_hwm_msgs = 100000;
+  DL_RETURN_IF_ERROR(net::PubChannel::Create(context_, po, &up_));
+  DL_RETURN_IF_ERROR(up_->Connect(o_.uplink_endpoint).WithContext(me_ + " uplink"));
+  return Status::Ok();
+}
+
+Status LearnerLoop::OpenSnapshotDealer() {
+  ParseOptions dexpect = expect_;
+  dexpect.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
+  net::ReceiveOptions dro;
+  dro.validator = net::EnvelopeValidator(dexpect, dparsed_);
+  dro.track_sequence = false;  // replies to requests: the syncer numbers them across all learners
+  net::SocketOptions dso = LearnerSocket(o_, me_ + ".snapshot");
+  dso.recv_hwm_msgs = 100000;
+  dso.linger_ms = 0;
+  DL_RETURN_IF_ERROR(net::DealerChannel::Create(context_, dso, dro, &dealer_));
+  if (o_.snapshot_endpoint.empty())
+    return Status::Error(me_ + ": no snapshot endpoint (the syncer's ROUTER) given");
+  DL_RETURN_IF_ERROR(dealer_->Connect(o_.snapshot_endpoint).WithContext(me_ + " snapshot endpoint"));
+  sockets_ = {&down_->socket(), &dealer_->socket()};
+  return Status::Ok();
+}
+
+// Startup exchange: Heartbeat(kJoining) on the uplink, Hello on the DEALER, until Welcome
+// and a downlink message (both directions up). *ended: crashed or stopped meanwhile.
+Status LearnerLoop::Handshake(bool* ended) {
+  Report(LearnerState::kJoining);
+  const HelloMsg hello = Hello();
+  const auto t0 = Clock::now();
+  auto last_hello = t0 - std::chrono::hours(1);
+  auto last_join_beat = t0 - std::chrono::hours(1);
+  while (!(welcomed_ && downlink_seen_)) {
+    if (Crashed()) {
+      res_.crashed = true;
+      *ended = true;
+      return Status::Ok();
+    }
+    if (Stopping()) {
+      res_.stopped = true;
+      *ended = true;
+      return Status::Ok();
+    }
+    const auto now = Clock::now();
+    if (now - t0 > std::chrono::milliseconds(o_.handshake_timeout_ms))
+      return Status::Error(me_ + ": no answer from the syncer (uplink " + o_.uplink_endpoint + ", downlink " +
+                           o_.downlink_endpoint + ", snapshot " + o_.snapshot_endpoint + ") within " +
+                           std::to_string(o_.handshake_timeout_ms) + " ms; is it running, and are the keys right?");
+    if (now - last_join_beat >= std::chrono::milliseconds(20)) {
+      DL_RETURN_IF_ERROR(Heartbeat(LearnerState::kJoining));
+      last_join_beat = now;
+    }
+    if (now - last_hello >= std::chrono::milliseconds(50)) {
+      DL_RETURN_IF_ERROR(SendDealer(hello));
+      last_hello = now;
+    }
+    DL_RETURN_IF_ERROR(Poll(10));
   }
-  if (!res.crashed) {
-    const LearnerState final_state = res.stopped ? LearnerState::kStopping : LearnerState::kFinished;
-    DL_RETURN_IF_ERROR(heartbeat(final_state));
-    DL_RETURN_IF_ERROR(poll(0));
-    report(final_state);
-    res.end_unix_ms = (int64_t)UnixMs();
+  return Status::Ok();
+}
+
+HelloMsg LearnerLoop::Hello() const {
+  HelloMsg hello;
+  hello.role = PeerRole::kLearner;
+  hello.tensor_table_digest = backend_.table().digest();
+  hello.num_params = backend_.num_params();
+  hello.num_fragments = (uint32_t)P_;
+  hello.fragment_layout_digest = FragmentsDigest(frags_);
+  hello.build = "dilocod learner";
+  return hello;
+}
+
+// Train only once the snapshot is in (Poll sends the request; Globals are buffered meanwhile).
+// *ended: crashed or stopped meanwhile.
+Status LearnerLoop::AwaitJoinSnapshot(bool* ended) {
+  resync_reason_ = "join";
+  Report(LearnerState::kResyncing);
+  const auto t0 = Clock::now();
+  while (clone_.awaiting_snapshot()) {
+    if (Crashed() || Stopping()) {
+      res_.crashed = Crashed();
+      res_.stopped = !res_.crashed;
+      *ended = true;
+      return Status::Ok();
+    }
+    DL_RETURN_IF_ERROR(BeatIfDue());
+    DL_RETURN_IF_ERROR(Poll(10));
+    if (Clock::now() - t0 > std::chrono::milliseconds(o_.handshake_timeout_ms))
+      return Status::Error(me_ + ": no snapshot from the syncer at " + o_.snapshot_endpoint + " within " +
+                           std::to_string(o_.handshake_timeout_ms) + " ms");
+  }
+  return Status::Ok();
+}
+
+// Version 0 of every fragment is init_params; Globals buffered so far apply now.
+Status LearnerLoop::StartFromInitParams() {
+  std::map<uint64_t, uint64_t> zero;
+  for (int p = 0; p < P_; p++) zero[(uint64_t)p] = 0;
+  return ApplyBufferedGlobals(zero);
+}
+
+// From here on liveness beats come from their own thread (liveness_sender.h).
+Status LearnerLoop::StartLiveness() {
+  LivenessOptions lo;
+  lo.job_id = o_.job_id;
+  lo.sender = me_;
+  lo.incarnation = incarnation_;
+  lo.endpoint = o_.uplink_endpoint;
+  lo.socket = LearnerSocket(o_, me_ + ".liveness");
+  lo.socket.linger_ms = 0;
+  lo.interval_ms = o_.heartbeat_interval_ms;
+  lo.crash = o_.crash;
+  DL_RETURN_IF_ERROR(LivenessSender::Start(context_, lo, &liveness_));
+  return Heartbeat(StateNow());  // gives the liveness thread its first beat
+}
+
+// Flush, so no work is lost at the end: the deltas in flight are merged or let go (lost ones
+// go again), then the work since each fragment's last send goes out, and the learner stays
+// until the syncer has merged that too (within flush_timeout_ms).
+Status LearnerLoop::Flush() {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(o_.flush_timeout_ms);
+  auto settled = [&] { return Settled(deadline); };
+  DL_RETURN_IF_ERROR(WaitUntil(settled, "flushing: waiting for the globals of the deltas in flight"));
+  if (!clone_.awaiting_snapshot())
+    for (int p = 0; p < P_; p++)
+      if (!ledger_[p].in_flight && ledger_[p].c_steps > 0) DL_RETURN_IF_ERROR(SendDelta(p, step_));
+  DL_RETURN_IF_ERROR(WaitUntil(settled, "flushing: waiting for the syncer to merge the last deltas"));
+  for (int p = 0; p < P_; p++)
+    if (ledger_[p].in_flight)
+      std::fprintf(stderr, "%s: fragment %d's last delta was not merged within %d ms of the end\n", me_.c_str(), p,
+                   o_.flush_timeout_ms);
+  res_.crashed = o_.crash && o_.crash->load();
+  return Status::Ok();
+}
+
+bool LearnerLoop::Settled(Clock::time_point deadline) const {
+  return (!ledger_.AnyInFlight() && !clone_.awaiting_snapshot() && lost_deltas_.empty()) || Clock::now() > deadline;
+}
+
+// The last word: a final heartbeat (finished or stopping), or, crashed, the work lost with it.
+Status LearnerLoop::Finish() {
+  if (liveness_) {
+    liveness_->Stop();  // the last beat below is the final word
+    res_.bytes_up += liveness_->bytes_sent();
+  }
+  if (!res_.crashed) {
+    const LearnerState final_state = res_.stopped ? LearnerState::kStopping : LearnerState::kFinished;
+    DL_RETURN_IF_ERROR(Heartbeat(final_state));
+    DL_RETURN_IF_ERROR(Poll(0));
+    Report(final_state);
+    res_.end_unix_ms = (int64_t)UnixMs();
   } else {
-    report(LearnerState::kFailed);
-    res.crashed_unix_ms = (int64_t)UnixMs();
-    for (int p = 0; p < P; p++) {
-      const LedgerFragment& f = ledger[p];
-      res.unsent_tokens_at_crash.push_back(f.c_tokens - (f.in_flight ? std::min(f.c_tokens, f.c_tokens_at_send) : 0));
+    Report(LearnerState::kFailed);
+    res_.crashed_unix_ms = (int64_t)UnixMs();
+    for (int p = 0; p < P_; p++) {
+      const LedgerFragment& f = ledger_[p];
+      res_.unsent_tokens_at_crash.push_back(f.c_tokens - (f.in_flight ? std::min(f.c_tokens, f.c_tokens_at_send) : 0));
     }
   }
-  *result = res;
   return Status::Ok();
+}
+
+Status LearnerLoop::Build(uint64_t* sq, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload,
+                          net::Message* out) {
+  EnvelopeHeader h;
+  h.job_id = o_.job_id;
+  h.sender = me_;
+  h.seq = ++*sq;
+  h.incarnation = incarnation_;
+  h.sent_unix_ms = UnixMs();
+  OutgoingMessage om;
+  std::span<const uint8_t> bytes;
+  if (payload) bytes = {payload->data(), payload->size()};
+  DL_RETURN_IF_ERROR(BuildMessage(h, body, bytes, &om));
+  res_.bytes_up += om.wire_bytes();
+  *out = net::ToMessage(std::move(om), payload);
+  return Status::Ok();
+}
+
+Status LearnerLoop::Send(const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) {
+  net::Message m;
+  DL_RETURN_IF_ERROR(Build(&seq_, body, std::move(payload), &m));
+  (void)up_->Publish(o_.job_id, m);
+  return Status::Ok();
+}
+
+Status LearnerLoop::SendDealer(const MessageBody& body) {
+  net::Message m;
+  DL_RETURN_IF_ERROR(Build(&dealer_seq_, body, nullptr, &m));
+  (void)dealer_->Send(m, 0);  // queued until connected; a full queue: retried later
+  return Status::Ok();
+}
+
+Status LearnerLoop::Heartbeat(LearnerState state) {
+  HeartbeatMsg hb;
+  hb.state = state;
+  hb.step = step_;
+  hb.tokens = res_.tokens;
+  hb.loss = last_loss_;
+  hb.tokens_per_s = res_.train_s > 0 ? (float)(res_.tokens / res_.train_s) : 0.f;
+  hb.step_time_ms = (float)step_ms_ema_;
+  hb.interval_ms = o_.heartbeat_interval_ms;
+  for (int p = 0; p < P_; p++) {
+    const LedgerFragment& f = ledger_[p];
+    hb.fragments.push_back({(uint32_t)p, f.base_version, f.c_steps, f.c_tokens, f.in_flight});
+  }
+  if (liveness_) liveness_->Update(hb);
+  return Send(hb, nullptr);
+}
+
+Status LearnerLoop::BeatIfDue() {
+  if (Clock::now() - last_beat_ < std::chrono::milliseconds(o_.heartbeat_interval_ms)) return Status::Ok();
+  last_beat_ = Clock::now();
+  return Heartbeat(StateNow());
+}
+
+Status LearnerLoop::SendDelta(int p, long at_step) {
+  const LedgerFragment& f = ledger_[p];
+  const Fragment& frag = frags_[p];
+  auto payload = std::make_shared<std::vector<uint8_t>>();
+  std::vector<uint64_t> tensor_bytes;
+  // Δ = base − θ, encoded where the parameters live (θ at send is kept there too).
+  if (!backend_.sync_encode_delta(p, SyncCodecOf(sc_.codec.up), sc_.codec.block, payload.get(), &tensor_bytes))
+    return Status::Error(me_ + ": the delta of fragment " + std::to_string(p) + " at step " +
+                         std::to_string(at_step) + " is NaN or Inf (or overflows the codec); try a lower train.lr");
+  DeltaMsg d;
+  d.fragment = (uint32_t)p;
+  d.base_version = f.base_version;
+  d.c_steps = f.c_steps;
+  d.c_tokens = f.c_tokens;
+  d.learner_step = (uint64_t)at_step;
+  d.payload = FragmentPayloadInfo(frag, sc_.codec.up, sc_.codec.block, tensor_bytes);
+  DL_RETURN_IF_ERROR(Send(d, payload));
+  ledger_.OnSend(p, at_step, seq_);  // seq_: the delta's number on the main stream
+  res_.deltas_sent++;
+  progress_.last_fragment_sent = p;
+  return Status::Ok();
+}
+
+// The fragments whose cadence fires after step done. No deltas while a snapshot is awaited: the
+// bases are about to change.
+Status LearnerLoop::SendFiringDeltas(long done) {
+  for (int p = 0; p < P_; p++)
+    if (Fires(p, done, H_, P_) && !ledger_[p].in_flight && !clone_.awaiting_snapshot())
+      DL_RETURN_IF_ERROR(SendDelta(p, done));
+  return Status::Ok();
+}
+
+// Lost deltas go again with all the work since their base (not while a snapshot is awaited:
+// the bases are about to change, and the snapshot settles what is in flight).
+Status LearnerLoop::ResendLost() {
+  if (clone_.awaiting_snapshot()) return Status::Ok();
+  std::vector<int> lost;
+  lost.swap(lost_deltas_);
+  for (int p : lost)
+    if (!ledger_[p].in_flight && ledger_[p].c_steps > 0) DL_RETURN_IF_ERROR(SendDelta(p, step_));
+  return Status::Ok();
+}
+
+Status LearnerLoop::Poll(int timeout_ms) {
+  if (timeout_ms > 0 && !net::PollReadable(sockets_, timeout_ms, &ready_)) return Status::Ok();
+  net::Received r;
+  while (down_->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(HandleDownlink(r));
+  while (dealer_->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(HandleDealer());
+  if (started_ && clone_.awaiting_snapshot() &&
+      (!request_outstanding_ || Clock::now() - requested_at_ > std::chrono::milliseconds(o_.snapshot_retry_ms)))
+    DL_RETURN_IF_ERROR(RequestSnapshot());
+  return Status::Ok();
+}
+
+// A downlink message (its parse in *parsed_, its frames in r): a Global or a SyncerStatus.
+Status LearnerLoop::HandleDownlink(net::Received& r) {
+  downlink_seen_ = true;
+  last_downlink_ = Clock::now();
+  res_.bytes_down += parsed_->wire_bytes;
+  if (parsed_->get<GlobalMsg>()) DL_RETURN_IF_ERROR(HandleGlobal(r));
+  if (const SyncerStatusMsg* st = parsed_->get<SyncerStatusMsg>()) HandleStatus(*st);
+  return Status::Ok();
+}
+
+// A Global from the downlink (its parse in *parsed_, its frames in r).
+Status LearnerLoop::HandleGlobal(net::Received& r) {
+  const GlobalMsg* g = parsed_->get<GlobalMsg>();
+  if ((int)g->fragment >= P_) return Status::Ok();
+  net::VersionedUpdate u;
+  u.key = g->fragment;
+  u.version = g->version;
+  u.full = false;  // the syncer sends updates only; a full Global would be applied as a gap
+  u.message = std::move(r.message);
+  std::vector<net::VersionedUpdate> apply;
+  const net::CloneVerdict v = clone_.OnUpdate(std::move(u), &apply);
+  if (v == net::CloneVerdict::kApply) return ApplyGlobal(*parsed_);
+  if (v == net::CloneVerdict::kGap) {
+    res_.gaps++;
+    NeedSnapshot("gap in the global stream of fragment " + std::to_string(g->fragment));
+  }
+  return Status::Ok();
+}
+
+// Applies one Global that is the next version of its fragment (the CloneClient said so).
+Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
+  const GlobalMsg* g = m.get<GlobalMsg>();
+  const int p = (int)g->fragment;
+  std::vector<float>& base = bases_[p];
+  const Fragment& frag = frags_[p];
+  // An update that does not decode, or is not finite, would poison every parameter it touches:
+  // refuse it and resync from a snapshot.
+  if (Status decoded = DecodeFiniteUpdate(frag, *g, m); !decoded.ok()) {
+    res_.globals_refused++;
+    std::fprintf(stderr, "%s: refusing Global %llu of fragment %d (%s); resyncing\n", me_.c_str(),
+                 (unsigned long long)g->version, p, decoded.message().c_str());
+    NeedSnapshot("refused global of fragment " + std::to_string(p));
+    return Status::Ok();
+  }
+  if (g->payload.topk_fraction != 0)
+    return Status::Error(me_ + ": a top-k Global (fragment " + std::to_string(g->fragment) +
+                         ") cannot be applied where the parameters live; use a dense sync.codec.down");
+  const bool included_self = std::any_of(g->contributors.begin(), g->contributors.end(),
+                                         [&](const Contributor& c) { return c.learner == me_; });
+  ApplyUpdate(scratch_.data(), frag.numel, base.data());
+  ContiguousPayload(m, &contiguous_);
+  if (!backend_.sync_apply_update((int)g->fragment, contiguous_.data(), contiguous_.size(),
+                                  SyncCodecOf(g->payload.codec), g->payload.block_size))
+    return Status::Error(me_ + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
+                         " that the wire codec accepted; this is a bug");
+  if (Crc32c(base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
+    // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p, and a delta in flight,
+    // stay until then: a lock-step learner keeps waiting for the snapshot).
+    ledger_.OnCrcMismatch(p, g->version);
+    res_.crc_mismatches++;
+    NeedSnapshot("crc mismatch on fragment " + std::to_string(g->fragment) + " version " +
+                 std::to_string(g->version));
+    return Status::Ok();
+  }
+  const GlobalFold fold = ledger_.OnGlobal(p, g->version, included_self);
+  backend_.sync_fold(p, FoldModeOf(sc_.fold), sc_.alpha,
+                     fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
+  if (fold.shift_at_send) backend_.sync_shift_at_send(p);
+  MarkChanged(p);
+  res_.globals_applied++;
+  progress_.last_fragment_folded = (int)g->fragment;
+  return Status::Ok();
+}
+
+// A Global's update decoded into scratch_; an error when it does not decode or is not finite.
+Status LearnerLoop::DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g, const ParsedMessage& m) {
+  Status decoded = DecodeFragmentPayload(frag, g.payload, m, &scratch_);
+  if (decoded.ok() && !std::all_of(scratch_.begin(), scratch_.end(), [](float x) { return std::isfinite(x); }))
+    decoded = Status::Error("its update is not finite");
+  return decoded;
+}
+
+// A SyncerStatus (fragment_ledger.h, Status and Drop):
+//  - a drop notice for our in-flight delta: no Global will include it, so stop waiting; the next
+//    delta of that fragment carries all the progress since its base (the error-feedback
+//    residual of the dropped one goes too). A base from the future: the syncer went back: resync;
+//  - a version that differs from our base: we missed a Global (or the syncer went back): resync;
+//  - an in-flight delta the syncer has heard past and does not hold: lost; sent again at once
+//    (lost_deltas_), so a lock-step round is not left waiting for it.
+void LearnerLoop::HandleStatus(const SyncerStatusMsg& st) {
+  HandleDropNotices(st.recent_drops);
+  if (clone_.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
+  CheckVersionsAndAcks(st);
+}
+
+void LearnerLoop::HandleDropNotices(const std::vector<DroppedDelta>& drops) {
+  for (const DroppedDelta& d : drops) {
+    if (d.learner != me_ || d.fragment >= (uint32_t)P_) continue;
+    if (!ledger_.OnDrop((int)d.fragment, d.base_version)) continue;
+    backend_.sync_reset_residual((int)d.fragment);
+    res_.deltas_dropped++;
+    std::fprintf(stderr, "%s: the syncer dropped our delta of fragment %u (base %llu): %s\n", me_.c_str(),
+                 d.fragment, (unsigned long long)d.base_version, d.reason.c_str());
+    if (d.reason == ToString(StalenessVerdict::kFromTheFuture))
+      NeedSnapshot("the syncer is behind our base of fragment " + std::to_string(d.fragment));
+  }
+}
+
+void LearnerLoop::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
+  const LearnerAck* ack = nullptr;
+  for (const LearnerAck& a : st.acks)
+    if (a.learner == me_ && a.incarnation == incarnation_) ack = &a;
+  const StatusVerdict v = ledger_.OnStatus(st.versions, ack);
+  if (!v.missed.empty()) {
+    res_.globals_missed += v.missed.size();
+    const int p = v.missed.front();
+    NeedSnapshot("fragment " + std::to_string(p) + " is at version " + std::to_string(st.versions[p]) +
+                 " at the syncer, ours is " + std::to_string(ledger_[p].base_version));
+  }
+  for (int p : v.lost) {
+    backend_.sync_reset_residual(p);
+    res_.deltas_lost++;
+    lost_deltas_.push_back(p);
+    std::fprintf(stderr, "%s: our delta of fragment %d (base %llu) never reached the syncer; sending again\n",
+                 me_.c_str(), p, (unsigned long long)ledger_[p].sent_base);
+  }
+}
+
+// A DEALER message (its parse in *dparsed_): a Welcome or a part of the snapshot asked for.
+Status LearnerLoop::HandleDealer() {
+  res_.bytes_down += dparsed_->wire_bytes;
+  if (const WelcomeMsg* w = dparsed_->get<WelcomeMsg>()) {
+    if (w->result == JoinResult::kAccepted) {
+      welcomed_ = true;
+    } else if (w->result != JoinResult::kBusy) {
+      return Status::Error(me_ + ": the syncer at " + o_.snapshot_endpoint + " refused this learner: " + w->reason);
+    }
+    return Status::Ok();
+  }
+  if (dparsed_->get<SnapshotMsg>() && assembler_ && request_outstanding_) {
+    if (dparsed_->get<SnapshotMsg>()->request_id != request_id_) return Status::Ok();  // an older answer
+    if (Status st = assembler_->Add(std::move(*dparsed_)); !st.ok()) {
+      std::fprintf(stderr, "%s: dropping a snapshot part (%s); will ask again\n", me_.c_str(), st.message().c_str());
+      return Status::Ok();
+    }
+    if (assembler_->complete()) return InstallSnapshot(assembler_->Take());
+  }
+  return Status::Ok();
+}
+
+void LearnerLoop::NeedSnapshot(const std::string& why) {
+  clone_.BeginSnapshot();
+  resync_reason_ = why;
+}
+
+Status LearnerLoop::RequestSnapshot() {
+  SnapshotRequestMsg rq;
+  rq.request_id = ++request_id_;
+  rq.reason = resync_reason_;
+  assembler_ = std::make_unique<SnapshotAssembler>(request_id_, backend_.num_params() * sizeof(float) + (1 << 20));
+  request_outstanding_ = true;
+  requested_at_ = Clock::now();
+  return SendDealer(rq);
+}
+
+// A complete snapshot: install the fragments that differ, then the buffered newer Globals.
+Status LearnerLoop::InstallSnapshot(std::vector<ParsedMessage>&& parts) {
+  for (ParsedMessage& part : parts) DL_RETURN_IF_ERROR(InstallSnapshotPart(part));
+  std::map<uint64_t, uint64_t> versions;
+  const std::vector<uint64_t>& cut = parts.front().get<SnapshotMsg>()->versions;
+  for (int p = 0; p < P_; p++) versions[(uint64_t)p] = cut[p];
+  res_.snapshots_installed++;
+  request_outstanding_ = false;
+  return ApplyBufferedGlobals(versions);
+}
+
+// One fragment of a snapshot, checked; installed when it differs from what this learner holds.
+Status LearnerLoop::InstallSnapshotPart(ParsedMessage& part) {
+  const SnapshotMsg& sm = *part.get<SnapshotMsg>();
+  if ((int)sm.fragment >= P_ || sm.versions.size() != (size_t)P_)
+    return Status::Error(me_ + ": snapshot has " + std::to_string(sm.versions.size()) + " fragments, this learner " +
+                         std::to_string(P_) + "; are the syncer and the learner running the same config?");
+  const Fragment& frag = frags_[sm.fragment];
+  DL_RETURN_IF_ERROR(DecodeFragmentPayload(frag, sm.payload, part, &scratch_)
+                         .WithContext(me_ + ": snapshot part for fragment " + std::to_string(sm.fragment)));
+  if (Crc32c(scratch_.data(), frag.numel * sizeof(float)) != sm.fragment_crc32c)
+    return Status::Error(me_ + ": snapshot fragment " + std::to_string(sm.fragment) + " fails its CRC32C");
+  const int p = (int)sm.fragment;
+  if (!std::all_of(scratch_.begin(), scratch_.end(), [](float x) { return std::isfinite(x); }))
+    return Status::Error(me_ + ": snapshot fragment " + std::to_string(p) + " is not finite");
+  const bool same = !ledger_[p].bad && ledger_[p].base_version == sm.version &&
+                    Crc32c(bases_[p].data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
+  if (!same) {
+    bases_[p] = scratch_;
+    backend_.sync_install(p, bases_[p].data());
+    MarkChanged(p);
+    ledger_.OnSnapshot(p, sm.version);
+  }
+  return Status::Ok();
+}
+
+// The state is now at versions (a snapshot's cut, or version 0): the buffered Globals newer than
+// that apply, in order.
+Status LearnerLoop::ApplyBufferedGlobals(const std::map<uint64_t, uint64_t>& versions) {
+  std::vector<net::VersionedUpdate> apply;
+  clone_.OnSnapshot(versions, &apply);
+  ParsedMessage m;
+  for (auto& u : apply) {
+    const auto spans = u.message.spans();
+    DL_RETURN_IF_ERROR(ParseEnvelope(spans, expect_, &m).WithContext(me_ + ": a buffered global"));
+    DL_RETURN_IF_ERROR(ApplyGlobal(m));
+  }
+  return Status::Ok();
+}
+
+Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) {
+  step_ = at;
+  if (TimeLimitReached(tc_, train_start_)) {
+    control->stop = true;
+    return Status::Ok();
+  }
+  if (Crashed()) {
+    res_.crashed = true;
+    control->stop = true;
+    return Status::Ok();
+  }
+  if (Stopping()) {
+    res_.stopped = true;
+    control->stop = true;
+    return Status::Ok();
+  }
+  if (o_.before_step) o_.before_step(step_);
+  DL_RETURN_IF_ERROR(Poll(0));
+  DL_RETURN_IF_ERROR(ResendLost());
+  DL_RETURN_IF_ERROR(WaitForBlockedFragments());
+  DL_RETURN_IF_ERROR(BeatIfDue());
+  control->changed = std::move(changed_);
+  changed_.clear();
+  return Status::Ok();
+}
+
+// Lock-step modes: wait for fragments in flight too long, as long as the syncer is there (a
+// lost delta or Global is found through its status and sent or fetched again).
+Status LearnerLoop::WaitForBlockedFragments() {
+  for (int p = 0; p < P_; p++) {
+    if (!ledger_.Blocks(p, step_, block_after_)) continue;
+    const auto w0 = Clock::now();
+    const int64_t w0_unix = (int64_t)UnixMs();
+    DL_RETURN_IF_ERROR(WaitUntil([&] { return !ledger_.Blocks(p, step_, block_after_) || Stopping(); },
+                                 "waiting for the global of fragment " + std::to_string(p) + " at step " +
+                                     std::to_string(step_)));
+    res_.wait_s += std::chrono::duration<double>(Clock::now() - w0).count();
+    res_.blocked_unix_ms.push_back({w0_unix, (int64_t)UnixMs()});
+  }
+  return Status::Ok();
+}
+
+// Poll (and beat) until done() or the syncer has been silent for syncer_timeout_ms. what names
+// the wait in the error and in the progress lines printed every 30 s.
+Status LearnerLoop::WaitUntil(const std::function<bool()>& done, const std::string& what) {
+  auto last_said = Clock::now();
+  while (!done()) {
+    if ((o_.crash && o_.crash->load())) return Status::Ok();
+    DL_RETURN_IF_ERROR(BeatIfDue());
+    DL_RETURN_IF_ERROR(Poll(10));
+    DL_RETURN_IF_ERROR(ResendLost());
+    const auto now = Clock::now();
+    if (now - last_downlink_ > std::chrono::milliseconds(o_.syncer_timeout_ms))
+      return Status::Error(me_ + ": no word from the syncer (downlink " + o_.downlink_endpoint + ") for " +
+                           std::to_string(o_.syncer_timeout_ms / 1000) + " s while " + what +
+                           "; is it running? (LearnerOptions::syncer_timeout_ms)");
+    if (now - last_said > std::chrono::seconds(30)) {
+      std::fprintf(stderr, "%s: still %s\n", me_.c_str(), what.c_str());
+      last_said = now;
+    }
+  }
+  return Status::Ok();
+}
+
+Status LearnerLoop::AfterStep(const StepResult& r, TrainingBackend&) {
+  const StepStats& st = r.stats;
+  if (!st.applied)
+    return Status::Error(me_ + ": training diverged at step " + std::to_string(step_) +
+                         " (loss or gradient NaN/Inf). Try a lower train.lr or sync.outer.lr");
+  const double step_s = StretchStep(r.step_s);
+  res_.compute_s += r.step_s;
+  step_ms_ema_ = step_ms_ema_ == 0 ? step_s * 1e3 : step_ms_ema_ + 0.2 * (step_s * 1e3 - step_ms_ema_);
+  res_.train_s += step_s;
+  res_.tokens += tokens_per_step_;
+  last_loss_ = (float)st.loss;
+  recent_sum_ += st.loss;
+  recent_n_++;
+  ledger_.OnStep((uint64_t)tokens_per_step_);
+  const long done = r.step + 1;
+  step_ = done;
+  DL_RETURN_IF_ERROR(SendFiringDeltas(done));
+  Report(StateNow());
+  DL_RETURN_IF_ERROR(SaveMomentsIfDue(done));
+  if (done % tc_.log_every == 0 || done == tc_.steps) LogStep(r, done, step_s);
+  return Status::Ok();
+}
+
+// A slowed learner (learners[i].slowdown, or the factor chaos sets) sleeps (slowdown − 1) × the
+// step's own time; returns the step's time with that stretch.
+double LearnerLoop::StretchStep(double step_s) {
+  const double slow = o_.slowdown ? o_.slowdown->load() : slowdown_;
+  if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * step_s));
+  return step_s * std::max(1.0, slow);
+}
+
+// The learner's own moments, for a restart (its parameters then come from a snapshot).
+Status LearnerLoop::SaveMomentsIfDue(long done) {
+  if (!o_.run_dir.empty() && tc_.checkpoint_every > 0 && done % tc_.checkpoint_every == 0)
+    DL_RETURN_IF_ERROR(SaveCheckpoint(LearnerCheckpointPath(o_.run_dir, o_.index), backend_, done,
+                                      RunConfigToYaml(cfg_))
+                           .WithContext(me_ + ": saving its moments"));
+  return Status::Ok();
+}
+
+// Every log_every steps: the mean loss since the last time, and a metrics.jsonl line.
+void LearnerLoop::LogStep(const StepResult& r, long done, double step_s) {
+  res_.final_train_loss = recent_sum_ / recent_n_;
+  recent_sum_ = 0;
+  recent_n_ = 0;
+  if (!o_.metrics) return;
+  std::lock_guard<std::mutex> lock(*o_.metrics_mu);
+  (void)o_.metrics->Write({{"learner", o_.index},
+                           {"step", done},
+                           {"loss", r.stats.loss},
+                           {"lr", r.lr},
+                           {"grad_norm", r.stats.grad_norm},
+                           {"tokens", res_.tokens},
+                           {"step_ms", step_s * 1e3},
+                           {"tok_per_s", res_.tokens / res_.train_s},
+                           {"bytes_up", res_.bytes_up},
+                           {"bytes_down", res_.bytes_down},
+                           {"versions", BaseVersions()}});
+}
+
+// The parameters of fragment p changed on rank 0: the ring copies them before the next step.
+void LearnerLoop::MarkChanged(int p) {
+  for (const FragmentRange& r : frags_[p].ranges) changed_.push_back({r.offset, r.numel});
+}
+
+void LearnerLoop::Report(LearnerState state) {
+  // What a restart continues from (a few times a second; a step is cheap to lose).
+  if (!o_.run_dir.empty() && Clock::now() - last_step_save_ > std::chrono::milliseconds(250)) {
+    last_step_save_ = Clock::now();
+    (void)SaveLearnerStep(o_.run_dir, o_.index, step_);
+  }
+  if (!o_.on_progress) return;
+  progress_.state = state;
+  progress_.step = step_;
+  progress_.tokens = res_.tokens;
+  progress_.loss = last_loss_;
+  progress_.tokens_per_s = res_.train_s > 0 ? res_.tokens / res_.train_s : 0;
+  progress_.base_versions = BaseVersions();
+  progress_.deltas_sent = res_.deltas_sent;
+  progress_.globals_applied = res_.globals_applied;
+  progress_.snapshots_installed = res_.snapshots_installed;
+  o_.on_progress(progress_);
+}
+
+LearnerState LearnerLoop::StateNow() const {
+  return clone_.awaiting_snapshot() ? LearnerState::kResyncing : LearnerState::kTraining;
+}
+
+// Per fragment: the version of the global it last folded.
+std::vector<uint64_t> LearnerLoop::BaseVersions() const {
+  std::vector<uint64_t> v;
+  for (int p = 0; p < P_; p++) v.push_back(ledger_[p].base_version);
+  return v;
+}
+
+bool LearnerLoop::Crashed() const {
+  return (o_.crash && o_.crash->load()) || (o_.crash_after_steps >= 0 && step_ >= o_.crash_after_steps);
+}
+
+bool LearnerLoop::Stopping() const { return o_.stop && o_.stop->load(); }
+
+Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
+                        LocalRing& ring, bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
+  std::vector<Fragment> frags;
+  DL_RETURN_IF_ERROR(PartitionFragments(ring.backend(0).table(), EffectiveFragments(o.config->sync), &frags));
+  LearnerLoop loop(context, o, train, ring, std::move(frags));
+  return loop.Run(loop_entered, loop_end_crc, result);
 }
 
 }  // namespace

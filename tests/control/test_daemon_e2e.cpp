@@ -302,9 +302,12 @@ TEST_CASE("a learner daemon killed with -9 and started again rejoins and the job
   const std::string job = Submit(dir, *c, 2500);
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 300; }, 40,
              "learner-1 to reach step 300");
+  // It rewrites its step file about once a second: kill it once the file holds a step.
+  const std::string run_b = c->StateDir("site-b") + "/jobs/" + job + "/run";
+  for (int i = 0; i < 200 && std::atol(ReadFile(run_b + "/learner-1.step").c_str()) <= 0; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   c->Kill("site-b", SIGKILL);
   // The step learner-1 had recorded when it died.
-  const std::string run_b = c->StateDir("site-b") + "/jobs/" + job + "/run";
   const long recorded = std::atol(ReadFile(run_b + "/learner-1.step").c_str());
   CHECK(recorded > 0);
   const int64_t restarted_ms = UnixMs();
