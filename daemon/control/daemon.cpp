@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -17,6 +18,7 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/control/control_protocol.h"
+#include "daemon/control/job_limits.h"
 #include "daemon/control/job_store.h"
 #include "daemon/control/roles.h"
 #include "daemon/control/site_chaos.h"
@@ -43,16 +45,46 @@ std::atomic<bool> g_shutdown{false};
 
 void OnSignal(int) { g_shutdown = true; }
 
+// The last `lines` lines of a file (lines clamped to [1, kMaxTailLines]: a request cannot make
+// the daemon hold more).
+constexpr int kMaxTailLines = 10000;
+int TailLines(const std::string& requested) {
+  const long n = std::strtol(requested.c_str(), nullptr, 10);
+  return (int)std::clamp<long>(n, 1, kMaxTailLines);
+}
 std::string Tail(const std::string& path, int lines) {
+  lines = std::clamp(lines, 1, kMaxTailLines);
   std::ifstream f(path);
-  std::vector<std::string> all;
+  std::deque<std::string> last;
   for (std::string line; std::getline(f, line);) {
-    all.push_back(line);
-    if ((int)all.size() > lines * 2 + 64) all.erase(all.begin(), all.end() - lines);
+    last.push_back(std::move(line));
+    if ((int)last.size() > lines) last.pop_front();
   }
   std::string out;
-  for (size_t i = all.size() > (size_t)lines ? all.size() - lines : 0; i < all.size(); i++) out += all[i] + "\n";
+  for (const std::string& line : last) out += line + "\n";
   return out;
+}
+
+// JSON as text for replies and logs: strings that are not valid UTF-8 (a path with byte 0xff,
+// say) come out with U+FFFD instead of throwing.
+std::string JsonText(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+// A site's view of a job (LocalView) as a peer sent it: only the shapes the readers below rely on
+// (objects where they index, strings where they read text). Anything else is refused whole.
+bool IsJobView(const nlohmann::json& v) {
+  if (!v.is_object()) return false;
+  for (const char* key : {"state", "error", "run_dir", "site"})
+    if (v.contains(key) && !v[key].is_string()) return false;
+  if (!v.contains("roles")) return true;
+  if (!v["roles"].is_object()) return false;
+  for (const auto& [name, role] : v["roles"].items()) {
+    if (!role.is_object()) return false;
+    for (const char* key : {"progress", "result"})
+      if (role.contains(key) && !role[key].is_object() && !role[key].is_null()) return false;
+    for (const char* key : {"state", "error"})
+      if (role.contains(key) && !role[key].is_string()) return false;
+  }
+  return true;
 }
 
 // j[key] when it is a number, else fallback (NaN is stored as JSON null).
@@ -390,6 +422,7 @@ struct Daemon::Impl {
       DL_RETURN_IF_ERROR(CheckJobFitsSite(config.site, config.devices, all.device, all.ranks));
       DL_RETURN_IF_ERROR(CheckTrainDevice(all).WithContext("site '" + config.site + "'"));
     }
+    DL_RETURN_IF_ERROR(CheckJobFitsMemory(config.site, cfg, here, cfg.placement.syncer == config.site, MachineMemoryBytes()));
     if (!cfg.chaos.empty() && !config.chaos)
       return Status::Error("the job has a chaos: section, which site " + config.site + " refuses: its daemon config (" +
                            config.source + ") says chaos: false (set chaos: true on test clusters only)");
@@ -505,7 +538,13 @@ struct Daemon::Impl {
       ControlArgs reply;
       Status st = CallPeer(site, "peer_status", id, {}, &reply, 2000);
       if (st.ok()) {
-        sites[site] = nlohmann::json::parse(reply["json"], nullptr, false);
+        nlohmann::json view = nlohmann::json::parse(reply["json"], nullptr, false);
+        if (IsJobView(view)) {
+          sites[site] = std::move(view);
+        } else {
+          Log("job " + id + ": site " + site + " answered peer_status with something that is not a job view; ignored");
+          sites[site] = {{"site", site}, {"unreachable", "its status reply was not a job view"}};
+        }
       } else {
         sites[site] = {{"site", site}, {"unreachable", st.message()}};
       }
@@ -551,7 +590,7 @@ struct Daemon::Impl {
       nlohmann::json summary = Summary(out);
       if (!summary.is_null()) out["summary"] = summary;
     }
-    return {{"ok", "1"}, {"json", out.dump()}};
+    return {{"ok", "1"}, {"json", JsonText(out)}};
   }
 
   // The `train --json` summary object, from the syncer's and learners' results.
@@ -612,7 +651,7 @@ struct Daemon::Impl {
       nlohmann::json j = LocalView(id);
       if (!j.is_null()) arr.push_back(j);
     }
-    return {{"ok", "1"}, {"json", arr.dump()}};
+    return {{"ok", "1"}, {"json", JsonText(arr)}};
   }
 
   Status StopLocal(const std::string& id) {
@@ -660,6 +699,27 @@ struct Daemon::Impl {
     return {{"ok", "1"}, {"text", text}};
   }
 
+
+  // ---- Never down for one bad request or record ----
+  // An exception out of a periodic task is logged and the loop goes on; out of a handler it is
+  // also the request's answer.
+  template <typename F>
+  void Guarded(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      Log(std::string(what) + " failed: " + e.what() + " (the daemon goes on)");
+    }
+  }
+  template <typename F>
+  ControlArgs GuardedReply(const std::string& request, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      Log("request '" + request + "' failed: " + e.what() + " (the daemon goes on)");
+      return {{"error", "site " + config.site + " could not handle '" + request + "': " + e.what()}};
+    }
+  }
 
   // ---- Chaos (site_chaos.h) ----
 
@@ -846,7 +906,7 @@ struct Daemon::Impl {
     if (name == "list") return List();
     if (name == "status") return job == kNoJob ? List() : JobStatus(job);
     if (name == "stop") return Stop(job);
-    if (name == "logs") return Logs(job, std::max(1, std::atoi(arg("tail", "50").c_str())));
+    if (name == "logs") return Logs(job, TailLines(arg("tail", "50")));
     if (name == "chaos") return Chaos(job, a);
     if (name == "run_dir") {
       if (!store->Exists(job)) return UnknownJob(job);
@@ -871,7 +931,7 @@ struct Daemon::Impl {
     const ControlMsg* c = m.get<ControlMsg>();
     const ControlArgs a = ArgsOf(*c);
     if (!store->Exists(job)) return UnknownJob(job);
-    if (c->name == "peer_status") return {{"ok", "1"}, {"json", LocalView(job).dump()}};
+    if (c->name == "peer_status") return {{"ok", "1"}, {"json", JsonText(LocalView(job))}};
     if (c->name == "peer_stop") {
       if (Status st = StopLocal(job); !st.ok()) return {{"error", st.message()}};
       return {{"ok", "1"}};
@@ -891,7 +951,7 @@ struct Daemon::Impl {
     }
     if (c->name == "peer_logs") {
       auto it = a.find("tail");
-      return {{"ok", "1"}, {"text", Tail(store->LogPath(job), it == a.end() ? 50 : std::atoi(it->second.c_str()))}};
+      return {{"ok", "1"}, {"text", Tail(store->LogPath(job), it == a.end() ? 50 : TailLines(it->second))}};
     }
     return {{"error", "unknown peer command '" + c->name + "'"}};
   }
@@ -966,7 +1026,7 @@ struct Daemon::Impl {
         } else {
           const bool stopped = job.stop_requested || rr.result.value("stopped", false);
           rr.state = stopped ? JobState::kStopped : JobState::kCompleted;
-          JobLog(id, rit->first + " " + ToString(rr.state) + ": " + rr.result.dump());
+          JobLog(id, rit->first + " " + ToString(rr.state) + ": " + JsonText(rr.result));
         }
         changed = true;
         rit = job.roles.erase(rit);
@@ -1030,6 +1090,10 @@ struct Daemon::Impl {
             break;
           }
           view = views[site] = nlohmann::json::parse(reply["json"], nullptr, false);
+          if (!IsJobView(view)) {
+            all_ended = false;
+            break;
+          }
         }
         const std::string state = view.is_object() && view.contains("roles") && view["roles"].contains(name)
                                       ? view["roles"][name].value("state", "")
@@ -1174,19 +1238,21 @@ Status Daemon::Run() {
   std::vector<bool> ready;
   net::Received r;
   while (!g_shutdown) {
-    im.Reap();
-    im.ChaosTick();
-    for (auto& [id, job] : im.jobs)
-      for (auto& [name, role] : job.roles) role->Observe();
-    im.CheckLearnersEnded();
-    im.UpdateMetrics();
+    im.Guarded("reaping ended roles", [&] { im.Reap(); });
+    im.Guarded("chaos", [&] { im.ChaosTick(); });
+    im.Guarded("goodput", [&] {
+      for (auto& [id, job] : im.jobs)
+        for (auto& [name, role] : job.roles) role->Observe();
+    });
+    im.Guarded("checking the learners", [&] { im.CheckLearnersEnded(); });
+    im.Guarded("metrics", [&] { im.UpdateMetrics(); });
     if (!net::PollReadable(sockets, 100, &ready)) continue;
     if (ready[0] && im.local->Receive(&r, 0) == net::RecvResult::kMessage) {
       const ParsedMessage& m = *im.local_parsed;
       if (const ControlMsg* c = m.get<ControlMsg>()) {
         const ControlArgs args = ArgsOf(*c);
         const std::string job = m.header.job_id;
-        ControlArgs reply = im.HandleLocal(c->name, job, args);
+        ControlArgs reply = im.GuardedReply(c->name, [&] { return im.HandleLocal(c->name, job, args); });
         im.Reply(*im.local, r, m, reply);
       }
     }
@@ -1203,7 +1269,8 @@ Status Daemon::Run() {
           continue;
         }
       }
-      im.Reply(*im.peers, r, m, im.HandlePeer(sender, m));
+      const ControlMsg* c = m.get<ControlMsg>();
+      im.Reply(*im.peers, r, m, im.GuardedReply(c ? c->name : "job_spec", [&] { return im.HandlePeer(sender, m); }));
       im.KillProcessIfAsked();
     }
   }

@@ -114,7 +114,8 @@ Status JobStore::Create(const JobRecord& record, const std::string& config_yaml)
 
 Status JobStore::Save(JobRecord record) {
   record.updated_ms = UnixMsNow();
-  const std::string text = JobRecordToJson(record).dump(2) + "\n";
+  // Invalid UTF-8 (an error naming a path with byte 0xff, say) is stored as U+FFFD, not thrown.
+  const std::string text = JobRecordToJson(record).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   return WriteFileAtomically(JobDir(record.id) + "/state.json", {{text.data(), text.size()}}, "job state");
 }
 

@@ -17,7 +17,7 @@ Status JsonlWriter::Open(const std::string& path) {
 }
 
 Status JsonlWriter::Write(const nlohmann::json& object) {
-  const std::string line = object.dump() + "\n";
+  const std::string line = object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // bad UTF-8 -> U+FFFD
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     return Status::Error("cannot write to '" + path_ + "': " + std::strerror(errno));
   return Status::Ok();

@@ -5,6 +5,7 @@ diloco_test(control_tests
   control/test_site_chaos.cpp
   control/test_live_goodput.cpp
   control/test_daemon_e2e.cpp
+  control/test_daemon_hardening.cpp
 )
 target_link_libraries(control_tests PRIVATE diloco_control diloco_export nlohmann_json::nlohmann_json)
 # The e2e cases start the real binaries.

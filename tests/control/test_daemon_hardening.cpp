@@ -1,0 +1,184 @@
+// A daemon that bad input and bad peers cannot take down. Each case was seen crashing a real
+// dilocod before its fix; here the same request goes to real daemons (LocalCluster), through the
+// real CLI or as a peer holding a real site key, and the daemons must answer and stay up.
+#include <signal.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "daemon/config/daemon_config.h"
+#include "daemon/control/control_protocol.h"
+#include "daemon/net/channel.h"
+#include "daemon/net/curve.h"
+#include "daemon/net/wire_transport.h"
+#include "tests/control/daemon_testing.h"
+
+namespace diloco {
+using namespace testing;
+namespace {
+
+// A control request to `to`'s peer socket as site `from` (its real keys).
+Status PeerCall(LocalCluster& c, const std::string& from, const std::string& to, const std::string& name,
+                const std::string& job, const ControlArgs& args, ControlArgs* reply) {
+  DaemonConfig target;
+  DL_RETURN_IF_ERROR(LoadDaemonConfig(c.ConfigPath(to), &target));
+  net::CurveKeyPair mine, theirs;
+  DL_RETURN_IF_ERROR(net::LoadCurveKeyPair(c.SiteDir(from) + "/keys", &mine));
+  DL_RETURN_IF_ERROR(net::LoadCurveKeyPair(c.SiteDir(to) + "/keys", &theirs));
+  std::unique_ptr<net::NetContext> context;
+  DL_RETURN_IF_ERROR(net::NetContext::Create({}, &context));
+  ControlTarget t;
+  t.endpoint = target.listen.control;
+  t.sender = from;
+  t.timeout_ms = 5000;
+  t.curve = net::CurveOptions{mine.public_z85, mine.secret_z85, false, "dilocod", theirs.public_z85};
+  return CallControl(*context, t, name, job, args, reply);
+}
+
+void RequireAllRunning(LocalCluster& c) {
+  for (const std::string& site : c.sites()) {
+    INFO(site << " log:\n" << TailFile(c.LogPath(site), 20));
+    REQUIRE(c.Running(site));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("logs with a negative, huge or junk line count answers, locally and between peers", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 50);
+  WaitStatus(*c, "site-a", job, Completed, 60, "the job to complete");
+  // A long-running job's logs are long.
+  for (const std::string& site : c->sites()) {
+    std::ofstream log(c->StateDir(site) + "/jobs/" + job + "/job.log", std::ios::app);
+    for (int i = 0; i < 300; i++) log << "[" << site << "] line " << i << "\n";
+  }
+  const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
+  for (const char* n : {"-5", "0", "2147483647"}) {
+    const CtlResult r = Ctl(dir, std::string("logs ") + job + " --tail " + n + sock);
+    INFO("--tail " << n << ": " << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("[site-a]"));
+  }
+  for (const char* n : {"-5", "2147483647", "99999999999999999999", "abc", ""}) {
+    ControlArgs reply;
+    const Status st = PeerCall(*c, "site-a", "site-b", "peer_logs", job, {{"tail", n}}, &reply);
+    INFO("peer_logs tail '" << n << "': " << st.message());
+    CHECK(st.ok());
+  }
+  RequireAllRunning(*c);
+}
+
+TEST_CASE("a job error with bytes that are not UTF-8 is stored, shown and survives a restart", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
+  // A corpus path with bytes 0xff 0xfe: the learners' sites cannot open it, and say so.
+  std::string text = JobYaml(50);
+  text.replace(text.find("/usr/share/games/fortunes"), 25, "/tmp/no\xff\xfe.txt");  // raw bytes in the file
+  const std::string yaml = dir.Write("bad-utf8.yaml", text);
+  CtlResult r = Ctl(dir, "submit '" + yaml + "'" + sock);
+  INFO(r.err);
+  CHECK(r.exit_code != 0);
+  // The syncer's site recorded the failure (its corpus did not open) with the bytes replaced;
+  // every daemon still lists and shows its jobs, before and after a restart.
+  for (int round = 0; round < 2; round++) {
+    for (const std::string& site : c->sites()) {
+      r = Ctl(dir, "list --json --socket '" + c->SocketPath(site) + "'");
+      INFO(site << ": " << r.err);
+      CHECK(r.exit_code == 0);
+      const nlohmann::json jobs = nlohmann::json::parse(r.out, nullptr, false);
+      REQUIRE(jobs.is_array());
+      if (site == "site-s") {
+        REQUIRE(jobs.size() == 1);
+        CHECK(jobs[0]["state"] == "failed");
+        CHECK_THAT(jobs[0].value("error", ""), Catch::Contains("/tmp/no\xef\xbf\xbd\xef\xbf\xbd.txt"));
+        r = Ctl(dir, "status " + jobs[0]["id"].get<std::string>() + " --socket '" + c->SocketPath(site) + "'");
+        CHECK(r.exit_code == 0);
+      }
+    }
+    RequireAllRunning(*c);
+    if (round == 0)
+      for (const std::string& site : c->sites()) {
+        int code = -1;
+        REQUIRE(c->Stop(site, 10000, &code).ok());
+        REQUIRE(c->Start(site).ok());
+      }
+  }
+}
+
+TEST_CASE("a model too big for the site is refused at submit with the estimate", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string yaml = dir.Write("huge.yaml", JobYaml(10));
+  const CtlResult r = Ctl(dir, "submit '" + yaml + "' --set model.n_layer=64 --set model.n_embd=131072 --socket '" +
+                                   c->SocketPath("site-a") + "'");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("cannot hold this job") && Catch::Contains("GiB") && Catch::Contains("n_embd 131072"));
+  RequireAllRunning(*c);
+  const CtlResult list = Ctl(dir, "list --json --socket '" + c->SocketPath("site-s") + "'");
+  CHECK(nlohmann::json::parse(list.out).empty());
+}
+
+// A peer that answers status with JSON of the wrong shape (holding site-b's real keys, on
+// site-b's endpoint): the asking daemon shows that site as unreachable and stays up.
+TEST_CASE("a peer's status reply of the wrong shape does not take the asking daemon down", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 50);
+  WaitStatus(*c, "site-a", job, Completed, 60, "the job to complete");
+  int code = -1;
+  REQUIRE(c->Stop("site-b", 10000, &code).ok());
+
+  DaemonConfig b;
+  REQUIRE(LoadDaemonConfig(c->ConfigPath("site-b"), &b).ok());
+  net::CurveKeyPair keys, a_keys, s_keys;
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-b") + "/keys", &keys).ok());
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-a") + "/keys", &a_keys).ok());
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-s") + "/keys", &s_keys).ok());
+  std::unique_ptr<net::NetContext> context;
+  REQUIRE(net::NetContext::Create({}, &context).ok());
+  REQUIRE(context->SetAllowlist("dilocod", {a_keys.public_z85, s_keys.public_z85}).ok());
+  auto parsed = std::make_shared<ParsedMessage>();
+  net::ReceiveOptions ro;
+  ro.track_sequence = false;
+  ro.validator = net::EnvelopeValidator(ControlParseOptions(), parsed);
+  net::SocketOptions so;
+  so.name = "fake-site-b";
+  so.curve = net::CurveOptions{keys.public_z85, keys.secret_z85, true, "dilocod", ""};
+  std::unique_ptr<net::RouterChannel> fake;
+  REQUIRE(net::RouterChannel::Create(*context, so, ro, &fake).ok());
+  REQUIRE(fake->Bind(b.listen.control).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::thread server([&] {
+    const char* shapes[] = {"[1,2,3]", "{\"roles\": {\"learner-1\": \"x\"}}", "{\"roles\": [1]}",
+                            "{\"state\": 7}", "{\"roles\": {\"learner-1\": {\"result\": 5}}}", "not json"};
+    net::Received r;
+    while (!stop) {
+      if (fake->Receive(&r, 100) != net::RecvResult::kMessage) continue;
+      const ControlMsg* m = parsed->get<ControlMsg>();
+      if (!m) continue;
+      net::Message out;
+      const ControlArgs args = {{"ok", "1"}, {"json", shapes[answered++ % 6]}};
+      if (BuildControlReply("site-b", parsed->header.job_id, m->name, m->request_id, args, &out).ok())
+        (void)fake->SendTo(r.peer, out, 100);
+    }
+  });
+  for (int i = 0; i < 6; i++) {
+    const CtlResult r = Ctl(dir, "status " + job + " --json --socket '" + c->SocketPath("site-a") + "'");
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    const nlohmann::json s = nlohmann::json::parse(r.out, nullptr, false);
+    CHECK(s.is_object());
+  }
+  stop = true;
+  server.join();
+  CHECK(answered >= 6);
+  CHECK(c->Running("site-a"));
+  CHECK(c->Running("site-s"));
+}
+
+}  // namespace diloco
