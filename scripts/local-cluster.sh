@@ -2,7 +2,8 @@
 # A development cluster of N dilocod on this machine (loopback, CURVE): site-s (syncers) and
 # N-1 learner sites site-a, site-b, ... For N=3 the daemon configs are configs/cluster/*.yaml;
 # for other N they are written to $DILOCOD_CLUSTER_DIR/configs/. Keys, state and logs live in
-# $DILOCOD_CLUSTER_DIR/<site>/ (default /tmp/dilocod-cluster).
+# $DILOCOD_CLUSTER_DIR/<site>/ (default /tmp/dilocod-cluster). The sites may read corpora under
+# $DATA_ROOTS (their data_roots, default /usr/share/games) and forward jobs to each other.
 #
 #   scripts/local-cluster.sh start [N]     # keys on first use, then the daemons, in the background
 #   scripts/local-cluster.sh status [N]    # which daemons run, and their jobs
@@ -46,6 +47,10 @@ write_configs() {
       echo "threads: 1"
       echo "metrics_port: $((port + 90))"
       echo "listen: {control: tcp://127.0.0.1:$port, uplink: tcp://127.0.0.1:$((port + 1)), downlink: tcp://127.0.0.1:$((port + 2)), snapshot: tcp://127.0.0.1:$((port + 3))}"
+      echo "data_roots: [${DATA_ROOTS:-/usr/share/games}]"
+      local others=""
+      for ((j = 0; j < ${#sites[@]}; j++)); do [[ $j -eq $i ]] || others+="${others:+, }${sites[$j]}"; done
+      echo "submitters: [$others]"
       echo "peers:"
       for ((j = 0; j < ${#sites[@]}; j++)); do
         [[ $j -eq $i ]] && continue

@@ -31,6 +31,7 @@
 # daemon over its control socket (a file, so it works from the root namespace).
 #
 # Environment: DILOCO_BIN (dilocod and dilococtl; default build/bin), DILOCOD_NETNS_DIR (DIR),
+# DLC_DATA_ROOTS (the sites' data_roots, default /usr/share/games),
 # DLC_NETNS_PREFIX (namespace prefix, default dlc-; lets two clusters coexist), DLC_NETNS_READY_S
 # (how long up/start wait for a daemon to answer, default 30).
 set -euo pipefail
@@ -163,6 +164,10 @@ write_config() { # write_config INDEX
     echo "threads: 1          # $N daemons share this machine"
     echo "metrics_port: 7190  # the namespace's own loopback: ip netns exec $(ns_site "$i") curl 127.0.0.1:7190/metrics"
     echo "listen: {control: tcp://$a:7100, uplink: tcp://$a:7101, downlink: tcp://$a:7102, snapshot: tcp://$a:7103}"
+    echo "data_roots: [${DLC_DATA_ROOTS:-/usr/share/games}]  # where corpora may be read from"
+    local others=""
+    for ((j = 0; j < N; j++)); do [[ $j -eq $i ]] || others+="${others:+, }site$j"; done
+    echo "submitters: [$others]  # the other sites may forward jobs here"
     echo "peers:"
     for ((j = 0; j < N; j++)); do
       [[ $j -eq $i ]] && continue

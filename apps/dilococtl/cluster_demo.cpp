@@ -82,6 +82,10 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
   options.dilocod_path = SelfDir() + "/dilocod";
   options.curve = true;
   options.threads_per_site = 1;
+  // The sites read the run's corpus, and only that: its directory is their one data root.
+  std::error_code ec;
+  const fs::path corpus = fs::weakly_canonical(cfg.data.corpus, ec);
+  options.data_roots = {fs::is_directory(corpus, ec) ? corpus.string() : corpus.parent_path().string()};
   std::unique_ptr<LocalCluster> cluster;
   if (Status st = LocalCluster::Create(options, &cluster); !st.ok()) return Failed(nullptr, st.message());
   std::fprintf(stderr, "dilococtl demo: starting %zu dilocod processes on loopback (CURVE) under %s\n", sites.size(),

@@ -12,6 +12,7 @@
 #include "daemon/config/run_config.h"
 #include "daemon/control/client.h"
 #include "daemon/control/site_chaos.h"
+#include "daemon/net/envelope.h"
 
 namespace diloco {
 namespace {
@@ -154,6 +155,11 @@ int RunSubmitCommand(const SubmitCommand& cmd) {
   text << f.rdbuf();
   std::string overrides;
   for (const std::string& o : cmd.overrides) overrides += o + "\n";
+  if (text.str().size() > kMaxTextBytes || overrides.size() > kMaxTextBytes)
+    return Fail("submit", Status::Error(cmd.config_path + ": " + std::to_string(text.str().size()) +
+                                        " bytes; a run config travels to the daemons in one control message, at most " +
+                                        std::to_string(kMaxTextBytes) + " bytes: trim it"),
+                {{"usage", "1"}});
   const std::string base_dir = fs::absolute(cmd.config_path).parent_path().string();
   ControlArgs reply;
   Status st = CallDaemon(socket, "submit", kNoJob,

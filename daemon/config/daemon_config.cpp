@@ -84,6 +84,19 @@ class Section {
     *out = n.Scalar();
     return Status::Ok();
   }
+  // A list of plain strings (absent: *out unchanged).
+  Status Strings(const std::string& key, std::vector<std::string>* out) const {
+    const YAML::Node n = Get(key);
+    if (!n.IsDefined() || n.IsNull()) return Status::Ok();
+    if (!n.IsSequence()) return Status::Error(WhereOf(key) + ": " + Full(key) + ": expected a list, got " + Describe(n));
+    out->clear();
+    for (const YAML::Node& item : n) {
+      if (!item.IsScalar())
+        return Status::Error(Where(source_, item.Mark()) + ": " + Full(key) + ": expected text items, got " + Describe(item));
+      out->push_back(item.Scalar());
+    }
+    return Status::Ok();
+  }
   Status Int(const std::string& key, int* out) const {
     const YAML::Node n = Get(key);
     if (!n.IsDefined() || n.IsNull()) return Status::Ok();
@@ -228,7 +241,8 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   c.source = source_name;
   const Section top(root, "", source_name,
                     {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
-                     "metrics_port", "devices", "chaos"});
+                     "metrics_port", "devices", "chaos", "submitters", "data_roots", "max_jobs",
+                     "max_job_spec_bytes"});
   DL_RETURN_IF_ERROR(top.CheckKeys());
   DL_RETURN_IF_ERROR(top.String("site", &c.site));
   DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
@@ -238,6 +252,10 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   DL_RETURN_IF_ERROR(top.Int("threads", &c.threads));
   DL_RETURN_IF_ERROR(top.Int("metrics_port", &c.metrics_port));
   DL_RETURN_IF_ERROR(top.Bool("chaos", &c.chaos));
+  DL_RETURN_IF_ERROR(top.Strings("submitters", &c.submitters));
+  DL_RETURN_IF_ERROR(top.Strings("data_roots", &c.data_roots));
+  DL_RETURN_IF_ERROR(top.Int("max_jobs", &c.max_jobs));
+  DL_RETURN_IF_ERROR(top.Int("max_job_spec_bytes", &c.max_job_spec_bytes));
   DL_RETURN_IF_ERROR(ReadDevices(top, &c.devices));
   const Section listen(top.Get("listen"), "listen", source_name, kEndpointKeys);
   DL_RETURN_IF_ERROR(listen.CheckKeys());
@@ -331,6 +349,20 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
                            std::to_string(p.public_key.size()) + " characters");
     }
     c.peers.push_back(std::move(p));
+  }
+  for (const std::string& site : c.submitters) {
+    if (!c.FindPeer(site))
+      return Status::Error(top.WhereOf("submitters") + ": submitters: '" + site +
+                           "' is not among the peers; list sites from peers (the local CLI may always submit)");
+  }
+  for (std::string& root : c.data_roots) {
+    if (root.empty()) return Status::Error(top.WhereOf("data_roots") + ": data_roots: an empty path");
+    root = ResolvePath(root, base_dir);  // symlinks are resolved when a job is checked
+  }
+  if (c.max_jobs < 1) return Status::Error(top.WhereOf("max_jobs") + ": max_jobs: must be >= 1");
+  if (c.max_job_spec_bytes < 1024 || c.max_job_spec_bytes > 65536) {
+    return Status::Error(top.WhereOf("max_job_spec_bytes") +
+                         ": max_job_spec_bytes: must be in [1024, 65536] (a control message carries 64 KiB of text)");
   }
   if (!c.peers.empty() && c.listen.control.empty()) {
     return Status::Error(top.WhereOf("listen") +

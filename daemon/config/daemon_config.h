@@ -19,6 +19,13 @@
 //   metrics_port: 0                    # Prometheus text on 127.0.0.1:PORT/metrics; 0 = off
 //   chaos: false                       # true: take chaos commands and jobs with a chaos: section
 //                                      #   (control/site_chaos.h; test clusters only: they kill)
+//   submitters: [site-a]               # peer sites that may create jobs on this site (forward a
+//                                      #   submit); the local CLI always may. Default: none
+//   data_roots: [/srv/corpora]         # every job's data.corpus must resolve (symlinks followed)
+//                                      #   under one of these directories. Default: none, so every
+//                                      #   job is refused until the operator lists them
+//   max_jobs: 16                       # jobs with roles running here at once
+//   max_job_spec_bytes: 65536          # the largest run config a submit may carry (<= 64 KiB)
 //   devices: cpu                       # what this site's learners may compute on (default cpu):
 //                                      #   devices: cpu                  CPU only
 //                                      #   devices: {cuda: [0, 1, 2, 3]} these GPUs (CUDA indices)
@@ -70,6 +77,10 @@ struct DaemonConfig {
   int metrics_port = 0;
   SiteDevices devices;
   bool chaos = false;
+  std::vector<std::string> submitters;  // peer sites that may create jobs here
+  std::vector<std::string> data_roots;  // absolute directories; a corpus must resolve under one
+  int max_jobs = 16;
+  int max_job_spec_bytes = 64 * 1024;  // at most the wire's text limit (net/envelope.h kMaxTextBytes)
   std::string source;  // the file it came from, for messages
   bool operator==(const DaemonConfig&) const = default;
 

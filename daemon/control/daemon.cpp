@@ -422,6 +422,10 @@ struct Daemon::Impl {
       DL_RETURN_IF_ERROR(CheckJobFitsSite(config.site, config.devices, all.device, all.ranks));
       DL_RETURN_IF_ERROR(CheckTrainDevice(all).WithContext("site '" + config.site + "'"));
     }
+    if ((int)jobs.size() >= config.max_jobs)
+      return Status::Error("site " + config.site + " already runs " + std::to_string(jobs.size()) +
+                           " jobs, its max_jobs (" + config.source + "); stop one or wait");
+    DL_RETURN_IF_ERROR(CheckCorpusAllowed(config.site, cfg.data.corpus, config.data_roots, config.source));
     DL_RETURN_IF_ERROR(CheckJobFitsMemory(config.site, cfg, here, cfg.placement.syncer == config.site, MachineMemoryBytes()));
     if (!cfg.chaos.empty() && !config.chaos)
       return Status::Error("the job has a chaos: section, which site " + config.site + " refuses: its daemon config (" +
@@ -455,6 +459,10 @@ struct Daemon::Impl {
 
   ControlArgs Submit(const ControlArgs& a) {
     const auto get = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string() : it->second; };
+    if ((int64_t)(get("config_yaml").size() + get("overrides").size()) > config.max_job_spec_bytes)
+      return {{"error", get("source") + ": the run config and its overrides are larger than site " + config.site +
+                            " takes (max_job_spec_bytes " + std::to_string(config.max_job_spec_bytes) + " in " + config.source + ")"},
+              {"usage", "1"}};
     RunConfig cfg;
     if (Status st = ParseRunConfig(get("config_yaml"), get("source"), get("base_dir"), SplitLines(get("overrides")), &cfg);
         !st.ok()) {
@@ -919,6 +927,14 @@ struct Daemon::Impl {
     const std::string& job = m.header.job_id;
     if (const JobSpecMsg* spec = m.get<JobSpecMsg>()) {
       if (!IsJobId(job)) return {{"error", "'" + job + "' is not a job id"}};
+      if (std::find(config.submitters.begin(), config.submitters.end(), sender) == config.submitters.end()) {
+        Log("refused job " + job + " from " + sender + ": not among submitters");
+        return {{"error", "site " + config.site + " takes jobs only from its local CLI and the sites in its submitters; " +
+                              sender + " is not one (add it to submitters in " + config.site + "'s config)"}};
+      }
+      if ((int64_t)spec->config_yaml.size() > config.max_job_spec_bytes)
+        return {{"error", "job " + job + ": its run config is larger than site " + config.site + " takes (max_job_spec_bytes " +
+                              std::to_string(config.max_job_spec_bytes) + ")"}};
       if (store->Exists(job)) return {{"ok", "1"}};  // a repeated forward
       RunConfig cfg;
       if (Status st = ParseRunConfig(spec->config_yaml, "job " + job + " from " + sender, "", {}, &cfg); !st.ok())
@@ -1190,6 +1206,10 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
   lo.max_frame_bytes = int64_t{2} << 20;
   DL_RETURN_IF_ERROR(net::RouterChannel::Create(*im.context, lo, ro, &im.local));
   DL_RETURN_IF_ERROR(im.local->Bind("ipc://" + config.control_socket).WithContext("control_socket"));
+  // Owner and group only, whatever the umask (the group is how operators grant the CLI).
+  fs::permissions(config.control_socket, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::group_write,
+                  fs::perm_options::replace, ec);
+  if (ec) return Status::Error("cannot set the mode of control_socket '" + config.control_socket + "': " + ec.message());
   if (!config.listen.control.empty()) {
     net::ReceiveOptions pr;
     pr.track_sequence = false;

@@ -1,6 +1,7 @@
 #include "daemon/control/job_limits.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -53,6 +54,57 @@ Status CheckJobFitsMemory(const std::string& site, const RunConfig& cfg, int lea
                        " learner(s)" + (syncer_here ? " and the syncer" : "") + ") need about " + GiB(need) +
                        " (model " + model + ", batch_size " + std::to_string(cfg.train.batch_size) + ") and the site has " +
                        GiB((double)memory_bytes) + "; use a smaller model or batch, or place the roles on more sites");
+}
+
+namespace {
+
+bool Under(const std::filesystem::path& p, const std::vector<std::string>& roots) {
+  const std::string s = p.string();
+  for (const std::string& root : roots)
+    if (s == root || (s.size() > root.size() && s.compare(0, root.size(), root) == 0 &&
+                      (root.back() == '/' || s[root.size()] == '/')))
+      return true;
+  return false;
+}
+
+}  // namespace
+
+Status CheckCorpusAllowed(const std::string& site, const std::string& corpus, const std::vector<std::string>& listed,
+                          const std::string& config_source) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> roots;  // symlinks followed, as the corpus's path will be
+  for (const std::string& r : listed) {
+    std::error_code ec;
+    const fs::path c = fs::weakly_canonical(r, ec);
+    if (!ec) roots.push_back(c.string());
+  }
+  if (roots.empty()) {
+    return Status::Error("site " + site + " reads no corpus: its config (" + config_source +
+                         ") lists no data_roots; add data_roots: [DIR, ...] naming the directories corpora live under");
+  }
+  std::string allowed;
+  for (const std::string& r : listed) allowed += (allowed.empty() ? "" : ", ") + r;
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(corpus, ec);
+  if (ec || !Under(resolved, roots)) {
+    return Status::Error("site " + site + " refuses data.corpus '" + corpus + "'" +
+                         (ec ? "" : " (it resolves to " + resolved.string() + ")") +
+                         ": not under its data_roots (" + allowed + ")");
+  }
+  if (!fs::is_directory(resolved, ec)) return Status::Ok();
+  size_t seen = 0;
+  for (fs::recursive_directory_iterator it(resolved, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (++seen > 1000000) return Status::Error("site " + site + ": data.corpus '" + corpus + "' holds over a million entries");
+    const fs::path target = fs::weakly_canonical(it->path(), ec);
+    if (ec) break;
+    if (!Under(target, roots)) {
+      return Status::Error("site " + site + " refuses data.corpus '" + corpus + "': " + it->path().string() +
+                           " leads to " + target.string() + ", outside its data_roots (" + allowed + ")");
+    }
+  }
+  if (ec) return Status::Error("site " + site + ": cannot list data.corpus '" + corpus + "': " + ec.message());
+  return Status::Ok();
 }
 
 }  // namespace diloco

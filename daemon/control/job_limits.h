@@ -28,4 +28,10 @@ uint64_t MachineMemoryBytes();
 Status CheckJobFitsMemory(const std::string& site, const RunConfig& cfg, int learners_here, bool syncer_here,
                           uint64_t memory_bytes);
 
+// A job's corpus on a site with these data_roots (canonical directories): the path, symlinks
+// followed, must lie under one of them, and so must every file under it when it is a directory
+// (a symlink inside a root cannot lead out). No roots: every corpus is refused, with what to add.
+Status CheckCorpusAllowed(const std::string& site, const std::string& corpus, const std::vector<std::string>& roots,
+                          const std::string& config_source);
+
 }  // namespace diloco

@@ -129,6 +129,14 @@ Status LocalCluster::Create(const LocalClusterOptions& options, std::unique_ptr<
       << "threads: " << options.threads_per_site << "\n";
     if (options.metrics) f << "metrics_port: " << c->metrics_ports_[site] << "\n";
     if (options.chaos) f << "chaos: true\n";
+    // One cluster, one operator: every site may submit to every other.
+    f << "submitters: [";
+    for (size_t k = 0, n = 0; k < options.sites.size(); k++)
+      if (options.sites[k] != site) f << (n++ ? ", " : "") << options.sites[k];
+    f << "]\n";
+    f << "data_roots: [";
+    for (size_t k = 0; k < options.data_roots.size(); k++) f << (k ? ", " : "") << "\"" << options.data_roots[k] << "\"";
+    f << "]\n";
     if (options.curve) {
       f << "keys: keys\n";
     } else {

@@ -26,6 +26,8 @@ struct LocalClusterOptions {
   int threads_per_site = 1;        // daemon config `threads`
   bool metrics = false;            // give each site a free metrics_port (MetricsPort)
   bool chaos = false;              // chaos: true in every site's config (control/site_chaos.h)
+  // Every site's data_roots (existing directories); the sites submit to each other.
+  std::vector<std::string> data_roots = {"/usr/share/games"};
 };
 
 class LocalCluster {

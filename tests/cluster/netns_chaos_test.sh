@@ -43,6 +43,7 @@ done
 corpus=/usr/share/games/fortunes  # what the e2e tests train on (scripts/setup.sh installs it)
 [[ -d $corpus ]] || corpus=$root/../shared/data/tinyshakespeare.txt
 [[ -e $corpus ]] || { echo "netns_chaos: no corpus: install Debian's fortunes (scripts/setup.sh)" >&2; exit 1; }
+export DLC_DATA_ROOTS=$(dirname "$corpus")  # the sites may read the corpus, and only that
 
 # Clusters left behind by earlier runs that were killed before their trap ran (a ctest timeout):
 # their prefix carries the pid of the test that made them.

@@ -89,8 +89,10 @@ inline std::string HttpGetMetrics(int port) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-inline std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir, bool metrics = false, bool chaos = false) {
+inline std::unique_ptr<LocalCluster> StartCluster(const testing::TempDir& dir, bool metrics = false, bool chaos = false,
+                                                  std::vector<std::string> data_roots = {"/usr/share/games"}) {
   LocalClusterOptions o;
+  o.data_roots = std::move(data_roots);
   o.metrics = metrics;
   o.chaos = chaos;
   o.dir = dir.file("cluster");

@@ -87,6 +87,32 @@ TEST_CASE("daemon config mistakes are refused with file:line and the key", "[uni
   CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\npeers: {site: b}\n"),
              Catch::Contains("expected a list of peers"));
   CHECK_THAT(ErrorOf("site: [a\n"), Catch::Contains("d.yaml:") && Catch::Contains("invalid YAML"));
+  // Authority and limits (issue 14).
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nsubmitters: [z]\n"),
+             Catch::Contains("submitters: 'z' is not among the peers"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nsubmitters: z\n"), Catch::Contains("expected a list"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\ndata_roots: [[x]]\n"),
+             Catch::Contains("expected text items"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nmax_jobs: 0\n"), Catch::Contains("max_jobs: must be >= 1"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nmax_job_spec_bytes: 1000000\n"),
+             Catch::Contains("[1024, 65536]"));
+}
+
+TEST_CASE("submitters, data_roots and the limits: defaults refuse peers' jobs and every corpus", "[unit]") {
+  DaemonConfig c;
+  REQUIRE(ParseDaemonConfig("site: a\nstate_dir: s\nallow_plaintext: true\n", "d.yaml", "/etc/dl", &c).ok());
+  CHECK(c.submitters.empty());
+  CHECK(c.data_roots.empty());
+  CHECK(c.max_jobs == 16);
+  CHECK(c.max_job_spec_bytes == 65536);
+  REQUIRE(ParseDaemonConfig("site: a\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://*:1}\n"
+                            "peers: [{site: b, control: tcp://h:1}]\nsubmitters: [b]\ndata_roots: [corpora, /srv/x/../y]\n"
+                            "max_jobs: 3\n",
+                            "d.yaml", "/etc/dl", &c)
+              .ok());
+  CHECK(c.submitters == std::vector<std::string>{"b"});
+  CHECK(c.data_roots == std::vector<std::string>{"/etc/dl/corpora", "/srv/y"});  // against the file's directory
+  CHECK(c.max_jobs == 3);
 }
 
 TEST_CASE("a peer's public key can come from a file", "[unit]") {

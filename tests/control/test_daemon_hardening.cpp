@@ -73,7 +73,7 @@ TEST_CASE("logs with a negative, huge or junk line count answers, locally and be
 
 TEST_CASE("a job error with bytes that are not UTF-8 is stored, shown and survives a restart", "[e2e]") {
   testing::TempDir dir;
-  auto c = StartCluster(dir);
+  auto c = StartCluster(dir, false, false, {"/usr/share/games", "/tmp"});
   const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
   // A corpus path with bytes 0xff 0xfe: the learners' sites cannot open it, and say so.
   std::string text = JobYaml(50);
@@ -179,6 +179,77 @@ TEST_CASE("a peer's status reply of the wrong shape does not take the asking dae
   CHECK(answered >= 6);
   CHECK(c->Running("site-a"));
   CHECK(c->Running("site-s"));
+}
+
+}  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+
+// Authority: who may create jobs on a site (submitters), what a job may read there (data_roots),
+// how many and how big (max_jobs, max_job_spec_bytes), and who may use the local socket (0660).
+TEST_CASE("sites take jobs only from their submitters, read only under data_roots, and cap jobs and spec size", "[e2e]") {
+  testing::TempDir dir;
+  const std::string corpora = dir.file("corpora");
+  fs::create_directories(corpora);
+  {
+    std::ofstream ok(corpora + "/ok.txt");
+    for (int i = 0; i < 200; i++) ok << "to be or not to be, that is the question " << i << "\n";
+  }
+  auto c = StartCluster(dir, false, false, {"/usr/share/games", corpora});
+  // A directory under a root with a symlink out of it: the site's own secret key.
+  fs::create_directories(corpora + "/sneaky");
+  fs::create_symlink(c->SiteDir("site-s") + "/keys/key.secret", corpora + "/sneaky/notes.txt");
+
+  // The local control socket: owner and group only, whatever the umask.
+  CHECK((fs::status(c->SocketPath("site-a")).permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::group_write));
+
+  // site-s takes jobs from site-b only, and one at a time.
+  int code = -1;
+  REQUIRE(c->Stop("site-s", 10000, &code).ok());
+  std::string cfg = ReadFile(c->ConfigPath("site-s"));
+  const size_t at = cfg.find("submitters: [");
+  REQUIRE(at != std::string::npos);
+  cfg = cfg.substr(0, at) + "submitters: [site-b]\nmax_jobs: 1\nmax_job_spec_bytes: 16384" + cfg.substr(cfg.find('\n', at));
+  std::ofstream(c->ConfigPath("site-s"), std::ios::trunc) << cfg;
+  REQUIRE(c->Start("site-s").ok());
+
+  const std::string job = dir.Write("job.yaml", JobYaml(20000));
+  const std::string via_a = " --socket '" + c->SocketPath("site-a") + "'";
+  const std::string via_b = " --socket '" + c->SocketPath("site-b") + "'";
+  CtlResult r = Ctl(dir, "submit '" + job + "'" + via_a);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("takes jobs only from its local CLI and the sites in its submitters") &&
+                        Catch::Contains("site-a is not one"));
+  CHECK_THAT(TailFile(c->LogPath("site-s"), 20), Catch::Contains("refused job") && Catch::Contains("from site-a"));
+
+  // Corpora outside the roots: a plain path, and a symlink inside a root that leads out.
+  r = Ctl(dir, "submit '" + job + "' --set data.corpus=" + c->SiteDir("site-s") + "/keys/key.secret" + via_b);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("not under its data_roots"));
+  r = Ctl(dir, "submit '" + job + "' --set data.corpus=" + corpora + "/sneaky" + via_b);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("outside its data_roots") && Catch::Contains("notes.txt"));
+  // A run config larger than a site's max_job_spec_bytes (site-s: 16 KiB) is refused before
+  // parsing; one larger than a control message can carry, by the CLI.
+  const std::string big = dir.Write("big.yaml", JobYaml(10) + "# " + std::string(40 * 1024, 'x') + "\n");
+  r = Ctl(dir, "submit '" + big + "' --socket '" + c->SocketPath("site-s") + "'");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("max_job_spec_bytes") && Catch::Contains("site-s"));
+  const std::string huge = dir.Write("huge.yaml", JobYaml(10) + "# " + std::string(300 * 1024, 'x') + "\n");
+  r = Ctl(dir, "submit '" + huge + "'" + via_b);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("at most 65536 bytes"));
+
+  // From site-b, inside the roots: taken; a second while it runs: over site-s's max_jobs.
+  r = Ctl(dir, "submit '" + job + "' --set data.corpus=" + corpora + "/ok.txt" + via_b);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  r = Ctl(dir, "submit '" + job + "' --set data.corpus=" + corpora + "/ok.txt" + via_b);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("max_jobs"));
+  RequireAllRunning(*c);
 }
 
 }  // namespace diloco

@@ -45,7 +45,10 @@ TEST_CASE("local run: 3 decoupled learners train one model over the transport", 
   CHECK(s.learner_tokens == std::vector<long>{60 * 4 * 16, 60 * 4 * 16, 60 * 4 * 16});
   CHECK(s.bytes_up > 0);
   CHECK(s.bytes_down > 0);
-  CHECK(s.outer_steps >= 6);
+  // At least two merges per fragment. Not more: these learners run 60 steps in tens of ms, so a
+  // fragment is often still in flight when it fires again (that firing is skipped and its work
+  // goes in the next delta); 6 was seen failing 1 run in 15 before and after the loop refactor.
+  CHECK(s.outer_steps >= 4);
   REQUIRE(s.versions.size() == 2);
   for (uint64_t v : s.versions) CHECK(v >= 1);
   INFO("events.log:\n" << ReadText(fs::path(o.run_dir) / "events.log"));
