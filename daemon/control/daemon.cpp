@@ -214,6 +214,8 @@ struct Daemon::Impl {
         {"dilocod_syncer_bytes_received_total", MetricKind::kCounter, "Uplink wire bytes received.", j},
         {"dilocod_syncer_bytes_published_total", MetricKind::kCounter, "Downlink wire bytes published.", j},
         {"dilocod_syncer_live_learners", MetricKind::kGauge, "Learners the syncer hears from.", j},
+        {"dilocod_syncer_impostor_messages_total", MetricKind::kCounter,
+         "Messages naming a learner that came with another site's key (dropped).", j},
         {"dilocod_job_goodput_ratio", MetricKind::kGauge,
          "Share of the provisioned learners' tokens that reached the global model (the syncer's view).", j},
         {"dilocod_job_uptime_ratio", MetricKind::kGauge,
@@ -253,6 +255,7 @@ struct Daemon::Impl {
           int live = 0;
           for (const auto& l : p.value("learners", nlohmann::json::array())) live += l.value("live", false);
           metrics.Set("dilocod_syncer_live_learners", {id}, live);
+          metrics.Set("dilocod_syncer_impostor_messages_total", {id}, p.value("impostor_messages", 0.0));
           const nlohmann::json reasons = p.value("merge_reasons", nlohmann::json::object());
           for (const auto& [reason, n] : reasons.items()) metrics.Set("dilocod_syncer_rounds_total", {id, reason}, n.get<double>());
           if (p.contains("goodput")) {
@@ -340,7 +343,15 @@ struct Daemon::Impl {
         return Status::Error("site " + config.site + " hosts the syncer of job " + id + " but " + config.source +
                              " lacks listen.uplink, listen.downlink or listen.snapshot");
       }
-      if (keys) so.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, true, "dilocod", ""};
+      if (keys) {
+        so.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, true, "dilocod", ""};
+        // Each learner speaks only with the key of the site the job placed it on.
+        for (const std::string& site : cfg.placement.learners) {
+          const PeerConfig* peer = config.FindPeer(site);
+          if (site != config.site && !peer) return Status::Error("learner site '" + site + "' is not among the peers");
+          so.learner_keys.push_back(site == config.site ? keys->public_z85 : peer->public_key);
+        }
+      }
       for (auto& [other_id, other] : jobs) {
         if (other.roles.count(kSyncerName)) {
           return Status::Error("site " + config.site + " already hosts the syncer of job " + other_id +

@@ -114,6 +114,7 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   so.allow_plaintext = options.allow_plaintext;
   so.curve = options.curve;
   if (so.curve) so.curve->server = true;
+  so.learner_keys = options.learner_keys;
   so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
   so.exit_when_all_finished = true;
   DL_RETURN_IF_ERROR(Syncer::Create(context, so, table, im.init.data(), &im.syncer));
@@ -320,6 +321,7 @@ nlohmann::json Role::Progress() const {
             {"dropped_deltas", s.dropped_deltas},
             {"rejected_deltas", s.rejected_deltas},
             {"snapshots_served", s.snapshots_served},
+            {"impostor_messages", s.impostors},
             {"bytes_received", s.bytes_received},
             {"bytes_published", s.bytes_published},
             {"learners", learners}};

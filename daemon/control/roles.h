@@ -40,6 +40,8 @@ struct RoleOptions {
   // A learner: its sockets go through an emulated link (net/link_shaper.h), unshaped, so chaos
   // commands can cut it (partition, drop, corrupt). Set on sites whose config says chaos: true.
   bool chaos_link = false;
+  // The syncer: each learner's site key (SyncerOptions::learner_keys); empty without CURVE.
+  std::vector<std::string> learner_keys;
 };
 
 class Role {

@@ -67,7 +67,7 @@ struct Syncer::Impl {
   std::vector<DroppedDelta> recent_drops;
   std::vector<LearnerStatusEntry> learners;  // what each learner last reported
   RoundTimings timings;
-  uint64_t welcomes = 0, refusals = 0;
+  uint64_t welcomes = 0, refusals = 0, impostors = 0;
 
   class Loop;  // Run()'s event loop (below)
 };
@@ -91,6 +91,9 @@ Syncer::~Syncer() = default;
 
 Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
                       const float* init_params, std::unique_ptr<Syncer>* out) {
+  if (!options.learner_keys.empty() && (int)options.learner_keys.size() != options.sync.learners)
+    return Status::Error("syncer: " + std::to_string(options.learner_keys.size()) + " learner keys for " +
+                         std::to_string(options.sync.learners) + " learners");
   std::unique_ptr<Syncer> s(new Syncer());
   s->impl_ = std::make_unique<Impl>();
   Impl& im = *s->impl_;
@@ -209,6 +212,7 @@ void Syncer::RefreshStatus(bool running) {
   st.snapshots_served = result_.snapshots_served;
   st.welcomes = im.welcomes;
   st.refusals = im.refusals;
+  st.impostors = im.impostors;
   st.bytes_received = result_.bytes_received;
   st.bytes_published = result_.bytes_published;
   st.learners = im.learners;
@@ -242,6 +246,7 @@ class Syncer::Impl::Loop {
   bool DrainUplink();
   Status DrainRouter();
   void HandleUplink(const net::Received& r, SyncTime now);
+  bool Impostor(int learner, const std::string& key);
   void NoteHeard(int learner, const ParsedMessage& m, SyncTime now);
   void HandleHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now);
   void HandleDelta(int learner, const ParsedMessage& m, SyncTime now);
@@ -432,7 +437,7 @@ void Syncer::Impl::Loop::HandleUplink(const net::Received& r, SyncTime now) {
   const ParsedMessage& m = *im_.parsed;
   result_.bytes_received += m.wire_bytes;
   const int learner = LearnerIndexOf(m.header.sender);
-  if (learner < 0 || learner >= M_) return;
+  if (learner < 0 || learner >= M_ || Impostor(learner, r.peer_key)) return;
   NoteHeard(learner, m, now);
   if (r.topic == im_.options.job_id) {
     im_.book->OnStreamSeq(learner, m.header.seq);
@@ -518,11 +523,24 @@ void Syncer::Impl::Loop::ApplyDrops() {
   }
 }
 
+// A message naming learner i must come with the key of the site the job placed it on: a peer
+// holding another site's key cannot speak for it (end it with a forged "finished", replace its
+// pending delta, bump its incarnation).
+bool Syncer::Impl::Loop::Impostor(int learner, const std::string& key) {
+  const std::vector<std::string>& keys = im_.options.learner_keys;
+  if (keys.empty() || key == keys[learner]) return false;
+  if (++im_.impostors <= 10 || im_.impostors % 1000 == 0)
+    std::fprintf(stderr, "syncer: dropped a message naming %s sent with key %s, not its site's (%llu so far)\n",
+                 LearnerName(learner).c_str(), key.empty() ? "(none)" : key.c_str(),
+                 static_cast<unsigned long long>(im_.impostors));
+  return true;
+}
+
 Status Syncer::Impl::Loop::HandleRouter(const net::Received& r) {
   const ParsedMessage& m = *im_.router_parsed;
   result_.bytes_received += m.wire_bytes;
   const int learner = LearnerIndexOf(m.header.sender);
-  if (learner < 0 || learner >= M_) return Status::Ok();
+  if (learner < 0 || learner >= M_ || Impostor(learner, r.peer_key)) return Status::Ok();
   if (m.get<HelloMsg>()) return HandleHello(learner, r.peer, m);
   if (m.get<SnapshotRequestMsg>()) return HandleSnapshotRequest(r.peer, m);
   return Status::Ok();

@@ -82,6 +82,10 @@ struct SyncerOptions {
   // pair, clients checked against the context's ZAP allowlist) for anything else.
   bool allow_plaintext = true;
   std::optional<net::CurveOptions> curve;
+  // With CURVE: learner i's messages must come from the key learner_keys[i] (the site the job
+  // placed it on); others are dropped and counted as impostors. Empty: names are not bound to
+  // keys (local mode, plaintext).
+  std::vector<std::string> learner_keys;
   // Restore Θ, u, versions, counters and the ledger from run_dir/global_state.bin (must exist
   // and fit this model and fragment layout); versions continue from there, never go back.
   bool resume = false;
@@ -126,6 +130,7 @@ struct SyncerStatusSnapshot {
   std::vector<uint64_t> versions;
   uint64_t merges = 0, dropped_deltas = 0, rejected_deltas = 0;
   uint64_t snapshots_served = 0, welcomes = 0, refusals = 0;
+  uint64_t impostors = 0;  // messages naming a learner, sent with another key (learner_keys)
   uint64_t bytes_received = 0, bytes_published = 0;
   std::vector<LearnerStatusEntry> learners;  // index = learner
 };

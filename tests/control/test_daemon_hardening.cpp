@@ -11,6 +11,7 @@
 #include "daemon/control/control_protocol.h"
 #include "daemon/net/channel.h"
 #include "daemon/net/curve.h"
+#include "daemon/net/envelope.h"
 #include "daemon/net/wire_transport.h"
 #include "tests/control/daemon_testing.h"
 
@@ -250,6 +251,74 @@ TEST_CASE("sites take jobs only from their submitters, read only under data_root
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains("max_jobs"));
   RequireAllRunning(*c);
+}
+
+}  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+
+// Identity: a peer holding site-a's real key publishes "finished" heartbeats of a new incarnation
+// as learner-1, which the job placed on site-b. The syncer drops them and counts them; its view of
+// learner-1 stays the real one, and the job completes with learner-1's own steps.
+TEST_CASE("a peer with one site's key cannot speak for a learner placed on another site", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir, /*metrics=*/true);
+  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
+  CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c->SocketPath("site-a") + "'");
+  REQUIRE(r.exit_code == 0);
+  const std::string job = r.out.substr(0, r.out.find('\n'));
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 100; }, 40,
+             "learner-1 to reach step 100");
+
+  DaemonConfig s_cfg;
+  REQUIRE(LoadDaemonConfig(c->ConfigPath("site-s"), &s_cfg).ok());
+  net::CurveKeyPair a_keys, s_keys;
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-a") + "/keys", &a_keys).ok());
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-s") + "/keys", &s_keys).ok());
+  std::unique_ptr<net::NetContext> context;
+  REQUIRE(net::NetContext::Create({}, &context).ok());
+  net::SocketOptions so;
+  so.name = "impostor";
+  so.curve = net::CurveOptions{a_keys.public_z85, a_keys.secret_z85, false, "dilocod", s_keys.public_z85};
+  std::unique_ptr<net::PubChannel> pub;
+  REQUIRE(net::PubChannel::Create(*context, so, &pub).ok());
+  REQUIRE(pub->Connect(ConnectableEndpoint(s_cfg.listen.uplink)).ok());
+  uint64_t seq = 0;
+  bool forged_seen = false;
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  while (Clock::now() < until) {
+    HeartbeatMsg hb;
+    hb.state = LearnerState::kFinished;
+    hb.step = 10;
+    hb.interval_ms = 200;
+    EnvelopeHeader h;
+    h.job_id = job;
+    h.sender = "learner-1";
+    h.seq = ++seq;
+    h.incarnation = 0xbad;
+    h.sent_unix_ms = (uint64_t)UnixMs();
+    OutgoingMessage om;
+    REQUIRE(BuildMessage(h, hb, {}, &om).ok());
+    for (const std::string& topic : {job, job + ".alive"}) {
+      OutgoingMessage copy = om;
+      net::Message m = net::ToMessage(std::move(copy), nullptr);
+      (void)pub->Publish(topic, m);
+    }
+    nlohmann::json st;
+    if (CallDaemonJson(c->SocketPath("site-s"), "status", job, {}, &st, 5000).ok() && st.contains("syncer") &&
+        st["syncer"].contains("progress")) {
+      const nlohmann::json& l1 = st["syncer"]["progress"]["learners"][1];
+      forged_seen |= l1.value("state", "") == "finished" || l1.value("step", 0L) == 10;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK_FALSE(forged_seen);
+  const nlohmann::json s = WaitStatus(*c, "site-a", job, Completed, 90, "the job to complete");
+  CHECK(s["learners"][1]["result"]["steps"] == 3000);
+  CHECK(s["syncer"]["result"].is_object());
+  CHECK_THAT(TailFile(c->LogPath("site-s"), 200), Catch::Contains("dropped a message naming learner-1 sent with key " + a_keys.public_z85));
+  CHECK_THAT(HttpGetMetrics(c->MetricsPort("site-s")), Catch::Contains("dilocod_syncer_impostor_messages_total"));
 }
 
 }  // namespace diloco
