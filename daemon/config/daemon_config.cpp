@@ -242,7 +242,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   const Section top(root, "", source_name,
                     {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
                      "metrics_port", "devices", "chaos", "submitters", "data_roots", "max_jobs",
-                     "max_job_spec_bytes"});
+                     "max_job_spec_bytes", "metrics_keep_finished_s"});
   DL_RETURN_IF_ERROR(top.CheckKeys());
   DL_RETURN_IF_ERROR(top.String("site", &c.site));
   DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
@@ -256,6 +256,9 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   DL_RETURN_IF_ERROR(top.Strings("data_roots", &c.data_roots));
   DL_RETURN_IF_ERROR(top.Int("max_jobs", &c.max_jobs));
   DL_RETURN_IF_ERROR(top.Int("max_job_spec_bytes", &c.max_job_spec_bytes));
+  DL_RETURN_IF_ERROR(top.Int("metrics_keep_finished_s", &c.metrics_keep_finished_s));
+  if (c.metrics_keep_finished_s < 0)
+    return Status::Error(top.WhereOf("metrics_keep_finished_s") + ": metrics_keep_finished_s: must be >= 0");
   DL_RETURN_IF_ERROR(ReadDevices(top, &c.devices));
   const Section listen(top.Get("listen"), "listen", source_name, kEndpointKeys);
   DL_RETURN_IF_ERROR(listen.CheckKeys());

@@ -26,6 +26,7 @@
 //                                      #   job is refused until the operator lists them
 //   max_jobs: 16                       # jobs with roles running here at once
 //   max_job_spec_bytes: 65536          # the largest run config a submit may carry (<= 64 KiB)
+//   metrics_keep_finished_s: 60        # a job's series leave /metrics this long after it ends here
 //   devices: cpu                       # what this site's learners may compute on (default cpu):
 //                                      #   devices: cpu                  CPU only
 //                                      #   devices: {cuda: [0, 1, 2, 3]} these GPUs (CUDA indices)
@@ -80,7 +81,8 @@ struct DaemonConfig {
   std::vector<std::string> submitters;  // peer sites that may create jobs here
   std::vector<std::string> data_roots;  // absolute directories; a corpus must resolve under one
   int max_jobs = 16;
-  int max_job_spec_bytes = 64 * 1024;  // at most the wire's text limit (net/envelope.h kMaxTextBytes)
+  int max_job_spec_bytes = 64 * 1024;
+  int metrics_keep_finished_s = 60;  // at most the wire's text limit (net/envelope.h kMaxTextBytes)
   std::string source;  // the file it came from, for messages
   bool operator==(const DaemonConfig&) const = default;
 

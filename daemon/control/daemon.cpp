@@ -27,6 +27,7 @@
 #include "daemon/metrics/server.h"
 #include "daemon/net/channel.h"
 #include "daemon/net/curve.h"
+#include "daemon/net/envelope.h"
 #include "daemon/net/wire_transport.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/train/trainer.h"
@@ -52,16 +53,24 @@ int TailLines(const std::string& requested) {
   const long n = std::strtol(requested.c_str(), nullptr, 10);
   return (int)std::clamp<long>(n, 1, kMaxTailLines);
 }
-std::string Tail(const std::string& path, int lines) {
+// Lines longer than this are cut in `logs` (the reply must stay under kMaxTextBytes).
+constexpr size_t kMaxLogLineBytes = 2048;
+std::string Tail(const std::string& path, int lines, size_t max_bytes = 16 << 10) {
   lines = std::clamp(lines, 1, kMaxTailLines);
   std::ifstream f(path);
   std::deque<std::string> last;
   for (std::string line; std::getline(f, line);) {
+    if (line.size() > kMaxLogLineBytes)
+      line = line.substr(0, kMaxLogLineBytes) + "...[" + std::to_string(line.size() - kMaxLogLineBytes) + " bytes cut]";
     last.push_back(std::move(line));
     if ((int)last.size() > lines) last.pop_front();
   }
+  // The newest lines that fit in max_bytes.
+  size_t bytes = 0;
+  auto first = last.end();
+  while (first != last.begin() && bytes + std::prev(first)->size() + 1 <= max_bytes) bytes += (--first)->size() + 1;
   std::string out;
-  for (const std::string& line : last) out += line + "\n";
+  for (auto it = first; it != last.end(); ++it) out += *it + "\n";
   return out;
 }
 
@@ -231,9 +240,19 @@ struct Daemon::Impl {
     return Status::Ok();
   }
 
+  std::map<std::string, Clock::time_point> ended_jobs;  // jobs whose series are still in /metrics
+
   void UpdateMetrics() {
     if (!metrics_server || Clock::now() - last_metrics < std::chrono::seconds(1)) return;
     last_metrics = Clock::now();
+    for (auto it = ended_jobs.begin(); it != ended_jobs.end();) {
+      if (jobs.count(it->first) == 0 && Clock::now() - it->second >= std::chrono::seconds(config.metrics_keep_finished_s)) {
+        metrics.RemoveWithLabel("job", it->first);
+        it = ended_jobs.erase(it);
+      } else {
+        ++it;
+      }
+    }
     std::map<std::string, int> states = {{"pending", 0}, {"running", 0}, {"completed", 0}, {"failed", 0}, {"stopped", 0}};
     for (const std::string& id : store->List()) {
       JobRecord rec;
@@ -708,12 +727,18 @@ struct Daemon::Impl {
     if (!store->Exists(id)) return UnknownJob(id);
     RunConfig cfg;
     (void)LoadJobConfig(id, &cfg);
-    std::string text = Tail(store->LogPath(id), tail);
-    for (const std::string& site : SitesOf(cfg)) {
+    // Every site's share of one reply (kMaxTextBytes).
+    const std::vector<std::string> sites = SitesOf(cfg);
+    const size_t share = std::min<size_t>(16 << 10, (kMaxTextBytes - 4096) / std::max<size_t>(1, sites.size()));
+    std::string text = Tail(store->LogPath(id), tail, share);
+    for (const std::string& site : sites) {
       if (site == config.site) continue;
       ControlArgs reply;
-      Status st = CallPeer(site, "peer_logs", id, {{"tail", std::to_string(tail)}}, &reply, 2000);
-      text += st.ok() ? reply["text"] : "(" + st.message() + ")\n";
+      Status st = CallPeer(site, "peer_logs", id, {{"tail", std::to_string(tail)}, {"bytes", std::to_string(share)}},
+                           &reply, 2000);
+      std::string part = st.ok() ? reply["text"] : "(" + st.message() + ")\n";
+      if (part.size() > share) part = part.substr(part.size() - share);  // an older peer's longer answer
+      text += part;
     }
     return {{"ok", "1"}, {"text", text}};
   }
@@ -978,7 +1003,9 @@ struct Daemon::Impl {
     }
     if (c->name == "peer_logs") {
       auto it = a.find("tail");
-      return {{"ok", "1"}, {"text", Tail(store->LogPath(job), it == a.end() ? 50 : TailLines(it->second))}};
+      auto bytes = a.find("bytes");
+      const size_t max_bytes = bytes == a.end() ? 16 << 10 : (size_t)std::clamp(std::atol(bytes->second.c_str()), 0L, 16L << 10);
+      return {{"ok", "1"}, {"text", Tail(store->LogPath(job), it == a.end() ? 50 : TailLines(it->second), max_bytes)}};
     }
     return {{"error", "unknown peer command '" + c->name + "'"}};
   }
@@ -1076,6 +1103,7 @@ struct Daemon::Impl {
       }
       if (changed) (void)store->Save(rec);
       if (job.roles.empty() && !chaos_pending) {
+        ended_jobs[id] = Clock::now();  // its metrics go after metrics_keep_finished_s
         it = jobs.erase(it);
         UpdateSdStatus();
       } else {

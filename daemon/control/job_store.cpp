@@ -140,6 +140,9 @@ std::vector<std::string> JobStore::List() const {
 }
 
 void JobStore::AppendLog(const std::string& id, const std::string& line) const {
+  // Bounded: past kMaxJobLogBytes the log moves to job.log.1 (replacing the one before).
+  std::error_code ec;
+  if (fs::file_size(LogPath(id), ec) > kMaxJobLogBytes && !ec) fs::rename(LogPath(id), LogPath(id) + ".1", ec);
   std::ofstream f(LogPath(id), std::ios::app);
   const std::time_t now = std::time(nullptr);
   char stamp[32];

@@ -1,7 +1,8 @@
 // A daemon's jobs on disk, so that none lives only in memory:
 //   <state_dir>/jobs/<id>/job.yaml     the resolved run config (RunConfigToYaml)
 //   <state_dir>/jobs/<id>/state.json   JobRecord, rewritten atomically on every change
-//   <state_dir>/jobs/<id>/job.log      this daemon's log lines about the job
+//   <state_dir>/jobs/<id>/job.log      this daemon's log lines about the job (past 8 MiB it moves
+//                                      to job.log.1, replacing the one before)
 //   <state_dir>/jobs/<id>/run/         the run directory of the roles on this site
 // States: pending -> running -> completed | failed | stopped. A job's roles on this site are
 // "syncer" and "learner-<i>"; each has its own state and, once done, a result object.
@@ -21,6 +22,8 @@ enum class JobState { kPending, kRunning, kCompleted, kFailed, kStopped };
 const char* ToString(JobState s);
 bool ParseJobState(const std::string& text, JobState* out);
 inline bool IsFinal(JobState s) { return s == JobState::kCompleted || s == JobState::kFailed || s == JobState::kStopped; }
+
+inline constexpr uintmax_t kMaxJobLogBytes = uintmax_t{8} << 20;
 
 struct RoleRecord {
   JobState state = JobState::kPending;

@@ -134,6 +134,7 @@ Status LocalCluster::Create(const LocalClusterOptions& options, std::unique_ptr<
     for (size_t k = 0, n = 0; k < options.sites.size(); k++)
       if (options.sites[k] != site) f << (n++ ? ", " : "") << options.sites[k];
     f << "]\n";
+    f << options.extra_config;
     f << "data_roots: [";
     for (size_t k = 0; k < options.data_roots.size(); k++) f << (k ? ", " : "") << "\"" << options.data_roots[k] << "\"";
     f << "]\n";

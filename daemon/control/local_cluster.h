@@ -28,6 +28,7 @@ struct LocalClusterOptions {
   bool chaos = false;              // chaos: true in every site's config (control/site_chaos.h)
   // Every site's data_roots (existing directories); the sites submit to each other.
   std::vector<std::string> data_roots = {"/usr/share/games"};
+  std::string extra_config;  // YAML lines appended to every site's config
 };
 
 class LocalCluster {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "daemon/control/job_store.h"
@@ -40,32 +41,48 @@ const char* StateName(LearnerState s) {
   return "unknown";
 }
 
-// From the syncer's events.log: the last merge, and how rounds were closed (quorum, grace
-// window, ...), which is where the syncer waited.
-void AddMergeHistory(const std::string& events_path, nlohmann::json* out) {
-  std::ifstream f(events_path);
-  std::string line, last, before_last;
-  std::map<std::string, int> reasons;
-  for (; std::getline(f, line);) {
-    const size_t at = line.find("\"reason\":\"");
-    if (at == std::string::npos) continue;
-    const size_t from = at + 10, to = line.find('"', from);
-    if (to != std::string::npos) reasons[line.substr(from, to - from)]++;
-    before_last = std::move(last);
-    last = line;
+// From the syncer's events.log, read as it grows (only the whole lines added since the last
+// call): the last merge, and how rounds were closed (quorum, grace window, ...), which is where
+// the syncer waited.
+class MergeHistory {
+ public:
+  explicit MergeHistory(std::string path) : path_(std::move(path)) {}
+
+  void AddTo(nlohmann::json* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReadNew();
+    if (last_.is_null()) return;
+    (*out)["last_merge"] = last_;
+    (*out)["merge_reasons"] = reasons_;
   }
-  // The syncer may be writing the last line right now: then the one before is the last merge.
-  nlohmann::json m = nlohmann::json::parse(last, nullptr, false);
-  if (m.is_discarded()) m = nlohmann::json::parse(before_last, nullptr, false);
-  if (m.is_discarded()) return;
-  (*out)["last_merge"] = {{"fragment", m.value("fragment", 0)},
-                          {"version", m.value("version", uint64_t{0})},
-                          {"reason", m.value("reason", "")},
-                          {"time_ms", m.value("time_ms", int64_t{0})},
-                          {"grace_ms", m.value("grace_ms", 0.0)},
-                          {"contributors", m.contains("contributors") ? m["contributors"].size() : 0}};
-  (*out)["merge_reasons"] = reasons;
-}
+
+ private:
+  void ReadNew() {
+    std::ifstream f(path_, std::ios::binary);
+    if (!f) return;
+    f.seekg(offset_);
+    const std::string chunk((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    size_t at = 0;
+    for (size_t nl; (nl = chunk.find('\n', at)) != std::string::npos; at = nl + 1) {
+      const nlohmann::json m = nlohmann::json::parse(chunk.begin() + at, chunk.begin() + nl, nullptr, false);
+      if (!m.is_object() || !m.contains("reason") || !m["reason"].is_string()) continue;
+      reasons_[m["reason"].get<std::string>()]++;
+      last_ = {{"fragment", m.value("fragment", 0)},
+               {"version", m.value("version", uint64_t{0})},
+               {"reason", m.value("reason", "")},
+               {"time_ms", m.value("time_ms", int64_t{0})},
+               {"grace_ms", m.value("grace_ms", 0.0)},
+               {"contributors", m.contains("contributors") && m["contributors"].is_array() ? m["contributors"].size() : 0}};
+    }
+    offset_ += (int64_t)at;
+  }
+
+  const std::string path_;
+  std::mutex mu_;
+  int64_t offset_ = 0;
+  std::map<std::string, int> reasons_;
+  nlohmann::json last_;
+};
 
 }  // namespace
 
@@ -74,6 +91,7 @@ struct Role::Impl {
   // Syncer role.
   std::unique_ptr<Syncer> syncer;
   std::unique_ptr<LiveGoodput> goodput;  // before syncer: Observe reads it
+  std::unique_ptr<MergeHistory> merge_history;
   std::unique_ptr<Corpus> corpus;
   // Learner role.
   int index = -1;
@@ -130,6 +148,7 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   go.events_path = (fs::path(options.run_dir) / "events.log").string();
   go.start_unix_ms = UnixMsNow();
   im.goodput = std::make_unique<LiveGoodput>(go);
+  im.merge_history = std::make_unique<MergeHistory>(go.events_path);
   Role* r = role.get();
   role->thread_ = std::thread([r] {
     Impl& im = *r->impl_;
@@ -325,7 +344,7 @@ nlohmann::json Role::Progress() const {
             {"bytes_received", s.bytes_received},
             {"bytes_published", s.bytes_published},
             {"learners", learners}};
-    AddMergeHistory((fs::path(im.options.run_dir) / "events.log").string(), &out);
+    im.merge_history->AddTo(&out);
     GoodputReport g;
     if (im.goodput->Report(UnixMsNow(), &g).ok()) out["goodput"] = GoodputToJson(g);
     return out;

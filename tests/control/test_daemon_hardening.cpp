@@ -322,3 +322,55 @@ TEST_CASE("a peer with one site's key cannot speak for a learner placed on anoth
 }
 
 }  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+
+TEST_CASE("an ended job's series leave /metrics, job.log is rotated, logs stay under the reply limit", "[e2e]") {
+  testing::TempDir dir;
+  LocalClusterOptions o;
+  o.metrics = true;
+  o.dir = dir.file("cluster");
+  o.sites = {"site-s", "site-a", "site-b"};
+  o.dilocod_path = kBin + "dilocod";
+  o.extra_config = "metrics_keep_finished_s: 1\n";
+  std::unique_ptr<LocalCluster> c;
+  REQUIRE(LocalCluster::Create(o, &c).ok());
+  REQUIRE(c->StartAll().ok());
+  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
+  const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
+  CtlResult r = Ctl(dir, "submit '" + yaml + "'" + sock);
+  REQUIRE(r.exit_code == 0);
+  const std::string job = r.out.substr(0, r.out.find('\n'));
+  std::string during;
+  for (int i = 0; i < 200 && during.find("dilocod_syncer_merges_total{job=\"" + job) == std::string::npos; i++) {
+    during = HttpGetMetrics(c->MetricsPort("site-s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK_THAT(during, Catch::Contains("job=\"" + job + "\""));
+
+  // job.log past its bound moves to job.log.1 at the next line (the stop's).
+  const std::string log = c->StateDir("site-a") + "/jobs/" + job + "/job.log";
+  { std::ofstream(log, std::ios::app) << std::string(9 << 20, 'x') << "\n"; }
+  REQUIRE(Ctl(dir, "stop " + job + sock).exit_code == 0);
+  CHECK(fs::exists(log + ".1"));
+  CHECK(fs::file_size(log) < 4096);
+  // A huge line in a log does not make `logs` go over the control reply's limit.
+  { std::ofstream(log, std::ios::app) << std::string(200 << 10, 'y') << "\n" << "last line\n"; }
+  r = Ctl(dir, "logs " + job + sock);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("last line") && Catch::Contains("bytes cut"));
+
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return s.value("state", "") == "stopped"; }, 60,
+             "the job to stop");
+  std::string after = during;
+  for (int i = 0; i < 100 && after.find(job) != std::string::npos; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    after = HttpGetMetrics(c->MetricsPort("site-s"));
+  }
+  CHECK(after.find(job) == std::string::npos);
+  CHECK_THAT(after, Catch::Contains("dilocod_jobs{state=\"stopped\"} 1"));
+}
+
+}  // namespace diloco
