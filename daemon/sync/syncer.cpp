@@ -1,6 +1,7 @@
 #include "daemon/sync/syncer.h"
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -67,7 +68,7 @@ struct Syncer::Impl {
   std::vector<DroppedDelta> recent_drops;
   std::vector<LearnerStatusEntry> learners;  // what each learner last reported
   RoundTimings timings;
-  uint64_t welcomes = 0, refusals = 0, impostors = 0;
+  uint64_t welcomes = 0, refusals = 0, impostors = 0, snapshots_throttled = 0;
 
   class Loop;  // Run()'s event loop (below)
 };
@@ -152,7 +153,10 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   DL_RETURN_IF_ERROR(im.uplink->Subscribe(""));
   DL_RETURN_IF_ERROR(im.uplink->Bind(options.uplink_endpoint).WithContext("syncer uplink"));
   net::SocketOptions down = SyncerSocket(options, "syncer.downlink");
-  down.send_hwm_msgs = 100000;
+  // Per subscriber, a few models' worth of Globals (one per fragment merge): one that never
+  // reads cannot grow the syncer without bound; one that falls behind resyncs by snapshot.
+  const int few_models = std::max(64, 4 * EffectiveFragments(options.sync));
+  down.send_hwm_msgs = few_models;
   DL_RETURN_IF_ERROR(net::PubChannel::Create(context, down, &im.downlink));
   DL_RETURN_IF_ERROR(im.downlink->Bind(options.downlink_endpoint).WithContext("syncer downlink"));
   if (!options.snapshot_endpoint.empty()) {
@@ -161,7 +165,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
     net::ReceiveOptions rro;
     rro.validator = net::EnvelopeValidator(rexpect, im.router_parsed);
     net::SocketOptions ros = SyncerSocket(options, "syncer.snapshot");
-    ros.send_hwm_msgs = 100000;
+    ros.send_hwm_msgs = few_models;  // snapshots are throttled per learner too
     DL_RETURN_IF_ERROR(net::RouterChannel::Create(context, ros, rro, &im.router));
     DL_RETURN_IF_ERROR(im.router->Bind(options.snapshot_endpoint).WithContext("syncer snapshot endpoint"));
   }
@@ -288,6 +292,8 @@ class Syncer::Impl::Loop {
   ErrorFeedback down_ef_;
   uint64_t router_seq_ = 0;
   const uint64_t fragments_digest_;
+  static constexpr int kSnapshotMinIntervalMs = 1000;
+  std::map<int, SyncTime> last_snapshot_;  // by learner: when its last snapshot went out
 
   bool status_due_ = false;  // publish a SyncerStatus at the next turn of the loop
   Clock::time_point last_message_ = Clock::now();
@@ -542,7 +548,18 @@ Status Syncer::Impl::Loop::HandleRouter(const net::Received& r) {
   const int learner = LearnerIndexOf(m.header.sender);
   if (learner < 0 || learner >= M_ || Impostor(learner, r.peer_key)) return Status::Ok();
   if (m.get<HelloMsg>()) return HandleHello(learner, r.peer, m);
-  if (m.get<SnapshotRequestMsg>()) return HandleSnapshotRequest(r.peer, m);
+  if (m.get<SnapshotRequestMsg>()) {
+    // At most one snapshot per learner per kSnapshotMinIntervalMs: each encodes the whole model.
+    // A learner whose answer got lost asks again after its retry period.
+    SyncTime& last = last_snapshot_[learner];
+    const SyncTime now = Clock::now();
+    if (now - last < std::chrono::milliseconds(kSnapshotMinIntervalMs)) {
+      im_.snapshots_throttled++;
+      return Status::Ok();
+    }
+    last = now;
+    return HandleSnapshotRequest(r.peer, m);
+  }
   return Status::Ok();
 }
 

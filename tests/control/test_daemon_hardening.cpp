@@ -374,3 +374,87 @@ TEST_CASE("an ended job's series leave /metrics, job.log is rotated, logs stay u
 }
 
 }  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+namespace {
+
+double RssMiB(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024;
+  return 0;
+}
+
+}  // namespace
+
+// 300 snapshot requests as learner-1 (with site-b's real key, so they pass the key check) and no
+// reading: the syncer serves about one a second to that learner, so its memory stays put.
+TEST_CASE("a flood of snapshot requests does not grow the syncer", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  // A model of 0.8M parameters: every snapshot is 3.2 MB.
+  const std::string yaml = dir.Write("job.yaml", JobYaml(100000));
+  CtlResult r = Ctl(dir, "submit '" + yaml + "' --set model.n_embd=128 --set model.n_layer=4 --socket '" +
+                             c->SocketPath("site-a") + "'");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::string job = r.out.substr(0, r.out.find('\n'));
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 20; }, 60, "training");
+  const double before = RssMiB(c->pid("site-s"));
+
+  DaemonConfig s_cfg;
+  REQUIRE(LoadDaemonConfig(c->ConfigPath("site-s"), &s_cfg).ok());
+  net::CurveKeyPair b_keys, s_keys;
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-b") + "/keys", &b_keys).ok());
+  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-s") + "/keys", &s_keys).ok());
+  std::unique_ptr<net::NetContext> context;
+  REQUIRE(net::NetContext::Create({}, &context).ok());
+  net::SocketOptions so;
+  so.name = "flooder";
+  so.curve = net::CurveOptions{b_keys.public_z85, b_keys.secret_z85, false, "dilocod", s_keys.public_z85};
+  so.recv_hwm_msgs = 1;  // it never reads: what it is sent stays queued at the syncer
+  net::ReceiveOptions ro;
+  ro.track_sequence = false;
+  ro.validator = net::EnvelopeValidator(ParseOptions(), std::make_shared<ParsedMessage>());
+  std::unique_ptr<net::DealerChannel> dealer;
+  const Status created = net::DealerChannel::Create(*context, so, ro, &dealer);
+  INFO(created.message());
+  REQUIRE(created.ok());
+  REQUIRE(dealer->Connect(ConnectableEndpoint(s_cfg.listen.snapshot)).ok());
+  for (int i = 0; i < 300; i++) {
+    SnapshotRequestMsg rq;
+    rq.request_id = (uint64_t)i + 1;
+    rq.reason = "flood";
+    EnvelopeHeader h;
+    h.job_id = job;
+    h.sender = "learner-1";
+    h.seq = (uint64_t)i + 1;
+    h.incarnation = 1;
+    h.sent_unix_ms = (uint64_t)UnixMs();
+    OutgoingMessage om;
+    REQUIRE(BuildMessage(h, rq, {}, &om).ok());
+    net::Message m = net::ToMessage(std::move(om), nullptr);
+    (void)dealer->Send(m, 100);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double after = RssMiB(c->pid("site-s"));
+  INFO("site-s RSS " << before << " MiB -> " << after << " MiB");
+  CHECK(after - before < 64);
+  CHECK(c->Running("site-s"));
+  // The job keeps training and merging.
+  nlohmann::json now;
+  REQUIRE(CallDaemonJson(c->SocketPath("site-a"), "status", job, {}, &now, 5000).ok());
+  const long step = LearnerStep(now, 1);
+  uint64_t merged = 0;
+  for (uint64_t v : Versions(now)) merged += v;
+  WaitStatus(*c, "site-a", job, [&](const nlohmann::json& s) {
+    uint64_t m = 0;
+    for (uint64_t v : Versions(s)) m += v;
+    return LearnerStep(s, 1) > step + 20 && m > merged;
+  }, 60, "learner-1 to train on and the syncer to merge");
+  REQUIRE(Ctl(dir, "stop " + job + " --socket '" + c->SocketPath("site-a") + "'").exit_code == 0);
+}
+
+}  // namespace diloco
