@@ -20,6 +20,7 @@
 #include "daemon/control/control_protocol.h"
 #include "daemon/control/job_limits.h"
 #include "daemon/control/job_store.h"
+#include "daemon/control/peer_views.h"
 #include "daemon/control/roles.h"
 #include "daemon/control/site_chaos.h"
 #include "daemon/train/chaos_runner.h"
@@ -167,6 +168,7 @@ struct Daemon::Impl {
   std::optional<net::CurveKeyPair> keys;
   std::unique_ptr<net::NetContext> context;
   std::unique_ptr<JobStore> store;
+  std::unique_ptr<PeerViews> peer_views;  // after context: its workers call peers through it
   std::unique_ptr<net::RouterChannel> local;  // ipc, the CLI
   std::unique_ptr<net::RouterChannel> peers;  // tcp, other daemons
   std::shared_ptr<ParsedMessage> local_parsed = std::make_shared<ParsedMessage>();
@@ -573,18 +575,13 @@ struct Daemon::Impl {
     sites[config.site] = local;
     for (const std::string& site : SitesOf(cfg)) {
       if (site == config.site) continue;
-      ControlArgs reply;
-      Status st = CallPeer(site, "peer_status", id, {}, &reply, 2000);
-      if (st.ok()) {
-        nlohmann::json view = nlohmann::json::parse(reply["json"], nullptr, false);
-        if (IsJobView(view)) {
-          sites[site] = std::move(view);
-        } else {
-          Log("job " + id + ": site " + site + " answered peer_status with something that is not a job view; ignored");
-          sites[site] = {{"site", site}, {"unreachable", "its status reply was not a job view"}};
-        }
+      // From the peer's worker (peer_views.h): at once, or within first_wait_ms for a first answer.
+      const PeerViews::View v = peer_views->Get(site, id);
+      if (v.ok && v.error.empty()) {
+        sites[site] = v.json;
+        sites[site]["age_ms"] = v.age_ms;
       } else {
-        sites[site] = {{"site", site}, {"unreachable", st.message()}};
+        sites[site] = {{"site", site}, {"unreachable", v.error.empty() ? "no answer yet" : v.error}};
       }
     }
     nlohmann::json out = {{"id", id}, {"placement", local["placement"]}, {"steps", local["steps"]}, {"sites", sites}};
@@ -1139,16 +1136,12 @@ struct Daemon::Impl {
         } else if (views.count(site)) {
           view = views[site];
         } else {
-          ControlArgs reply;
-          if (!CallPeer(site, "peer_status", id, {}, &reply, 1000).ok()) {
+          const PeerViews::View v = peer_views->Get(site, id, /*wait=*/false);
+          if (!v.ok || !v.error.empty()) {
             all_ended = false;
             break;
           }
-          view = views[site] = nlohmann::json::parse(reply["json"], nullptr, false);
-          if (!IsJobView(view)) {
-            all_ended = false;
-            break;
-          }
+          view = views[site] = v.json;
         }
         const std::string state = view.is_object() && view.contains("roles") && view["roles"].contains(name)
                                       ? view["roles"][name].value("state", "")
@@ -1232,6 +1225,16 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     DL_RETURN_IF_ERROR(im.context->SetAllowlist("dilocod", allow));
   }
   im.store = std::make_unique<JobStore>(config.state_dir);
+  Impl* impl = &im;
+  im.peer_views = std::make_unique<PeerViews>(
+      [impl](const std::string& site, const std::string& job, nlohmann::json* view) {
+        ControlArgs reply;
+        DL_RETURN_IF_ERROR(impl->CallPeer(site, "peer_status", job, {}, &reply, 1500));
+        *view = nlohmann::json::parse(reply["json"], nullptr, false);
+        if (!IsJobView(*view)) return Status::Error("site " + site + "'s status reply was not a job view");
+        return Status::Ok();
+      },
+      PeerViews::Options{});
 
   // The local control socket (a stale file from a crash is ours to remove: we hold the lock).
   fs::remove(config.control_socket, ec);

@@ -168,12 +168,15 @@ TEST_CASE("a peer's status reply of the wrong shape does not take the asking dae
         (void)fake->SendTo(r.peer, out, 100);
     }
   });
-  for (int i = 0; i < 6; i++) {
+  // site-a's worker for site-b asks about once a second; each shape gets its turn.
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (answered < 7 && Clock::now() < deadline) {
     const CtlResult r = Ctl(dir, "status " + job + " --json --socket '" + c->SocketPath("site-a") + "'");
     INFO(r.err);
     CHECK(r.exit_code == 0);
     const nlohmann::json s = nlohmann::json::parse(r.out, nullptr, false);
     CHECK(s.is_object());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   stop = true;
   server.join();
@@ -454,6 +457,41 @@ TEST_CASE("a flood of snapshot requests does not grow the syncer", "[e2e]") {
     for (uint64_t v : Versions(s)) m += v;
     return LearnerStep(s, 1) > step + 20 && m > merged;
   }, 60, "learner-1 to train on and the syncer to merge");
+  REQUIRE(Ctl(dir, "stop " + job + " --socket '" + c->SocketPath("site-a") + "'").exit_code == 0);
+}
+
+}  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+
+// The control loop does not wait on peers: status comes from views the peers' workers keep fresh
+// (peer_views.h), so a dead peer costs no timeout. (Not a speed test: the old code waited 2 s per
+// dead peer on every status, and 1 s every 3 s in the syncer's end-of-job check.)
+TEST_CASE("status does not wait for a peer that is down", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
+  CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c->SocketPath("site-a") + "'");
+  REQUIRE(r.exit_code == 0);
+  const std::string job = r.out.substr(0, r.out.find('\n'));
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) > 0; }, 30, "learner-1 to train");
+  c->Kill("site-b", SIGKILL);
+  bool saw_unreachable = false;
+  for (int i = 0; i < 10; i++) {
+    nlohmann::json s;
+    const auto t0 = Clock::now();
+    REQUIRE(CallDaemonJson(c->SocketPath("site-a"), "status", job, {}, &s, 5000).ok());
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    INFO("status took " << ms << " ms");
+    CHECK(ms < 1000);
+    saw_unreachable |= s["learners"][1].value("state", "") == "unreachable";
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  CHECK(saw_unreachable);  // once its worker's call has failed
+  REQUIRE(c->Start("site-b").ok());
+  WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return s["learners"][1].value("state", "") == "running"; },
+             30, "site-b to answer again");
   REQUIRE(Ctl(dir, "stop " + job + " --socket '" + c->SocketPath("site-a") + "'").exit_code == 0);
 }
 
