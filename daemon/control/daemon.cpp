@@ -680,13 +680,25 @@ struct Daemon::Impl {
             {"usage", "1"}};
   }
 
-  ControlArgs List() {
+  // The jobs from `offset` on, as many as fit one reply; "next" is where the following page
+  // starts when some are left (the CLI asks until there is none).
+  ControlArgs List(const ControlArgs& a) {
+    auto it = a.find("offset");
+    const size_t offset = it == a.end() ? 0 : (size_t)std::max(0L, std::atol(it->second.c_str()));
+    const std::vector<std::string> ids = store->List();
     nlohmann::json arr = nlohmann::json::array();
-    for (const std::string& id : store->List()) {
-      nlohmann::json j = LocalView(id);
-      if (!j.is_null()) arr.push_back(j);
+    size_t bytes = 2, i = offset;
+    for (; i < ids.size(); i++) {
+      nlohmann::json j = LocalView(ids[i]);
+      if (j.is_null()) continue;
+      const size_t n = JsonText(j).size() + 1;
+      if (bytes + n > kMaxTextBytes - 1024 && !arr.empty()) break;
+      bytes += n;
+      arr.push_back(std::move(j));
     }
-    return {{"ok", "1"}, {"json", JsonText(arr)}};
+    ControlArgs out = {{"ok", "1"}, {"json", JsonText(arr)}};
+    if (i < ids.size()) out["next"] = std::to_string(i);
+    return out;
   }
 
   Status StopLocal(const std::string& id) {
@@ -944,8 +956,8 @@ struct Daemon::Impl {
     auto arg = [&](const char* k, const std::string& d = "") { auto it = a.find(k); return it == a.end() ? d : it->second; };
     if (name == "ping") return {{"ok", "1"}, {"site", config.site}};
     if (name == "submit") return Submit(a);
-    if (name == "list") return List();
-    if (name == "status") return job == kNoJob ? List() : JobStatus(job);
+    if (name == "list") return List(a);
+    if (name == "status") return job == kNoJob ? List(a) : JobStatus(job);
     if (name == "stop") return Stop(job);
     if (name == "logs") return Logs(job, TailLines(arg("tail", "50")));
     if (name == "chaos") return Chaos(job, a);
@@ -1010,8 +1022,17 @@ struct Daemon::Impl {
   void Reply(net::RouterChannel& ch, const net::Received& r, const ParsedMessage& m, const ControlArgs& args) {
     const ControlMsg* c = m.get<ControlMsg>();
     net::Message out;
-    if (!BuildControlReply(config.site, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0, args, &out).ok())
-      return;
+    const std::string name = c ? c->name : "job_spec";
+    const uint64_t request_id = c ? c->request_id : 0;
+    if (Status st = BuildControlReply(config.site, m.header.job_id, name, request_id, args, &out); !st.ok()) {
+      // Too big for one reply (or not encodable): say so instead of leaving the caller to time out.
+      Log("reply to '" + name + "' not sent: " + st.message());
+      if (!BuildControlReply(config.site, m.header.job_id, name, request_id,
+                             {{"error", "site " + config.site + " could not send its reply to '" + name + "': " + st.message()}},
+                             &out)
+               .ok())
+        return;
+    }
     (void)ch.SendTo(r.peer, out, 100);
   }
 

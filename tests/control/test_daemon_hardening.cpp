@@ -4,11 +4,13 @@
 #include <signal.h>
 
 #include <atomic>
+#include <set>
 #include <catch2/catch.hpp>
 #include <thread>
 
 #include "daemon/config/daemon_config.h"
 #include "daemon/control/control_protocol.h"
+#include "daemon/control/job_store.h"
 #include "daemon/net/channel.h"
 #include "daemon/net/curve.h"
 #include "daemon/net/envelope.h"
@@ -493,6 +495,40 @@ TEST_CASE("status does not wait for a peer that is down", "[e2e]") {
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return s["learners"][1].value("state", "") == "running"; },
              30, "site-b to answer again");
   REQUIRE(Ctl(dir, "stop " + job + " --socket '" + c->SocketPath("site-a") + "'").exit_code == 0);
+}
+
+}  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+
+// More jobs than one reply holds (64 KiB): list pages through them all (it used to stop answering).
+TEST_CASE("list answers with more jobs than one reply can hold", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  int code = -1;
+  REQUIRE(c->Stop("site-a", 10000, &code).ok());
+  JobStore store(c->StateDir("site-a"));
+  const int n = 700;
+  for (int i = 0; i < n; i++) {
+    JobRecord rec;
+    char id[32];
+    std::snprintf(id, sizeof id, "20260101-000000-%04x", i);
+    rec.id = id;
+    rec.submitted_to = "site-a";
+    rec.state = JobState::kCompleted;
+    REQUIRE(store.Create(rec, JobYaml(10)).ok());
+  }
+  REQUIRE(c->Start("site-a").ok());
+  const CtlResult r = Ctl(dir, "list --json --socket '" + c->SocketPath("site-a") + "'");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.size() > (100 << 10));  // several replies' worth
+  const nlohmann::json jobs = nlohmann::json::parse(r.out);
+  CHECK(jobs.size() == (size_t)n);
+  std::set<std::string> ids;
+  for (const auto& j : jobs) ids.insert(j["id"].get<std::string>());
+  CHECK(ids.size() == (size_t)n);
 }
 
 }  // namespace diloco
