@@ -20,6 +20,10 @@
 
 #include "daemon/control/client.h"
 #include "daemon/control/local_cluster.h"
+#include "daemon/net/curve.h"
+#include "daemon/net/envelope.h"
+#include "daemon/net/socket.h"
+#include "daemon/net/wire_transport.h"
 #include "tests/temp_dir.h"
 
 namespace diloco::testing {
@@ -164,5 +168,40 @@ inline bool MergedFrom(const nlohmann::json& merge, int learner) {
   return false;
 }
 
+
+// A process's resident memory, MiB (0 when it cannot be read).
+inline double RssMiB(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024;
+  return 0;
+}
+
+// Socket options of a client that holds site `as`'s real keys and talks to site `to` (CURVE).
+inline net::SocketOptions SiteClient(LocalCluster& c, const std::string& as, const std::string& to,
+                                     const std::string& name) {
+  net::CurveKeyPair mine, theirs;
+  REQUIRE(net::LoadCurveKeyPair(c.SiteDir(as) + "/keys", &mine).ok());
+  REQUIRE(net::LoadCurveKeyPair(c.SiteDir(to) + "/keys", &theirs).ok());
+  net::SocketOptions so;
+  so.name = name;
+  so.linger_ms = 0;
+  so.curve = net::CurveOptions{mine.public_z85, mine.secret_z85, false, "dilocod", theirs.public_z85};
+  return so;
+}
+
+// A message of the data protocol as any sender may forge it.
+inline net::Message Forged(const std::string& job, const std::string& sender, uint64_t seq, uint64_t incarnation,
+                           const MessageBody& body) {
+  EnvelopeHeader h;
+  h.job_id = job;
+  h.sender = sender;
+  h.seq = seq;
+  h.incarnation = incarnation;
+  h.sent_unix_ms = (uint64_t)UnixMs();
+  OutgoingMessage om;
+  REQUIRE(BuildMessage(h, body, {}, &om).ok());
+  return net::ToMessage(std::move(om), nullptr);
+}
 
 }  // namespace diloco::testing

@@ -278,16 +278,12 @@ TEST_CASE("a peer with one site's key cannot speak for a learner placed on anoth
 
   DaemonConfig s_cfg;
   REQUIRE(LoadDaemonConfig(c->ConfigPath("site-s"), &s_cfg).ok());
-  net::CurveKeyPair a_keys, s_keys;
+  net::CurveKeyPair a_keys;
   REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-a") + "/keys", &a_keys).ok());
-  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-s") + "/keys", &s_keys).ok());
   std::unique_ptr<net::NetContext> context;
   REQUIRE(net::NetContext::Create({}, &context).ok());
-  net::SocketOptions so;
-  so.name = "impostor";
-  so.curve = net::CurveOptions{a_keys.public_z85, a_keys.secret_z85, false, "dilocod", s_keys.public_z85};
   std::unique_ptr<net::PubChannel> pub;
-  REQUIRE(net::PubChannel::Create(*context, so, &pub).ok());
+  REQUIRE(net::PubChannel::Create(*context, SiteClient(*c, "site-a", "site-s", "impostor"), &pub).ok());
   REQUIRE(pub->Connect(ConnectableEndpoint(s_cfg.listen.uplink)).ok());
   uint64_t seq = 0;
   bool forged_seen = false;
@@ -297,17 +293,9 @@ TEST_CASE("a peer with one site's key cannot speak for a learner placed on anoth
     hb.state = LearnerState::kFinished;
     hb.step = 10;
     hb.interval_ms = 200;
-    EnvelopeHeader h;
-    h.job_id = job;
-    h.sender = "learner-1";
-    h.seq = ++seq;
-    h.incarnation = 0xbad;
-    h.sent_unix_ms = (uint64_t)UnixMs();
-    OutgoingMessage om;
-    REQUIRE(BuildMessage(h, hb, {}, &om).ok());
+    ++seq;
     for (const std::string& topic : {job, job + ".alive"}) {
-      OutgoingMessage copy = om;
-      net::Message m = net::ToMessage(std::move(copy), nullptr);
+      net::Message m = Forged(job, "learner-1", seq, 0xbad, hb);
       (void)pub->Publish(topic, m);
     }
     nlohmann::json st;
@@ -382,16 +370,6 @@ TEST_CASE("an ended job's series leave /metrics, job.log is rotated, logs stay u
 
 namespace diloco {
 using namespace testing;
-namespace {
-
-double RssMiB(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024;
-  return 0;
-}
-
-}  // namespace
 
 // 300 snapshot requests as learner-1 (with site-b's real key, so they pass the key check) and no
 // reading: the syncer serves about one a second to that learner, so its memory stays put.
@@ -410,14 +388,9 @@ TEST_CASE("a flood of snapshot requests does not grow the syncer", "[e2e]") {
 
   DaemonConfig s_cfg;
   REQUIRE(LoadDaemonConfig(c->ConfigPath("site-s"), &s_cfg).ok());
-  net::CurveKeyPair b_keys, s_keys;
-  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-b") + "/keys", &b_keys).ok());
-  REQUIRE(net::LoadCurveKeyPair(c->SiteDir("site-s") + "/keys", &s_keys).ok());
   std::unique_ptr<net::NetContext> context;
   REQUIRE(net::NetContext::Create({}, &context).ok());
-  net::SocketOptions so;
-  so.name = "flooder";
-  so.curve = net::CurveOptions{b_keys.public_z85, b_keys.secret_z85, false, "dilocod", s_keys.public_z85};
+  net::SocketOptions so = SiteClient(*c, "site-b", "site-s", "flooder");
   so.recv_hwm_msgs = 1;  // it never reads: what it is sent stays queued at the syncer
   net::ReceiveOptions ro;
   ro.track_sequence = false;
@@ -431,15 +404,7 @@ TEST_CASE("a flood of snapshot requests does not grow the syncer", "[e2e]") {
     SnapshotRequestMsg rq;
     rq.request_id = (uint64_t)i + 1;
     rq.reason = "flood";
-    EnvelopeHeader h;
-    h.job_id = job;
-    h.sender = "learner-1";
-    h.seq = (uint64_t)i + 1;
-    h.incarnation = 1;
-    h.sent_unix_ms = (uint64_t)UnixMs();
-    OutgoingMessage om;
-    REQUIRE(BuildMessage(h, rq, {}, &om).ok());
-    net::Message m = net::ToMessage(std::move(om), nullptr);
+    net::Message m = Forged(job, "learner-1", (uint64_t)i + 1, 1, rq);
     (void)dealer->Send(m, 100);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

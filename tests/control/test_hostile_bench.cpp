@@ -20,25 +20,6 @@ namespace diloco {
 using namespace testing;
 namespace {
 
-double RssMiBOf(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024;
-  return 0;
-}
-
-net::Message Envelope(const std::string& job, const std::string& sender, uint64_t seq, const MessageBody& body) {
-  EnvelopeHeader h;
-  h.job_id = job;
-  h.sender = sender;
-  h.seq = seq;
-  h.incarnation = 1;
-  h.sent_unix_ms = (uint64_t)UnixMs();
-  OutgoingMessage om;
-  REQUIRE(BuildMessage(h, body, {}, &om).ok());
-  return net::ToMessage(std::move(om), nullptr);
-}
-
 net::Message Garbage(std::mt19937_64& rng) {
   net::Message m;
   for (int f = 0, n = 1 + (int)(rng() % 3); f < n; f++) {
@@ -60,21 +41,14 @@ TEST_CASE("hostile: ten minutes of fuzz and floods at every socket of a training
   std::this_thread::sleep_for(std::chrono::seconds(3));  // past start-up allocations
 
   std::map<std::string, DaemonConfig> cfg;
-  std::map<std::string, net::CurveKeyPair> keys;
-  for (const std::string& site : c->sites()) {
-    REQUIRE(LoadDaemonConfig(c->ConfigPath(site), &cfg[site]).ok());
-    REQUIRE(net::LoadCurveKeyPair(c->SiteDir(site) + "/keys", &keys[site]).ok());
-  }
+  for (const std::string& site : c->sites()) REQUIRE(LoadDaemonConfig(c->ConfigPath(site), &cfg[site]).ok());
   std::map<std::string, double> rss_start, rss_peak, rss_end;
-  for (const std::string& site : c->sites()) rss_start[site] = rss_peak[site] = RssMiBOf(c->pid(site));
+  for (const std::string& site : c->sites()) rss_start[site] = rss_peak[site] = RssMiB(c->pid(site));
   std::unique_ptr<net::NetContext> context;
   REQUIRE(net::NetContext::Create({}, &context).ok());
   auto client = [&](const std::string& as, const std::string& to) {
-    net::SocketOptions so;
-    so.name = "hostile";
-    so.linger_ms = 0;
+    net::SocketOptions so = SiteClient(*c, as, to, "hostile");
     so.recv_hwm_msgs = 1;
-    so.curve = net::CurveOptions{keys[as].public_z85, keys[as].secret_z85, false, "dilocod", keys[to].public_z85};
     return so;
   };
   net::ReceiveOptions ro;
@@ -123,7 +97,7 @@ TEST_CASE("hostile: ten minutes of fuzz and floods at every socket of a training
         for (int i = 0; i < 50; i++) {
           SnapshotRequestMsg rq;
           rq.request_id = ++seq;
-          net::Message m = Envelope(job, "learner-1", seq, rq);
+          net::Message m = Forged(job, "learner-1", seq, 1, rq);
           (void)d->Send(m, 50);
         }
         sent["snapshot requests, never read"] += 50;
@@ -137,7 +111,7 @@ TEST_CASE("hostile: ten minutes of fuzz and floods at every socket of a training
         for (int i = 0; i < 100; i++) {
           HeartbeatMsg hb;
           hb.state = LearnerState::kFinished;
-          net::Message m = i % 2 ? Envelope(job, "learner-1", ++seq, hb) : Garbage(rng);
+          net::Message m = i % 2 ? Forged(job, "learner-1", ++seq, 1, hb) : Garbage(rng);
           (void)pub->Publish(job, m);
         }
         sent["uplink: forged and garbage"] += 100;
@@ -174,7 +148,7 @@ TEST_CASE("hostile: ten minutes of fuzz and floods at every socket of a training
         REQUIRE(c->Running(s));
         ControlArgs reply;
         if (!CallDaemon(c->SocketPath(s), "ping", kNoJob, {}, &reply, 2000).ok()) hung = true;
-        rss_peak[s] = std::max(rss_peak[s], RssMiBOf(c->pid(s)));
+        rss_peak[s] = std::max(rss_peak[s], RssMiB(c->pid(s)));
       }
     }
   }
@@ -186,7 +160,7 @@ TEST_CASE("hostile: ten minutes of fuzz and floods at every socket of a training
               seconds, job.c_str());
   for (const std::string& site : c->sites()) {
     REQUIRE(c->Running(site));
-    rss_end[site] = RssMiBOf(c->pid(site));
+    rss_end[site] = RssMiB(c->pid(site));
     rss_peak[site] = std::max(rss_peak[site], rss_end[site]);
     std::printf("| %s | %.1f | %.1f | %.1f | %+.1f |\n", site.c_str(), rss_start[site], rss_end[site], rss_peak[site],
                 rss_end[site] - rss_start[site]);
