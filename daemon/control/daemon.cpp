@@ -575,7 +575,8 @@ struct Daemon::Impl {
     sites[config.site] = local;
     for (const std::string& site : SitesOf(cfg)) {
       if (site == config.site) continue;
-      // From the peer's worker (peer_views.h): at once, or within first_wait_ms for a first answer.
+      // Through the peer's worker (peer_views.h): a fresh view from a live peer, the last one (or
+      // none) within 150 ms from a peer whose last call failed.
       const PeerViews::View v = peer_views->Get(site, id);
       if (v.ok && v.error.empty()) {
         sites[site] = v.json;

@@ -26,13 +26,26 @@ PeerViews::View PeerViews::Get(const std::string& site, const std::string& job, 
   Entry& e = s->jobs[job];
   const auto now = Clock::now();
   e.wanted = now;
-  cv_.notify_all();
-  const bool site_up = s->last_answer != Clock::time_point{} && now - s->last_answer < std::chrono::seconds(5);
-  const int wait_ms = site_up ? options_.first_wait_up_ms : options_.first_wait_ms;
-  if (wait && !e.tried_once)
-    cv_.wait_until(lock, now + std::chrono::milliseconds(wait_ms), [&] { return e.tried_once || stop_; });
-  View v = e.view;
-  v.age_ms = e.answered_once ? std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - e.fetched).count() : -1;
+  if (wait) {
+    // A fetch that starts from now on: wait for it, as long as the site has earned.
+    e.urgent = true;
+    cv_.notify_all();
+    const Clock::time_point asked = now;
+    const int wait_ms = s->up ? options_.fresh_wait_up_ms : options_.fresh_wait_ms;
+    Site* site_ptr = s.get();
+    cv_.wait_until(lock, now + std::chrono::milliseconds(wait_ms), [&] {
+      auto it = site_ptr->jobs.find(job);
+      return stop_ || it == site_ptr->jobs.end() || (it->second.tried_once && it->second.tried_started >= asked);
+    });
+  } else {
+    cv_.notify_all();
+  }
+  auto it = s->jobs.find(job);
+  if (it == s->jobs.end()) return View{};
+  View v = it->second.view;
+  v.age_ms = it->second.answered_once
+                 ? std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - it->second.fetched).count()
+                 : -1;
   return v;
 }
 
@@ -50,7 +63,7 @@ void PeerViews::Work(const std::string& site) {
         it = s.jobs.erase(it);
         continue;
       }
-      const auto at = e.tried_once ? e.tried + std::chrono::milliseconds(options_.refresh_ms) : now;
+      const auto at = e.urgent || !e.tried_once ? now : e.tried + std::chrono::milliseconds(options_.refresh_ms);
       if (at < due_at) {
         due_at = at;
         due_job = it->first;
@@ -62,14 +75,18 @@ void PeerViews::Work(const std::string& site) {
       else cv_.wait_until(lock, due_at);
       continue;
     }
+    const Clock::time_point started = Clock::now();
+    s.jobs[due_job].urgent = false;
     lock.unlock();
     nlohmann::json view;
     const Status st = fetch_(site, due_job, &view);
     lock.lock();
+    s.up = st.ok();
     auto it = s.jobs.find(due_job);
     if (it == s.jobs.end()) continue;
     Entry& e = it->second;
     e.tried = Clock::now();
+    e.tried_started = started;
     e.tried_once = true;
     if (st.ok()) {
       e.view.ok = true;
@@ -77,7 +94,6 @@ void PeerViews::Work(const std::string& site) {
       e.view.error.clear();
       e.fetched = e.tried;
       e.answered_once = true;
-      s.last_answer = e.tried;
     } else {
       e.view.error = st.message();
     }

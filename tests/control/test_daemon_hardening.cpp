@@ -411,7 +411,14 @@ TEST_CASE("a flood of snapshot requests does not grow the syncer", "[e2e]") {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const double after = RssMiB(c->pid("site-s"));
   INFO("site-s RSS " << before << " MiB -> " << after << " MiB");
-  CHECK(after - before < 64);
+  // Unbounded, it grew ~950 MiB. Under AddressSanitizer freed memory sits in its quarantine
+  // (256 MiB by default) before it is reused, so the bound allows for that there.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr double kGrowthMiB = 64 + 256;
+#else
+  constexpr double kGrowthMiB = 64;
+#endif
+  CHECK(after - before < kGrowthMiB);
   CHECK(c->Running("site-s"));
   // The job keeps training and merging.
   nlohmann::json now;

@@ -37,6 +37,9 @@ TEST_CASE("peer views: a first answer is waited for, then served from the cache 
   CHECK(v.json["job"] == "j1");
   CHECK(v.error.empty());
   const int first = v.json["n"];
+  // A live peer: every waiting Get sees a view fetched after it asked (status shows what just
+  // happened, e.g. a learner that completed a moment ago).
+  CHECK(views.Get("site-b", "j1").json["n"].get<int>() > first);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   v = views.Get("site-b", "j1", /*wait=*/false);
   CHECK(v.json["n"].get<int>() > first);  // refreshed in the background
@@ -55,7 +58,7 @@ TEST_CASE("peer views: a first answer is waited for, then served from the cache 
 
 TEST_CASE("peer views: a peer that does not answer costs Get at most its first wait", "[unit]") {
   PeerViews::Options o;
-  o.first_wait_ms = 100;
+  o.fresh_wait_ms = 100;
   PeerViews views(
       [&](const std::string&, const std::string&, nlohmann::json*) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a dead peer's timeout
