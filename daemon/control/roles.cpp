@@ -6,7 +6,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 
 #include "daemon/control/job_store.h"
@@ -19,6 +18,7 @@
 #include "daemon/train/data.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/train/learner.h"
+#include "daemon/util/appended_lines.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
 #include "kernels/rng.h"
@@ -46,26 +46,13 @@ const char* StateName(LearnerState s) {
 // the syncer waited.
 class MergeHistory {
  public:
-  explicit MergeHistory(std::string path) : path_(std::move(path)) {}
+  explicit MergeHistory(std::string path) : lines_(std::move(path)) {}
 
   void AddTo(nlohmann::json* out) {
     std::lock_guard<std::mutex> lock(mu_);
-    ReadNew();
-    if (last_.is_null()) return;
-    (*out)["last_merge"] = last_;
-    (*out)["merge_reasons"] = reasons_;
-  }
-
- private:
-  void ReadNew() {
-    std::ifstream f(path_, std::ios::binary);
-    if (!f) return;
-    f.seekg(offset_);
-    const std::string chunk((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    size_t at = 0;
-    for (size_t nl; (nl = chunk.find('\n', at)) != std::string::npos; at = nl + 1) {
-      const nlohmann::json m = nlohmann::json::parse(chunk.begin() + at, chunk.begin() + nl, nullptr, false);
-      if (!m.is_object() || !m.contains("reason") || !m["reason"].is_string()) continue;
+    lines_.ReadNew([&](std::string_view line, int64_t) {
+      const nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
+      if (!m.is_object() || !m.contains("reason") || !m["reason"].is_string()) return true;
       reasons_[m["reason"].get<std::string>()]++;
       last_ = {{"fragment", m.value("fragment", 0)},
                {"version", m.value("version", uint64_t{0})},
@@ -73,13 +60,16 @@ class MergeHistory {
                {"time_ms", m.value("time_ms", int64_t{0})},
                {"grace_ms", m.value("grace_ms", 0.0)},
                {"contributors", m.contains("contributors") && m["contributors"].is_array() ? m["contributors"].size() : 0}};
-    }
-    offset_ += (int64_t)at;
+      return true;
+    });
+    if (last_.is_null()) return;
+    (*out)["last_merge"] = last_;
+    (*out)["merge_reasons"] = reasons_;
   }
 
-  const std::string path_;
+ private:
+  AppendedLines lines_;
   std::mutex mu_;
-  int64_t offset_ = 0;
   std::map<std::string, int> reasons_;
   nlohmann::json last_;
 };

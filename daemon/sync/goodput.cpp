@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <utility>
 
@@ -277,31 +276,20 @@ Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_m
   return Status::Ok();
 }
 
-MergeTapeReader::MergeTapeReader(std::string events_path) : path_(std::move(events_path)) {}
+MergeTapeReader::MergeTapeReader(std::string events_path) : lines_(std::move(events_path)) {}
 
 Status MergeTapeReader::ReadNew(int64_t run_start_unix_ms, std::vector<MergedDelta>* merged,
                                 std::vector<LostDelta>* lost) {
-  std::ifstream f(path_, std::ios::binary);
-  if (!f) return Status::Ok();  // no merge yet
-  f.seekg(offset_);
-  std::string chunk((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t at = 0;
-  for (size_t nl; (nl = chunk.find('\n', at)) != std::string::npos; at = nl + 1) {  // whole lines only
-    line_++;
-    if (nl == at) continue;
-    const std::string where = path_ + " line " + std::to_string(line_);
-    const nlohmann::json ev = nlohmann::json::parse(chunk.begin() + at, chunk.begin() + nl, nullptr, false);
-    if (ev.is_discarded()) {
-      offset_ += nl + 1;  // not read again
-      return Status::Error(where + ": not JSON; is the file damaged?");
-    }
-    if (Status st = ParseMergeLine(ev, run_start_unix_ms, where, merged, lost); !st.ok()) {
-      offset_ += nl + 1;
-      return st;
-    }
-  }
-  offset_ += at;
-  return Status::Ok();
+  Status st;
+  lines_.ReadNew([&](std::string_view line, int64_t number) {
+    if (line.empty()) return true;
+    const std::string where = lines_.path() + " line " + std::to_string(number);
+    const nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
+    st = ev.is_discarded() ? Status::Error(where + ": not JSON; is the file damaged?")
+                           : ParseMergeLine(ev, run_start_unix_ms, where, merged, lost);
+    return st.ok();  // a bad line stops this read and is not read again
+  });
+  return st;
 }
 
 }  // namespace diloco

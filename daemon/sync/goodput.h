@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/util/appended_lines.h"
 #include "daemon/util/status.h"
 
 namespace diloco {
@@ -139,9 +140,7 @@ class MergeTapeReader {
   Status ReadNew(int64_t run_start_unix_ms, std::vector<MergedDelta>* merged, std::vector<LostDelta>* lost);
 
  private:
-  std::string path_;
-  int64_t offset_ = 0;  // bytes of whole lines read
-  int64_t line_ = 0;
+  AppendedLines lines_;
 };
 
 }  // namespace diloco
