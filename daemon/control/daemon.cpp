@@ -10,6 +10,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "daemon/control/control_protocol.h"
 #include "daemon/control/job_limits.h"
 #include "daemon/control/job_store.h"
+#include "daemon/control/off_loop.h"
 #include "daemon/control/peer_views.h"
 #include "daemon/control/roles.h"
 #include "daemon/control/site_chaos.h"
@@ -169,6 +171,8 @@ struct Daemon::Impl {
   std::unique_ptr<net::NetContext> context;
   std::unique_ptr<JobStore> store;
   std::unique_ptr<PeerViews> peer_views;  // after context: its workers call peers through it
+  std::unique_ptr<OffLoop> off_loop;      // after context: its workers call peers through it
+  std::set<std::string> reserved_ids;     // jobs whose submit waits on other sites
   std::unique_ptr<net::RouterChannel> local;  // ipc, the CLI
   std::unique_ptr<net::RouterChannel> peers;  // tcp, other daemons
   std::shared_ptr<ParsedMessage> local_parsed = std::make_shared<ParsedMessage>();
@@ -178,15 +182,18 @@ struct Daemon::Impl {
     std::map<std::string, std::unique_ptr<Role>> roles;
     bool stop_requested = false;
     bool syncer_stop_sent = false;
-    // Chaos (site_chaos.h): roles killed and still ending, roles killed (restart may come),
-    // actions to undo or restart later, and the job's own timeline when this site plays it.
+    // Roles still ending (killed by chaos, or learners leaving to rejoin); chaos (site_chaos.h):
+    // roles killed (restart may come), actions to undo or restart later, and the job's own
+    // timeline when this site plays it.
     std::vector<std::unique_ptr<Role>> dying;
     std::set<std::string> killed;
     std::vector<std::pair<Clock::time_point, SiteChaosCommand>> chaos_due;
     std::shared_ptr<QueuedChaosTarget> chaos_target;
     std::unique_ptr<ChaosRunner> chaos_runner;  // after chaos_target: it calls it
-    bool ChaosPending() const {
-      if (!dying.empty()) return true;
+    std::set<std::string> rejoining;  // learners that start again once they are out of dying
+    // Roles that have not ended for good: the job is not over on this site.
+    bool RolesPending() const {
+      if (!dying.empty() || !rejoining.empty()) return true;
       for (const auto& [t, c] : chaos_due)
         if (c.action == SiteChaosAction::kRestart) return true;
       for (const std::string& name : killed)
@@ -329,12 +336,89 @@ struct Daemon::Impl {
   }
 
   Status CallPeer(const std::string& site, const std::string& name, const std::string& job_id,
-                  const ControlArgs& args, ControlArgs* reply, int timeout_ms = 3000) {
+                  const ControlArgs& args, ControlArgs* reply, int timeout_ms = 3000) const {
     const PeerConfig* peer = config.FindPeer(site);
     if (!peer) return Status::Error("site '" + site + "' is not among this daemon's peers");
     return CallControl(*context, PeerTarget(*peer, timeout_ms), name, job_id, args, reply)
         .WithContext("site " + site);
   }
+
+  // ---- Peer calls off the loop (off_loop.h) ----
+
+  struct PeerAnswer {
+    std::string site;
+    Status status;
+    ControlArgs reply;
+  };
+  using PeerAnswers = std::vector<PeerAnswer>;
+  // On a worker: call(site, &reply) for every site at once (a thread each), so a slow or dead
+  // site costs its own deadline, not the sum; answers in the order of sites.
+  static PeerAnswers AtOnce(const std::vector<std::string>& sites,
+                            const std::function<Status(const std::string& site, ControlArgs* reply)>& call) {
+    std::vector<std::future<PeerAnswer>> calls;
+    for (const std::string& site : sites) {
+      calls.push_back(std::async(std::launch::async, [&call, site] {
+        PeerAnswer a{site, Status::Ok(), {}};
+        a.status = call(site, &a.reply);
+        return a;
+      }));
+    }
+    PeerAnswers out;
+    for (auto& c : calls) out.push_back(c.get());
+    return out;
+  }
+  PeerAnswers CallPeersAtOnce(const std::vector<std::string>& sites, const std::string& name, const std::string& job_id,
+                              const ControlArgs& args, int timeout_ms) const {
+    return AtOnce(sites, [&](const std::string& site, ControlArgs* reply) {
+      return CallPeer(site, name, job_id, args, reply, timeout_ms);
+    });
+  }
+
+  // Where a request's answer goes, kept for answering it later.
+  struct ReplyTo {
+    net::RouterChannel* channel = nullptr;
+    std::string peer;  // routing id
+    std::string job_id, name;
+    uint64_t request_id = 0;
+  };
+  using MaybeReply = std::optional<ControlArgs>;  // nullopt: Defer answers it later
+
+  // Runs work (peer calls) on a worker, then answers `to` with then(its result) on the loop.
+  // Refused at once when too much is waiting already.
+  template <typename Work, typename Then>
+  MaybeReply Defer(const ReplyTo& to, Work work, Then then) {
+    const bool queued = off_loop->Run([this, to, work, then]() -> OffLoop::Task {
+      try {
+        auto result = work();
+        return [this, to, then, result] { Reply(to, GuardedReply(to.name, [&] { return then(result); })); };
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        return [this, to, what] { Reply(to, {{"error", "site " + config.site + ": '" + to.name + "' failed: " + what}}); };
+      }
+    });
+    if (!queued) return Busy(to.name);
+    return std::nullopt;
+  }
+  // The same for work nobody waits on (a rollback, a chaos action of the job's timeline): then
+  // runs on the loop with the answers.
+  void InBackground(const std::string& what, std::function<PeerAnswers()> work, std::function<void(const PeerAnswers&)> then) {
+    const bool queued = off_loop->Run([this, what, work, then]() -> OffLoop::Task {
+      try {
+        PeerAnswers answers = work();
+        return [this, what, then, answers] { Guarded(what.c_str(), [&] { then(answers); }); };
+      } catch (const std::exception& e) {
+        const std::string error = e.what();
+        return [this, what, error] { Log(what + " failed: " + error); };
+      }
+    });
+    if (!queued) Log(what + " not done: too many calls to other sites are waiting");
+  }
+  ControlArgs Busy(const std::string& name) const {
+    return {{"error", "site " + config.site + " is busy with calls to other sites (" + std::to_string(kMaxOffLoop) +
+                          " waiting): '" + name + "' not taken; try again in a moment"}};
+  }
+  static constexpr int kOffLoopWorkers = 4;
+  static constexpr size_t kMaxOffLoop = 64;
 
   // Starts the roles cfg places on this site (only those in *only when given: a restart
   // resumes the roles that had not ended).
@@ -355,6 +439,7 @@ struct Daemon::Impl {
     ro.allow_plaintext = config.allow_plaintext;
     ro.resume = resume;
     ro.chaos_link = config.chaos;
+    ro.bind_retry_s = resume ? 15 : 0;  // the ports of the role it replaces may take a moment to be free
     if (cfg.placement.syncer == config.site && wanted(kSyncerName)) {
       RoleOptions so = ro;
       so.uplink = config.listen.uplink;
@@ -489,19 +574,19 @@ struct Daemon::Impl {
 
   // ---- Commands ----
 
-  ControlArgs Submit(const ControlArgs& a) {
+  MaybeReply Submit(const ControlArgs& a, const ReplyTo& to) {
     const auto get = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string() : it->second; };
     if ((int64_t)(get("config_yaml").size() + get("overrides").size()) > config.max_job_spec_bytes)
-      return {{"error", get("source") + ": the run config and its overrides are larger than site " + config.site +
+      return ControlArgs{{"error", get("source") + ": the run config and its overrides are larger than site " + config.site +
                             " takes (max_job_spec_bytes " + std::to_string(config.max_job_spec_bytes) + " in " + config.source + ")"},
               {"usage", "1"}};
     RunConfig cfg;
     if (Status st = ParseRunConfig(get("config_yaml"), get("source"), get("base_dir"), SplitLines(get("overrides")), &cfg);
         !st.ok()) {
-      return {{"error", st.message()}, {"usage", "1"}};
+      return ControlArgs{{"error", st.message()}, {"usage", "1"}};
     }
     if (cfg.placement.empty()) {
-      return {{"error", get("source") + ": placement: is required to submit a job: which site hosts the syncer and "
+      return ControlArgs{{"error", get("source") + ": placement: is required to submit a job: which site hosts the syncer and "
                                         "which hosts each learner, e.g. placement: {syncer: " + config.site +
                             ", learners: [" + config.site + ", " + config.site + "]}"},
               {"usage", "1"}};
@@ -510,34 +595,55 @@ struct Daemon::Impl {
       if (site != config.site && !config.FindPeer(site)) {
         std::string known = config.site;
         for (const PeerConfig& p : config.peers) known += ", " + p.site;
-        return {{"error", get("source") + ": placement names site '" + site + "', which " + config.site +
+        return ControlArgs{{"error", get("source") + ": placement names site '" + site + "', which " + config.site +
                               " does not know (known sites: " + known + "); add it to peers in " + config.source},
                 {"usage", "1"}};
       }
     }
-    const std::string id = store->NewId();
-    // Peers first: a peer that cannot take the job fails the submit before anything runs here.
-    std::vector<std::string> started;
+    std::string id = store->NewId();
+    while (reserved_ids.count(id)) id = store->NewId();
+    std::vector<std::string> remote;
+    for (const std::string& site : SitesOf(cfg))
+      if (site != config.site) remote.push_back(site);
+    const std::string source = get("source");
+    if (remote.empty()) return FinishSubmit(id, cfg, source, {});
+    // Peers first, off the loop: a peer that cannot take the job fails the submit before
+    // anything runs here.
+    reserved_ids.insert(id);
     const std::string yaml = RunConfigToYaml(cfg);
-    for (const std::string& site : SitesOf(cfg)) {
-      if (site == config.site) continue;
-      const PeerConfig* peer = config.FindPeer(site);
-      ControlArgs reply;
-      Status st = CallControl(*context, PeerTarget(*peer, 10000), id, MessageBody(JobSpecMsg{yaml}), &reply)
-                      .WithContext("site " + site);
-      if (!st.ok()) {
-        for (const std::string& s : started) (void)CallPeer(s, "peer_stop", id, {}, &reply);
-        Log("submit refused: " + st.message());
-        return {{"error", "job not started: " + st.message()}};
-      }
-      started.push_back(site);
+    return Defer(
+        to,
+        [this, id, yaml, remote] {
+          return AtOnce(remote, [&](const std::string& site, ControlArgs* reply) {
+            return CallControl(*context, PeerTarget(*config.FindPeer(site), 10000), id, MessageBody(JobSpecMsg{yaml}), reply)
+                .WithContext("site " + site);
+          });
+        },
+        [this, id, cfg, source](const PeerAnswers& answers) {
+          reserved_ids.erase(id);
+          return FinishSubmit(id, cfg, source, answers);
+        });
+  }
+
+  // The submit once the job's other sites answered (none when it runs here only): accepted
+  // everywhere, or stopped wherever it started.
+  ControlArgs FinishSubmit(const std::string& id, const RunConfig& cfg, const std::string& source, const PeerAnswers& answers) {
+    std::vector<std::string> started;
+    std::string refused;
+    for (const PeerAnswer& a : answers) {
+      if (a.status.ok()) started.push_back(a.site);
+      else refused += (refused.empty() ? "" : "; ") + a.status.message();
     }
-    if (Status st = AcceptJob(id, cfg, config.site); !st.ok()) {
-      ControlArgs reply;
-      for (const std::string& s : started) (void)CallPeer(s, "peer_stop", id, {}, &reply);
+    Status st = refused.empty() ? AcceptJob(id, cfg, config.site) : Status::Error(refused);
+    if (!st.ok()) {
+      Log("submit of job " + id + " refused: " + st.message());
+      if (!started.empty())
+        InBackground("stopping job " + id + " where it started", [this, started, id] {
+          return CallPeersAtOnce(started, "peer_stop", id, {}, 3000);
+        }, [](const PeerAnswers&) {});
       return {{"error", "job " + id + " not started: " + st.message()}};
     }
-    JobLog(id, "submitted (" + get("source") + "), placement: syncer " + cfg.placement.syncer + ", learners " + [&] {
+    JobLog(id, "submitted (" + source + "), placement: syncer " + cfg.placement.syncer + ", learners " + [&] {
       std::string s;
       for (const auto& l : cfg.placement.learners) s += (s.empty() ? "" : ",") + l;
       return s;
@@ -718,39 +824,52 @@ struct Daemon::Impl {
     return Status::Ok();
   }
 
-  ControlArgs Stop(const std::string& id) {
-    if (!store->Exists(id)) return UnknownJob(id);
+  // The job's sites other than this one.
+  std::vector<std::string> OtherSites(const std::string& id) const {
     RunConfig cfg;
     (void)LoadJobConfig(id, &cfg);
-    std::string errors;
-    for (const std::string& site : SitesOf(cfg)) {
-      if (site == config.site) continue;
-      ControlArgs reply;
-      if (Status st = CallPeer(site, "peer_stop", id, {}, &reply); !st.ok()) errors += st.message() + "; ";
-    }
-    if (Status st = StopLocal(id); !st.ok()) return {{"error", st.message()}};
-    if (!errors.empty()) return {{"ok", "1"}, {"warning", "some sites did not answer: " + errors}};
-    return {{"ok", "1"}};
+    std::vector<std::string> out;
+    for (const std::string& site : SitesOf(cfg))
+      if (site != config.site) out.push_back(site);
+    return out;
   }
 
-  ControlArgs Logs(const std::string& id, int tail) {
+  MaybeReply Stop(const std::string& id, const ReplyTo& to) {
     if (!store->Exists(id)) return UnknownJob(id);
-    RunConfig cfg;
-    (void)LoadJobConfig(id, &cfg);
+    if (Status st = StopLocal(id); !st.ok()) return ControlArgs{{"error", st.message()}};
+    const std::vector<std::string> remote = OtherSites(id);
+    if (remote.empty()) return ControlArgs{{"ok", "1"}};
+    return Defer(
+        to, [this, id, remote] { return CallPeersAtOnce(remote, "peer_stop", id, {}, 3000); },
+        [](const PeerAnswers& answers) -> ControlArgs {
+          std::string errors;
+          for (const PeerAnswer& a : answers)
+            if (!a.status.ok()) errors += a.status.message() + "; ";
+          if (!errors.empty()) return {{"ok", "1"}, {"warning", "some sites did not answer: " + errors}};
+          return {{"ok", "1"}};
+        });
+  }
+
+  MaybeReply Logs(const std::string& id, int tail, const ReplyTo& to) {
+    if (!store->Exists(id)) return UnknownJob(id);
+    const std::vector<std::string> remote = OtherSites(id);
     // Every site's share of one reply (kMaxTextBytes).
-    const std::vector<std::string> sites = SitesOf(cfg);
-    const size_t share = std::min<size_t>(16 << 10, (kMaxTextBytes - 4096) / std::max<size_t>(1, sites.size()));
-    std::string text = Tail(store->LogPath(id), tail, share);
-    for (const std::string& site : sites) {
-      if (site == config.site) continue;
-      ControlArgs reply;
-      Status st = CallPeer(site, "peer_logs", id, {{"tail", std::to_string(tail)}, {"bytes", std::to_string(share)}},
-                           &reply, 2000);
-      std::string part = st.ok() ? reply["text"] : "(" + st.message() + ")\n";
-      if (part.size() > share) part = part.substr(part.size() - share);  // an older peer's longer answer
-      text += part;
-    }
-    return {{"ok", "1"}, {"text", text}};
+    const size_t share = std::min<size_t>(16 << 10, (kMaxTextBytes - 4096) / (remote.size() + 1));
+    const std::string text = Tail(store->LogPath(id), tail, share);
+    if (remote.empty()) return ControlArgs{{"ok", "1"}, {"text", text}};
+    const ControlArgs args = {{"tail", std::to_string(tail)}, {"bytes", std::to_string(share)}};
+    return Defer(
+        to, [this, id, remote, args] { return CallPeersAtOnce(remote, "peer_logs", id, args, 2000); },
+        [text, share](const PeerAnswers& answers) -> ControlArgs {
+          std::string all = text;
+          for (const PeerAnswer& a : answers) {
+            auto it = a.reply.find("text");
+            std::string part = !a.status.ok() ? "(" + a.status.message() + ")\n" : it == a.reply.end() ? "" : it->second;
+            if (part.size() > share) part = part.substr(part.size() - share);  // an older peer's longer answer
+            all += part;
+          }
+          return {{"ok", "1"}, {"text", all}};
+        });
   }
 
 
@@ -766,41 +885,53 @@ struct Daemon::Impl {
     }
   }
   template <typename F>
-  ControlArgs GuardedReply(const std::string& request, F&& f) {
+  auto GuardedReply(const std::string& request, F&& f) -> decltype(f()) {
     try {
       return f();
     } catch (const std::exception& e) {
       Log("request '" + request + "' failed: " + e.what() + " (the daemon goes on)");
-      return {{"error", "site " + config.site + " could not handle '" + request + "': " + e.what()}};
+      return ControlArgs{{"error", "site " + config.site + " could not handle '" + request + "': " + e.what()}};
     }
   }
 
   // ---- Chaos (site_chaos.h) ----
 
   // The chaos command of a user (local CLI): carried out here or sent to its site.
-  ControlArgs Chaos(const std::string& id, const ControlArgs& a) {
+  MaybeReply Chaos(const std::string& id, const ControlArgs& a, const ReplyTo& to) {
     if (!store->Exists(id)) return UnknownJob(id);
     SiteChaosCommand c;
-    if (Status st = ParseSiteChaos(a, &c); !st.ok()) return {{"error", st.message()}, {"usage", "1"}};
+    if (Status st = ParseSiteChaos(a, &c); !st.ok()) return ControlArgs{{"error", st.message()}, {"usage", "1"}};
     RunConfig cfg;
-    if (Status st = LoadJobConfig(id, &cfg); !st.ok()) return {{"error", st.message()}};
+    if (Status st = LoadJobConfig(id, &cfg); !st.ok()) return ControlArgs{{"error", st.message()}};
     const std::vector<std::string> sites = SitesOf(cfg);
     if (std::find(sites.begin(), sites.end(), c.site) == sites.end())
-      return {{"error", "job " + id + " has no role on site '" + c.site + "' (its sites: " + [&] {
+      return ControlArgs{{"error", "job " + id + " has no role on site '" + c.site + "' (its sites: " + [&] {
                  std::string l;
                  for (const std::string& x : sites) l += (l.empty() ? "" : ", ") + x;
                  return l;
                }() + ")"},
               {"usage", "1"}};
-    Status st = SendChaos(id, c);
-    if (!st.ok()) return {{"error", st.message()}};
-    return {{"ok", "1"}, {"done", Describe(c)}};
+    const auto answer = [c](const Status& st) -> ControlArgs {
+      if (!st.ok()) return ControlArgs{{"error", st.message()}};
+      return ControlArgs{{"ok", "1"}, {"done", Describe(c)}};
+    };
+    if (c.site == config.site) return answer(ApplyChaos(id, c));
+    return Defer(
+        to, [this, id, c] { return CallPeersAtOnce({c.site}, "peer_chaos", id, SiteChaosArgs(c), 3000); },
+        [answer](const PeerAnswers& answers) { return answer(answers[0].status); });
   }
 
-  Status SendChaos(const std::string& id, const SiteChaosCommand& c) {
-    if (c.site == config.site) return ApplyChaos(id, c);
-    ControlArgs reply;
-    return CallPeer(c.site, "peer_chaos", id, SiteChaosArgs(c), &reply, 3000);
+  // An action of the job's chaos timeline: here, or sent to its site off the loop.
+  void SendChaos(const std::string& id, const SiteChaosCommand& c) {
+    if (c.site == config.site) {
+      if (Status st = ApplyChaos(id, c); !st.ok()) JobLog(id, "chaos timeline: " + Describe(c) + ": " + st.message());
+      return;
+    }
+    InBackground(
+        "chaos timeline of job " + id, [this, id, c] { return CallPeersAtOnce({c.site}, "peer_chaos", id, SiteChaosArgs(c), 3000); },
+        [this, id, c](const PeerAnswers& answers) {
+          if (!answers[0].status.ok()) JobLog(id, "chaos timeline: " + Describe(c) + ": " + answers[0].status.message());
+        });
   }
 
   // The roles of job id on this site that c names (kill and restart: learners and the syncer;
@@ -891,9 +1022,8 @@ struct Daemon::Impl {
         }
         job.chaos_target->SetSteps(std::move(steps));
         for (const ChaosAction& a : job.chaos_target->Take()) {
-          for (const SiteChaosCommand& c : SiteChaosOf(a, job.config.placement.learners, job.config.placement.syncer)) {
-            if (Status st = SendChaos(id, c); !st.ok()) JobLog(id, "chaos timeline: " + Describe(c) + ": " + st.message());
-          }
+          for (const SiteChaosCommand& c : SiteChaosOf(a, job.config.placement.learners, job.config.placement.syncer))
+            SendChaos(id, c);
         }
       }
       const auto now = Clock::now();
@@ -953,20 +1083,20 @@ struct Daemon::Impl {
     ::kill(::getpid(), SIGKILL);
   }
 
-  ControlArgs HandleLocal(const std::string& name, const std::string& job, const ControlArgs& a) {
+  MaybeReply HandleLocal(const std::string& name, const std::string& job, const ControlArgs& a, const ReplyTo& to) {
     auto arg = [&](const char* k, const std::string& d = "") { auto it = a.find(k); return it == a.end() ? d : it->second; };
-    if (name == "ping") return {{"ok", "1"}, {"site", config.site}};
-    if (name == "submit") return Submit(a);
+    if (name == "ping") return ControlArgs{{"ok", "1"}, {"site", config.site}};
+    if (name == "submit") return Submit(a, to);
     if (name == "list") return List(a);
     if (name == "status") return job == kNoJob ? List(a) : JobStatus(job);
-    if (name == "stop") return Stop(job);
-    if (name == "logs") return Logs(job, TailLines(arg("tail", "50")));
-    if (name == "chaos") return Chaos(job, a);
+    if (name == "stop") return Stop(job, to);
+    if (name == "logs") return Logs(job, TailLines(arg("tail", "50")), to);
+    if (name == "chaos") return Chaos(job, a, to);
     if (name == "run_dir") {
       if (!store->Exists(job)) return UnknownJob(job);
-      return {{"ok", "1"}, {"run_dir", store->RunDir(job)}, {"site", config.site}};
+      return ControlArgs{{"ok", "1"}, {"run_dir", store->RunDir(job)}, {"site", config.site}};
     }
-    return {{"error", "unknown command '" + name + "'"}};
+    return ControlArgs{{"error", "unknown command '" + name + "'"}};
   }
 
   ControlArgs HandlePeer(const std::string& sender, const ParsedMessage& m) {
@@ -1020,55 +1150,81 @@ struct Daemon::Impl {
     return {{"error", "unknown peer command '" + c->name + "'"}};
   }
 
-  void Reply(net::RouterChannel& ch, const net::Received& r, const ParsedMessage& m, const ControlArgs& args) {
+  static ReplyTo ReplyToOf(net::RouterChannel& ch, const net::Received& r, const ParsedMessage& m) {
     const ControlMsg* c = m.get<ControlMsg>();
+    return {&ch, r.peer, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0};
+  }
+  void Reply(const ReplyTo& to, const ControlArgs& args) {
     net::Message out;
-    const std::string name = c ? c->name : "job_spec";
-    const uint64_t request_id = c ? c->request_id : 0;
-    if (Status st = BuildControlReply(config.site, m.header.job_id, name, request_id, args, &out); !st.ok()) {
+    if (Status st = BuildControlReply(config.site, to.job_id, to.name, to.request_id, args, &out); !st.ok()) {
       // Too big for one reply (or not encodable): say so instead of leaving the caller to time out.
-      Log("reply to '" + name + "' not sent: " + st.message());
-      if (!BuildControlReply(config.site, m.header.job_id, name, request_id,
-                             {{"error", "site " + config.site + " could not send its reply to '" + name + "': " + st.message()}},
+      Log("reply to '" + to.name + "' not sent: " + st.message());
+      if (!BuildControlReply(config.site, to.job_id, to.name, to.request_id,
+                             {{"error", "site " + config.site + " could not send its reply to '" + to.name + "': " + st.message()}},
                              &out)
                .ok())
         return;
     }
-    (void)ch.SendTo(r.peer, out, 100);
+    (void)to.channel->SendTo(to.peer, out, 100);
   }
 
   // The job's syncer restarted from its checkpoint: learners that were running here may hold
   // deltas the old syncer never merged (and will not send those fragments again until their
   // Globals come), or a base newer than the checkpoint. Restart them as after a crash of this
   // daemon: they join from the new syncer's snapshot at their recorded step.
+  // The old learners end on their threads (after their current step); RejoinTick starts the new
+  // ones once they have.
   Status RejoinLearners(const std::string& id) {
     auto it = jobs.find(id);
     if (it == jobs.end()) return Status::Ok();
-    std::set<std::string> names;
-    for (auto& [name, role] : it->second.roles) {
-      if (name == kSyncerName || role->done()) continue;
-      role->RequestShutdown();
-      role->Join();
-      names.insert(name);
+    Job& job = it->second;
+    std::vector<std::string> names;
+    for (auto& [name, role] : job.roles)
+      if (name != kSyncerName && !role->done()) names.push_back(name);
+    for (const std::string& name : names) {
+      job.roles[name]->RequestShutdown();
+      job.dying.push_back(std::move(job.roles[name]));
+      job.roles.erase(name);
+      job.rejoining.insert(name);
     }
-    if (names.empty()) return Status::Ok();
-    for (const std::string& name : names) it->second.roles.erase(name);
-    JobRecord rec;
-    DL_RETURN_IF_ERROR(store->Load(id, &rec));
-    DL_RETURN_IF_ERROR(StartRoles(id, it->second.config, true, &rec, &names));
-    JobLog(id, "the syncer restarted: learners rejoin from its snapshot");
-    return store->Save(rec);
+    if (!names.empty()) JobLog(id, "the syncer restarted: learners rejoin from its snapshot once their current step ends");
+    return Status::Ok();
+  }
+
+  // Each loop turn: learners asked to rejoin whose old selves have ended start again from
+  // their recorded step.
+  void RejoinTick() {
+    for (auto& [id, job] : jobs) {
+      if (job.rejoining.empty()) continue;
+      if (std::any_of(job.dying.begin(), job.dying.end(), [&](const auto& r) { return job.rejoining.count(r->name()) > 0; }))
+        continue;
+      std::set<std::string> names = std::exchange(job.rejoining, {});
+      JobRecord rec;
+      Status st = store->Load(id, &rec);
+      if (st.ok()) st = StartRoles(id, job.config, true, &rec, &names);
+      if (!st.ok()) {
+        for (const std::string& name : names) {
+          rec.roles[name].state = JobState::kFailed;
+          rec.roles[name].error = "rejoining after the syncer restarted: " + st.message();
+        }
+        JobLog(id, "learners could not rejoin: " + st.message());
+      }
+      (void)store->Save(rec);
+    }
   }
 
   // After this daemon resumed a job's syncer: ask the learners' sites to rejoin.
   void AskLearnersToRejoin(const std::string& id, const RunConfig& cfg) {
     std::set<std::string> sites(cfg.placement.learners.begin(), cfg.placement.learners.end());
     sites.erase(config.site);  // learners here were resumed with this daemon
-    for (const std::string& site : sites) {
-      ControlArgs reply;
-      Status st = CallPeer(site, "peer_rejoin", id, {}, &reply, 5000);
-      JobLog(id, st.ok() ? "asked " + site + " to rejoin its learners" : "could not ask " + site + " to rejoin: " + st.message());
-    }
+    const std::vector<std::string> remote(sites.begin(), sites.end());
+    InBackground(
+        "asking job " + id + "'s learners to rejoin", [this, id, remote] { return CallPeersAtOnce(remote, "peer_rejoin", id, {}, 5000); },
+        [this, id](const PeerAnswers& answers) {
+          for (const PeerAnswer& a : answers)
+            JobLog(id, a.status.ok() ? "asked " + a.site + " to rejoin its learners"
+                                     : "could not ask " + a.site + " to rejoin: " + a.status.message());
+        });
   }
 
   // Roles that ended: record how, and the job's state on this site.
@@ -1104,8 +1260,8 @@ struct Daemon::Impl {
         changed = true;
         rit = job.roles.erase(rit);
       }
-      const bool chaos_pending = job.roles.empty() && job.ChaosPending();
-      if (job.roles.empty() && !chaos_pending) {
+      const bool roles_pending = job.roles.empty() && job.RolesPending();
+      if (job.roles.empty() && !roles_pending) {
         for (const std::string& name : job.killed) {  // killed by chaos, never restarted
           rec.roles[name].state = JobState::kStopped;
           rec.roles[name].error = "killed by a chaos command and not restarted";
@@ -1121,7 +1277,7 @@ struct Daemon::Impl {
         JobLog(id, std::string("job ") + ToString(rec.state) + " on this site");
       }
       if (changed) (void)store->Save(rec);
-      if (job.roles.empty() && !chaos_pending) {
+      if (job.roles.empty() && !roles_pending) {
         ended_jobs[id] = Clock::now();  // its metrics go after metrics_keep_finished_s
         it = jobs.erase(it);
         UpdateSdStatus();
@@ -1247,6 +1403,7 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     DL_RETURN_IF_ERROR(im.context->SetAllowlist("dilocod", allow));
   }
   im.store = std::make_unique<JobStore>(config.state_dir);
+  im.off_loop = std::make_unique<OffLoop>(Impl::kOffLoopWorkers, Impl::kMaxOffLoop);
   Impl* impl = &im;
   im.peer_views = std::make_unique<PeerViews>(
       [impl](const std::string& site, const std::string& job, nlohmann::json* view) {
@@ -1324,20 +1481,24 @@ Status Daemon::Run() {
   while (!g_shutdown) {
     im.Guarded("reaping ended roles", [&] { im.Reap(); });
     im.Guarded("chaos", [&] { im.ChaosTick(); });
+    im.Guarded("rejoining learners", [&] { im.RejoinTick(); });
+    im.off_loop->Drain();  // answers and follow-ups of work done off the loop (each guarded)
     im.Guarded("goodput", [&] {
       for (auto& [id, job] : im.jobs)
         for (auto& [name, role] : job.roles) role->Observe();
     });
     im.Guarded("checking the learners", [&] { im.CheckLearnersEnded(); });
     im.Guarded("metrics", [&] { im.UpdateMetrics(); });
-    if (!net::PollReadable(sockets, 100, &ready)) continue;
+    // Short polls while work off the loop may finish: its answers go out promptly.
+    if (!net::PollReadable(sockets, im.off_loop->in_flight() > 0 ? 5 : 100, &ready)) continue;
     if (ready[0] && im.local->Receive(&r, 0) == net::RecvResult::kMessage) {
       const ParsedMessage& m = *im.local_parsed;
       if (const ControlMsg* c = m.get<ControlMsg>()) {
         const ControlArgs args = ArgsOf(*c);
         const std::string job = m.header.job_id;
-        ControlArgs reply = im.GuardedReply(c->name, [&] { return im.HandleLocal(c->name, job, args); });
-        im.Reply(*im.local, r, m, reply);
+        const Daemon::Impl::ReplyTo to = Daemon::Impl::ReplyToOf(*im.local, r, m);
+        std::optional<ControlArgs> reply = im.GuardedReply(c->name, [&] { return im.HandleLocal(c->name, job, args, to); });
+        if (reply) im.Reply(to, *reply);
       }
     }
     im.KillProcessIfAsked();
@@ -1349,12 +1510,12 @@ Status Daemon::Run() {
         const PeerConfig* p = im.config.FindPeer(sender);
         if (!p || p->public_key != r.peer_key) {
           im.Log("refused a control request claiming to be '" + sender + "' from key " + r.peer_key);
-          im.Reply(*im.peers, r, m, {{"error", "sender '" + sender + "' does not match its key"}});
+          im.Reply(Daemon::Impl::ReplyToOf(*im.peers, r, m), {{"error", "sender '" + sender + "' does not match its key"}});
           continue;
         }
       }
-      const ControlMsg* c = m.get<ControlMsg>();
-      im.Reply(*im.peers, r, m, im.GuardedReply(c ? c->name : "job_spec", [&] { return im.HandlePeer(sender, m); }));
+      const Daemon::Impl::ReplyTo to = Daemon::Impl::ReplyToOf(*im.peers, r, m);
+      im.Reply(to, im.GuardedReply(to.name, [&] { return im.HandlePeer(sender, m); }));
       im.KillProcessIfAsked();
     }
   }

@@ -3,10 +3,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "daemon/control/job_store.h"
 #include "daemon/control/live_goodput.h"
@@ -78,6 +81,12 @@ class MergeHistory {
 
 struct Role::Impl {
   RoleOptions options;
+  bool is_syncer = false;
+  // Set on the role's thread once its start-up is over: the syncer built (live), the learner's
+  // model initialized (started). Before that Progress says "starting".
+  std::atomic<Syncer*> live{nullptr};
+  std::atomic<bool> started{false};
+  std::atomic<double> startup_s{0};
   // Syncer role.
   std::unique_ptr<Syncer> syncer;
   std::unique_ptr<LiveGoodput> goodput;  // before syncer: Observe reads it
@@ -92,6 +101,55 @@ struct Role::Impl {
   std::mutex link_mu;
   net::LinkParams link_now;  // guarded by link_mu
   JsonlWriter metrics;
+
+  // The syncer's start-up, on its thread: the corpus (for the final evaluation), the initial
+  // model, the syncer itself (binding its sockets; restoring global_state.bin on a resume) and
+  // its goodput readers. A restart may find its ports still held by the role it replaces: it
+  // tries again for options.bind_retry_s.
+  Status BuildSyncer(net::NetContext& context) {
+    const RunConfig& cfg = options.config;
+    DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, cfg.sync.learners), &corpus));
+    const GptConfig gc = GptConfigOf(cfg.model);
+    const TensorTable table = gpt_tensor_table(gc);
+    init.resize(table.total_numel());
+    gpt_init_params(gc, cfg.train.seed, init.data());
+    SyncerOptions so;
+    so.sync = cfg.sync;
+    so.job_id = options.job_id;
+    so.uplink_endpoint = options.uplink;
+    so.downlink_endpoint = options.downlink;
+    so.snapshot_endpoint = options.snapshot;
+    so.run_dir = options.run_dir;
+    so.count_limits = CountLimitsOf(cfg);
+    so.allow_plaintext = options.allow_plaintext;
+    so.curve = options.curve;
+    if (so.curve) so.curve->server = true;
+    so.learner_keys = options.learner_keys;
+    so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
+    so.exit_when_all_finished = true;
+    const auto give_up = Clock::now() + std::chrono::milliseconds((int64_t)(options.bind_retry_s * 1000));
+    for (;;) {
+      Status st = Syncer::Create(context, so, table, init.data(), &syncer);
+      const bool port_busy = !st.ok() && st.message().find(std::strerror(EADDRINUSE)) != std::string::npos;
+      if (!port_busy || Clock::now() >= give_up || crash) DL_RETURN_IF_ERROR(st);
+      if (st.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    std::vector<Fragment> frags;
+    DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
+    LiveGoodputOptions go;
+    go.learners = cfg.sync.learners;
+    double numel = 0;
+    for (const Fragment& f : frags) numel += (double)f.numel;
+    for (const Fragment& f : frags) go.fragment_weights.push_back((double)f.numel / numel);
+    go.tokens_per_step = (double)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size;
+    go.inner_steps = cfg.sync.inner_steps;
+    go.events_path = (fs::path(options.run_dir) / "events.log").string();
+    go.start_unix_ms = UnixMsNow();
+    goodput = std::make_unique<LiveGoodput>(go);
+    merge_history = std::make_unique<MergeHistory>(go.events_path);
+    return Status::Ok();
+  }
   std::mutex metrics_mu;
   mutable std::mutex progress_mu;
   LearnerProgress progress;
@@ -104,105 +162,69 @@ Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, s
   role->impl_ = std::make_unique<Impl>();
   Impl& im = *role->impl_;
   im.options = options;
-  const RunConfig& cfg = options.config;
-  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, cfg.sync.learners), &im.corpus));
-  const GptConfig gc = GptConfigOf(cfg.model);
-  const TensorTable table = gpt_tensor_table(gc);
-  im.init.resize(table.total_numel());
-  gpt_init_params(gc, cfg.train.seed, im.init.data());
-  SyncerOptions so;
-  so.sync = cfg.sync;
-  so.job_id = options.job_id;
-  so.uplink_endpoint = options.uplink;
-  so.downlink_endpoint = options.downlink;
-  so.snapshot_endpoint = options.snapshot;
-  so.run_dir = options.run_dir;
-  so.count_limits = CountLimitsOf(cfg);
-  so.allow_plaintext = options.allow_plaintext;
-  so.curve = options.curve;
-  if (so.curve) so.curve->server = true;
-  so.learner_keys = options.learner_keys;
-  so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
-  so.exit_when_all_finished = true;
-  DL_RETURN_IF_ERROR(Syncer::Create(context, so, table, im.init.data(), &im.syncer));
-  std::vector<Fragment> frags;
-  DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
-  LiveGoodputOptions go;
-  go.learners = cfg.sync.learners;
-  double numel = 0;
-  for (const Fragment& f : frags) numel += (double)f.numel;
-  for (const Fragment& f : frags) go.fragment_weights.push_back((double)f.numel / numel);
-  go.tokens_per_step = (double)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size;
-  go.inner_steps = cfg.sync.inner_steps;
-  go.events_path = (fs::path(options.run_dir) / "events.log").string();
-  go.start_unix_ms = UnixMsNow();
-  im.goodput = std::make_unique<LiveGoodput>(go);
-  im.merge_history = std::make_unique<MergeHistory>(go.events_path);
+  im.is_syncer = true;
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
+  // The rest (corpus, model, sockets, a restored state) on the role's thread: the daemon's
+  // control loop goes on answering meanwhile (status shows the role as "starting").
   Role* r = role.get();
-  role->thread_ = std::thread([r] {
-    Impl& im = *r->impl_;
-    const auto started = Clock::now();
-    Status st = im.syncer->Run();
-    // As the learners left it (before the evaluation below).
-    nlohmann::json goodput;
-    r->Observe();
-    if (GoodputReport g; im.goodput->Report(UnixMsNow(), &g).ok()) goodput = GoodputToJson(g);
-    const std::string state_path = (fs::path(im.options.run_dir) / "global_state.bin").string();
-    if (r->killed_) {
-      // Killed on purpose (chaos): nothing saved, as after kill -9; the update log holds every
-      // published version.
-      std::lock_guard<std::mutex> lock(r->mu_);
-      r->outcome_ = Status::Error("killed (chaos)");
-      r->done_ = true;
-      return;
-    }
-    if (im.crash) {
-      // The daemon is going down: Run may have ended on the closed context before its own last
-      // save, so save here what a restart resumes from (versions never go back).
-      Status saved = SaveGlobalState(state_path, im.syncer->state());
-      std::lock_guard<std::mutex> lock(r->mu_);
-      r->outcome_ = saved.ok() ? Status::Error("interrupted by the daemon's shutdown") : saved;
-      r->done_ = true;
-      return;
-    }
-    nlohmann::json result;
-    if (st.ok()) {
-      const RunConfig& cfg = im.options.config;
-      const GptConfig gc = GptConfigOf(cfg.model);
-      const BatchSampler val = ValSampler(*im.corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
-      omp_set_num_threads(std::max(1, im.options.threads));
-      std::vector<float> global(im.init.size());
-      im.syncer->GlobalParams(global.data());
-      const SyncerResult& sr = im.syncer->result();
-      // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
-      const std::string ckpt_path = (fs::path(im.options.run_dir) / "checkpoint.bin").string();
-      st = SaveCheckpoint(ckpt_path, gc, global.data(), AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg));
-      // The syncer's site trains nothing: it evaluates on its CPU.
-      double initial_val_loss = 0, final_val_loss = 0;
-      if (st.ok()) st = EvaluateParams("cpu", gc, im.init.data(), val, cfg.eval.batches, &initial_val_loss);
-      if (st.ok()) st = EvaluateParams("cpu", gc, global.data(), val, cfg.eval.batches, &final_val_loss);
-      result = {{"merges", sr.merges},
-                {"dropped_deltas", sr.dropped_deltas},
-                {"rejected_deltas", sr.rejected_deltas},
-                {"bytes_received", sr.bytes_received},
-                {"bytes_published", sr.bytes_published},
-                {"snapshots_served", sr.snapshots_served},
-                {"versions", sr.versions},
-                {"initial_val_loss", initial_val_loss},
-                {"final_val_loss", final_val_loss},
-                {"global_state", state_path},
-                {"checkpoint", ckpt_path},
-                {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
-                {"peak_rss_mb", peak_rss_mb()}};
-      if (!goodput.is_null()) result["goodput"] = goodput;
-    }
-    std::lock_guard<std::mutex> lock(r->mu_);
-    r->outcome_ = st;
-    r->result_ = result;
-    r->done_ = true;
-  });
+  role->thread_ = std::thread([r, &context] { r->RunToEnd([&](nlohmann::json* result) { return r->RunSyncer(context, result); }); });
   *out = std::move(role);
+  return Status::Ok();
+}
+
+Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
+  Impl& im = *impl_;
+  const auto started = Clock::now();
+  DL_RETURN_IF_ERROR(im.BuildSyncer(context).WithContext("starting the syncer"));
+  im.startup_s = std::chrono::duration<double>(Clock::now() - started).count();
+  // Visible to Progress, RequestStop and Kill from here; what they asked for meanwhile applies now.
+  im.live = im.syncer.get();
+  if (killed_) im.syncer->Abort();
+  if (im.stop || im.crash) im.syncer->RequestStop();
+  Status st = im.syncer->Run();
+  // As the learners left it (before the evaluation below).
+  nlohmann::json goodput;
+  Observe();
+  if (GoodputReport g; im.goodput->Report(UnixMsNow(), &g).ok()) goodput = GoodputToJson(g);
+  const std::string state_path = (fs::path(im.options.run_dir) / "global_state.bin").string();
+  // Killed on purpose (chaos): nothing saved, as after kill -9; the update log holds every
+  // published version.
+  if (killed_) return Status::Error("killed (chaos)");
+  if (im.crash) {
+    // The daemon is going down: Run may have ended on the closed context before its own last
+    // save, so save here what a restart resumes from (versions never go back).
+    DL_RETURN_IF_ERROR(SaveGlobalState(state_path, im.syncer->state()));
+    return Status::Error("interrupted by the daemon's shutdown");
+  }
+  DL_RETURN_IF_ERROR(st);
+  const RunConfig& cfg = im.options.config;
+  const GptConfig gc = GptConfigOf(cfg.model);
+  const BatchSampler val = ValSampler(*im.corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
+  omp_set_num_threads(std::max(1, im.options.threads));
+  std::vector<float> global(im.init.size());
+  im.syncer->GlobalParams(global.data());
+  const SyncerResult& sr = im.syncer->result();
+  // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
+  const std::string ckpt_path = (fs::path(im.options.run_dir) / "checkpoint.bin").string();
+  DL_RETURN_IF_ERROR(SaveCheckpoint(ckpt_path, gc, global.data(), AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg)));
+  // The syncer's site trains nothing: it evaluates on its CPU.
+  double initial_val_loss = 0, final_val_loss = 0;
+  DL_RETURN_IF_ERROR(EvaluateParams("cpu", gc, im.init.data(), val, cfg.eval.batches, &initial_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams("cpu", gc, global.data(), val, cfg.eval.batches, &final_val_loss));
+  *result = {{"merges", sr.merges},
+             {"dropped_deltas", sr.dropped_deltas},
+             {"rejected_deltas", sr.rejected_deltas},
+             {"bytes_received", sr.bytes_received},
+             {"bytes_published", sr.bytes_published},
+             {"snapshots_served", sr.snapshots_served},
+             {"versions", sr.versions},
+             {"initial_val_loss", initial_val_loss},
+             {"final_val_loss", final_val_loss},
+             {"global_state", state_path},
+             {"checkpoint", ckpt_path},
+             {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
+             {"peak_rss_mb", peak_rss_mb()}};
+  if (!goodput.is_null()) (*result)["goodput"] = goodput;
   return Status::Ok();
 }
 
@@ -219,9 +241,6 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   TrainConfig ring = cfg.train;
   if (!options.device.empty()) ring.device = options.device;
   DL_RETURN_IF_ERROR(CheckTrainDevice(ring).WithContext(LearnerName(index)));
-  const GptConfig gc = GptConfigOf(cfg.model);
-  im.init.resize(gpt_tensor_table(gc).total_numel());
-  gpt_init_params(gc, cfg.train.seed, im.init.data());
   if (options.resume) DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, index, &im.start_step));
   DL_RETURN_IF_ERROR(im.metrics.Open((fs::path(options.run_dir) / (LearnerName(index) + ".jsonl")).string()));
   im.progress.index = index;
@@ -234,59 +253,76 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
     DL_RETURN_IF_ERROR(net::Link::Create(context, link, &im.link).WithContext(LearnerName(index) + "'s chaos link"));
   }
   Role* r = role.get();
-  role->thread_ = std::thread([r, &context] {
-    Impl& im = *r->impl_;
-    LearnerOptions lo;
-    lo.index = im.index;
-    lo.config = &im.options.config;
-    lo.job_id = im.options.job_id;
-    lo.uplink_endpoint = im.options.uplink;
-    lo.downlink_endpoint = im.options.downlink;
-    lo.snapshot_endpoint = im.options.snapshot;
-    lo.allow_plaintext = im.options.allow_plaintext;
-    lo.curve = im.options.curve;
-    lo.init_params = im.init.data();
-    lo.join_from_snapshot = im.options.resume;
-    lo.start_step = im.start_step;
-    lo.threads = std::max(1, im.options.threads);
-    lo.run_dir = im.options.run_dir;
-    lo.device = im.options.device;
-    lo.metrics = &im.metrics;
-    lo.metrics_mu = &im.metrics_mu;
-    lo.stop = &im.stop;
-    lo.crash = &im.crash;
-    lo.slowdown = &im.slowdown;
-    lo.link = im.link;
-    lo.on_progress = [&im](const LearnerProgress& p) {
-      std::lock_guard<std::mutex> lock(im.progress_mu);
-      im.progress = p;
-    };
-    LearnerResult res;
-    Status st = RunLearner(context, lo, &res);
-    nlohmann::json result;
-    if (st.ok()) {
-      result = {{"steps", res.steps},
-                {"start_step", im.start_step},
-                {"tokens", res.tokens},
-                {"train_s", res.train_s},
-                {"final_train_loss", res.final_train_loss},
-                {"bytes_up", res.bytes_up},
-                {"bytes_down", res.bytes_down},
-                {"deltas_sent", res.deltas_sent},
-                {"globals_applied", res.globals_applied},
-                {"snapshots_installed", res.snapshots_installed},
-                {"wait_s", res.wait_s},
-                {"crashed", res.crashed},
-                {"peak_rss_mb", peak_rss_mb()},
-                {"stopped", res.stopped}};
-    }
-    std::lock_guard<std::mutex> lock(r->mu_);
-    r->outcome_ = st;
-    r->result_ = result;
-    r->done_ = true;
-  });
+  role->thread_ = std::thread([r, &context] { r->RunToEnd([&](nlohmann::json* result) { return r->RunLearnerRole(context, result); }); });
   *out = std::move(role);
   return Status::Ok();
+}
+
+Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
+  Impl& im = *impl_;
+  // The initial model on this thread (seconds for a big one), not on the daemon's loop.
+  const auto started = Clock::now();
+  const GptConfig gc = GptConfigOf(im.options.config.model);
+  im.init.resize(gpt_tensor_table(gc).total_numel());
+  gpt_init_params(gc, im.options.config.train.seed, im.init.data());
+  im.startup_s = std::chrono::duration<double>(Clock::now() - started).count();
+  im.started = true;
+  LearnerOptions lo;
+  lo.index = im.index;
+  lo.config = &im.options.config;
+  lo.job_id = im.options.job_id;
+  lo.uplink_endpoint = im.options.uplink;
+  lo.downlink_endpoint = im.options.downlink;
+  lo.snapshot_endpoint = im.options.snapshot;
+  lo.allow_plaintext = im.options.allow_plaintext;
+  lo.curve = im.options.curve;
+  lo.init_params = im.init.data();
+  lo.join_from_snapshot = im.options.resume;
+  lo.start_step = im.start_step;
+  lo.threads = std::max(1, im.options.threads);
+  lo.run_dir = im.options.run_dir;
+  lo.device = im.options.device;
+  lo.metrics = &im.metrics;
+  lo.metrics_mu = &im.metrics_mu;
+  lo.stop = &im.stop;
+  lo.crash = &im.crash;
+  lo.slowdown = &im.slowdown;
+  lo.link = im.link;
+  lo.on_progress = [&im](const LearnerProgress& p) {
+    std::lock_guard<std::mutex> lock(im.progress_mu);
+    im.progress = p;
+  };
+  LearnerResult res;
+  DL_RETURN_IF_ERROR(RunLearner(context, lo, &res));
+  *result = {{"steps", res.steps},
+             {"start_step", im.start_step},
+             {"tokens", res.tokens},
+             {"train_s", res.train_s},
+             {"final_train_loss", res.final_train_loss},
+             {"bytes_up", res.bytes_up},
+             {"bytes_down", res.bytes_down},
+             {"deltas_sent", res.deltas_sent},
+             {"globals_applied", res.globals_applied},
+             {"snapshots_installed", res.snapshots_installed},
+             {"wait_s", res.wait_s},
+             {"crashed", res.crashed},
+             {"peak_rss_mb", peak_rss_mb()},
+             {"stopped", res.stopped}};
+  return Status::Ok();
+}
+
+void Role::RunToEnd(const std::function<Status(nlohmann::json* result)>& body) {
+  Status st;
+  nlohmann::json result;
+  try {
+    st = body(&result);
+  } catch (const std::exception& e) {
+    st = Status::Error(name_ + " failed: " + e.what());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  outcome_ = st;
+  result_ = std::move(result);
+  done_ = true;
 }
 
 Role::~Role() {
@@ -306,8 +342,10 @@ nlohmann::json Role::result() const {
 
 nlohmann::json Role::Progress() const {
   const Impl& im = *impl_;
-  if (im.syncer) {
-    const SyncerStatusSnapshot s = im.syncer->CurrentStatus();
+  if (im.is_syncer) {
+    const Syncer* syncer = im.live;
+    if (!syncer) return {{"role", "syncer"}, {"phase", "starting"}};
+    const SyncerStatusSnapshot s = syncer->CurrentStatus();
     nlohmann::json learners = nlohmann::json::array();
     for (const LearnerStatusEntry& l : s.learners) {
       learners.push_back({{"learner", l.learner},
@@ -333,7 +371,8 @@ nlohmann::json Role::Progress() const {
             {"impostor_messages", s.impostors},
             {"bytes_received", s.bytes_received},
             {"bytes_published", s.bytes_published},
-            {"learners", learners}};
+            {"learners", learners},
+            {"startup_s", im.startup_s.load()}};
     im.merge_history->AddTo(&out);
     GoodputReport g;
     if (im.goodput->Report(UnixMsNow(), &g).ok()) out["goodput"] = GoodputToJson(g);
@@ -345,6 +384,7 @@ nlohmann::json Role::Progress() const {
     p = im.progress;
   }
   const TrainConfig& tc = im.options.config.train;
+  if (!im.started) return {{"role", LearnerName(im.index)}, {"learner", im.index}, {"phase", "starting"}, {"step", p.step}};
   return {{"role", LearnerName(im.index)},
           {"learner", im.index},
           {"device", p.device.empty() ? tc.device : p.device},
@@ -360,33 +400,36 @@ nlohmann::json Role::Progress() const {
           {"base_versions", p.base_versions},
           {"deltas_sent", p.deltas_sent},
           {"globals_applied", p.globals_applied},
-          {"snapshots_installed", p.snapshots_installed}};
+          {"snapshots_installed", p.snapshots_installed},
+          {"startup_s", im.startup_s.load()}};
 }
 
+// The flag first, then the syncer if it is live: a syncer still starting sees the flag when
+// it goes live (its thread sets live, then reads the flags).
 void Role::RequestStop() {
-  if (impl_->syncer) impl_->syncer->RequestStop();
   impl_->stop = true;
+  if (Syncer* s = impl_->live) s->RequestStop();
 }
 
 void Role::RequestShutdown() {
-  if (impl_->syncer) impl_->syncer->RequestStop();
   impl_->crash = true;
+  if (Syncer* s = impl_->live) s->RequestStop();
 }
 
 void Role::Observe() {
   Impl& im = *impl_;
-  if (im.syncer && im.goodput) im.goodput->Observe(im.syncer->CurrentStatus(), UnixMsNow());
+  if (Syncer* s = im.live) im.goodput->Observe(s->CurrentStatus(), UnixMsNow());
 }
 
 void Role::Kill() {
   killed_ = true;
-  if (impl_->syncer) impl_->syncer->Abort();
   impl_->crash = true;
+  if (Syncer* s = impl_->live) s->Abort();
 }
 
 Status Role::SetSlowdown(double factor) {
   Impl& im = *impl_;
-  if (im.syncer) return Status::Error("the syncer takes no slowdown");
+  if (im.is_syncer) return Status::Error("the syncer takes no slowdown");
   im.slowdown = factor > 0 ? factor : SlowdownOf(im.options.config.learners, im.index);
   return Status::Ok();
 }

@@ -37,6 +37,9 @@ struct RoleOptions {
   bool allow_plaintext = false;
   std::optional<net::CurveOptions> curve;  // syncer: server keys; learner: client keys + server key
   bool resume = false;                     // continue after a daemon restart
+  // The syncer: how long to keep trying when its ports are still taken (a restart right after
+  // the role it replaces released them); 0 fails at once.
+  double bind_retry_s = 0;
   // A learner: its sockets go through an emulated link (net/link_shaper.h), unshaped, so chaos
   // commands can cut it (partition, drop, corrupt). Set on sites whose config says chaos: true.
   bool chaos_link = false;
@@ -46,9 +49,10 @@ struct RoleOptions {
 
 class Role {
  public:
-  // Creates the syncer (binding its sockets, so a port clash fails here) and starts its thread.
+  // Start the role's thread, which builds the role (corpus, model, sockets) and runs it: what
+  // fails there (a port taken, a corpus that does not load) is the role's outcome. Only cheap
+  // checks (the run directory, the device) fail here.
   static Status StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out);
-  // Starts learner `index` on its thread.
   static Status StartLearner(net::NetContext& context, const RoleOptions& options, int index,
                              std::unique_ptr<Role>* out);
   ~Role();  // requests a stop and joins
@@ -66,6 +70,7 @@ class Role {
   // The daemon is going down (SIGTERM): stop as fast as possible, keeping what a restart needs.
   void RequestShutdown();
   void Join();
+
   // The syncer: one look at its learners for the job's goodput (control/live_goodput.h); the
   // daemon calls it every turn of its loop. Nothing for a learner.
   void Observe();
@@ -82,6 +87,11 @@ class Role {
  private:
   struct Impl;
   Role() = default;
+  // The role's thread: body's status and result become the outcome, then done. An exception out
+  // of the role (bad_alloc, say) is its outcome too, not the end of the daemon.
+  void RunToEnd(const std::function<Status(nlohmann::json* result)>& body);
+  Status RunSyncer(net::NetContext& context, nlohmann::json* result);
+  Status RunLearnerRole(net::NetContext& context, nlohmann::json* result);
   std::string name_;
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
