@@ -50,9 +50,14 @@ struct MergeEvent {
 
 nlohmann::json MergeEventToJson(const MergeEvent& event);
 
+// events.log is rotated at this size (events.log.1 keeps the previous part): a merge line is a
+// few hundred bytes, so each part holds about 100k merges.
+constexpr int64_t kEventsLogRotateBytes = int64_t{64} << 20;
+
 class EventLog {
  public:
-  Status Open(const std::string& path) { return writer_.Open(path); }  // appends
+  // Appends; past rotate_bytes the file moves to <path>.1 and a new one begins.
+  Status Open(const std::string& path, int64_t rotate_bytes = kEventsLogRotateBytes) { return writer_.Open(path, rotate_bytes); }
   Status Append(const MergeEvent& event) { return writer_.Write(MergeEventToJson(event)); }
 
  private:

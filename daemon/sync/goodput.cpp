@@ -257,19 +257,26 @@ Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_m
                         std::vector<LostDelta>* lost) {
   std::ifstream f(events_path);
   if (!f) return Status::Error("cannot open " + events_path + ": is it the run directory's events.log?");
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(f, line);) lines.push_back(std::move(line));
+  // The part rotated away (event_log.h) comes first; it was complete when it was rotated.
+  struct Line {
+    std::string text, where;
+  };
+  std::vector<Line> lines;
+  for (const std::string& part : {events_path + ".1", events_path}) {
+    std::ifstream in(part);
+    int number = 0;
+    for (std::string line; std::getline(in, line);) lines.push_back({std::move(line), part + " line " + std::to_string(++number)});
+  }
   std::vector<MergedDelta> merged;
   std::vector<LostDelta> dropped;
   for (size_t i = 0; i < lines.size(); ++i) {
-    const std::string where = events_path + " line " + std::to_string(i + 1);
-    if (lines[i].empty()) continue;
-    const nlohmann::json ev = nlohmann::json::parse(lines[i], nullptr, false);
+    if (lines[i].text.empty()) continue;
+    const nlohmann::json ev = nlohmann::json::parse(lines[i].text, nullptr, false);
     if (ev.is_discarded()) {
       if (i + 1 == lines.size()) break;  // the syncer may be writing it now
-      return Status::Error(where + ": not JSON; is the file damaged?");
+      return Status::Error(lines[i].where + ": not JSON; is the file damaged?");
     }
-    DL_RETURN_IF_ERROR(ParseMergeLine(ev, run_start_unix_ms, where, &merged, &dropped));
+    DL_RETURN_IF_ERROR(ParseMergeLine(ev, run_start_unix_ms, lines[i].where, &merged, &dropped));
   }
   out->insert(out->end(), merged.begin(), merged.end());
   if (lost) lost->insert(lost->end(), dropped.begin(), dropped.end());

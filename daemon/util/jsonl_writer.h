@@ -1,7 +1,10 @@
 // Appends one JSON object per line to a file, flushed per line so a crash
-// loses at most the line being written.
+// loses at most the line being written. With rotate_bytes, a file that has grown past it is
+// renamed to <path>.1 (replacing the previous one) and a new one begun: at most about twice
+// rotate_bytes on disk. Readers that follow the file (util/appended_lines.h) read on in <path>.1.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,12 +20,16 @@ class JsonlWriter {
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
 
-  Status Open(const std::string& path);  // appends to an existing file
+  Status Open(const std::string& path, int64_t rotate_bytes = 0);  // appends to an existing file
   Status Write(const nlohmann::json& object);
 
  private:
+  Status Rotate();
+
   std::FILE* file_ = nullptr;
   std::string path_;
+  int64_t rotate_bytes_ = 0;
+  int64_t size_ = 0;  // of the current file
 };
 
 }  // namespace diloco

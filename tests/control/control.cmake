@@ -5,6 +5,7 @@ diloco_test(control_tests
   control/test_site_chaos.cpp
   control/test_live_goodput.cpp
   control/test_peer_views.cpp
+  control/test_control_loop.cpp
   control/test_control_fuzz.cpp
   control/test_hostile_bench.cpp
   control/test_daemon_e2e.cpp

@@ -1,10 +1,13 @@
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "daemon/sync/event_log.h"
+#include "daemon/sync/goodput.h"
+#include "daemon/util/appended_lines.h"
 #include "tests/temp_dir.h"
 
 namespace diloco {
@@ -74,6 +77,43 @@ TEST_CASE("sync: the event log appends one line per merge", "[unit][sync]") {
 
   EventLog bad;
   CHECK_FALSE(bad.Open(dir.file("missing/dir/events.log")).ok());
+}
+
+TEST_CASE("sync: the event log rotates and a reader that follows it sees every merge once", "[unit][sync]") {
+  TempDir dir;
+  const std::string path = dir.file("events.log");
+  const int64_t line_bytes = (int64_t)MergeEventToJson(SomeMerge()).dump().size() + 1;
+  EventLog log;
+  REQUIRE(log.Open(path, 10 * line_bytes).ok());  // about 10 merges a part
+  AppendedLines reader(path);
+  std::vector<uint64_t> seen;
+  const auto read = [&] {
+    reader.ReadNew([&](std::string_view line, int64_t) {
+      seen.push_back(nlohmann::json::parse(line)["version"].get<uint64_t>());
+      return true;
+    });
+  };
+  for (uint64_t v = 1; v <= 25; v++) {
+    MergeEvent e = SomeMerge();
+    e.version = v;
+    REQUIRE(log.Append(e).ok());
+    if (v % 4 == 0) read();  // the reader lags: rotations happen between its reads
+  }
+  read();
+  REQUIRE(seen.size() == 25);
+  for (uint64_t v = 1; v <= 25; v++) CHECK(seen[v - 1] == v);
+  // On disk: the last part and the one before it, no more.
+  CHECK(std::filesystem::file_size(path) <= (uint64_t)(10 * line_bytes));
+  CHECK(std::filesystem::exists(path + ".1"));
+  CHECK_FALSE(std::filesystem::exists(path + ".2"));
+  // The whole-tape reader reads both parts, the rotated one first.
+  std::vector<MergedDelta> merged;
+  REQUIRE(ReadMergedDeltas(path, 0, &merged).ok());
+  REQUIRE(!merged.empty());
+  CHECK(merged.size() % 2 == 0);  // two contributors a merge
+  const size_t merges_on_disk = merged.size() / 2;
+  CHECK(merges_on_disk >= 11);
+  CHECK(merges_on_disk <= 21);
 }
 
 }  // namespace
