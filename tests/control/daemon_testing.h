@@ -120,6 +120,16 @@ inline std::string Submit(const testing::TempDir& dir, LocalCluster& c, int step
   return id;
 }
 
+// A 3000-step job whose learners run 8x slower than they can (it trains for minutes; the test
+// stops it), submitted on site-a; its id.
+inline std::string SubmitPaced(const testing::TempDir& dir, LocalCluster& c) {
+  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
+  const CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c.SocketPath("site-a") + "'");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  return r.out.substr(0, r.out.find('\n'));
+}
+
 // Polls the job's status (through site's daemon) until pred holds; fails after timeout_s.
 inline nlohmann::json WaitStatus(LocalCluster& c, const std::string& site, const std::string& job,
                           const std::function<bool(const nlohmann::json&)>& pred, double timeout_s,

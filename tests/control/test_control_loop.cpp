@@ -103,10 +103,7 @@ TEST_CASE("off loop: a full queue refuses and work that throws has no task", "[u
 TEST_CASE("a hung peer delays only the requests that need it", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir, false, /*chaos=*/true);
-  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
-  CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c->SocketPath("site-a") + "'");
-  REQUIRE(r.exit_code == 0);
-  const std::string job = r.out.substr(0, r.out.find('\n'));
+  const std::string job = SubmitPaced(dir, *c);
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) > 0; }, 30, "learner-1 to train");
 
   REQUIRE(::kill(c->pid("site-b"), SIGSTOP) == 0);
@@ -140,10 +137,7 @@ TEST_CASE("a hung peer delays only the requests that need it", "[e2e]") {
 TEST_CASE("a syncer that cannot bind yet leaves its daemon answering", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
-  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
-  CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c->SocketPath("site-a") + "'");
-  REQUIRE(r.exit_code == 0);
-  const std::string job = r.out.substr(0, r.out.find('\n'));
+  const std::string job = SubmitPaced(dir, *c);
   WaitStatus(*c, "site-s", job, [](const nlohmann::json& s) { return SyncerProgress(s).value("merges", 0) > 0; }, 40,
              "a first merge");
   REQUIRE(c->Stop("site-s").ok());

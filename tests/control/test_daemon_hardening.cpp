@@ -273,10 +273,7 @@ using namespace testing;
 TEST_CASE("a peer with one site's key cannot speak for a learner placed on another site", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir, /*metrics=*/true);
-  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
-  CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c->SocketPath("site-a") + "'");
-  REQUIRE(r.exit_code == 0);
-  const std::string job = r.out.substr(0, r.out.find('\n'));
+  const std::string job = SubmitPaced(dir, *c);
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 100; }, 40,
              "learner-1 to reach step 100");
 
@@ -449,10 +446,7 @@ using namespace testing;
 TEST_CASE("status does not wait for a peer that is down", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir);
-  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
-  CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c->SocketPath("site-a") + "'");
-  REQUIRE(r.exit_code == 0);
-  const std::string job = r.out.substr(0, r.out.find('\n'));
+  const std::string job = SubmitPaced(dir, *c);
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) > 0; }, 30, "learner-1 to train");
   c->Kill("site-b", SIGKILL);
   bool saw_unreachable = false;
