@@ -16,6 +16,9 @@ packages=(
   libcpp-httplib-dev                     # the Prometheus /metrics endpoint
   fortunes                               # the demo corpus: /usr/share/games/fortunes
   iproute2 jq                            # tests: the network-namespace cluster (scripts/netns-cluster.sh)
+  prometheus                             # tests: promtool checks /metrics and the example scrape configs
+  chromium                               # tests: the report rendered in a real browser
+  python3-torch                          # tests: exports loaded by PyTorch
 )
 
 missing=()

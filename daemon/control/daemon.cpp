@@ -25,6 +25,7 @@
 #include "daemon/control/peer_views.h"
 #include "daemon/control/roles.h"
 #include "daemon/control/site_chaos.h"
+#include "daemon/control/site_metrics.h"
 #include "daemon/train/chaos_runner.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/server.h"
@@ -208,47 +209,6 @@ struct Daemon::Impl {
   std::unique_ptr<MetricsServer> metrics_server;  // after metrics: it renders the registry
   Clock::time_point last_metrics = Clock::now() - std::chrono::hours(1);
 
-  // Prometheus families (metrics_port); values mirror the roles' progress.
-  Status DeclareMetrics() {
-    const std::vector<std::string> jl = {"job", "learner"}, j = {"job"};
-    struct Family {
-      const char* name;
-      MetricKind kind;
-      const char* help;
-      std::vector<std::string> labels;
-    };
-    const Family families[] = {
-        {"dilocod_jobs", MetricKind::kGauge, "Jobs on this site by state.", {"state"}},
-        {"dilocod_learner_steps", MetricKind::kGauge, "Inner steps a learner on this site has reached.", jl},
-        {"dilocod_learner_tokens_total", MetricKind::kCounter, "Tokens trained on by a learner (this incarnation).", jl},
-        {"dilocod_learner_loss", MetricKind::kGauge, "A learner's last training loss.", jl},
-        {"dilocod_learner_tokens_per_second", MetricKind::kGauge, "A learner's training throughput.", jl},
-        {"dilocod_learner_deltas_sent_total", MetricKind::kCounter, "Deltas a learner has sent.", jl},
-        {"dilocod_learner_globals_applied_total", MetricKind::kCounter, "Globals a learner has folded.", jl},
-        {"dilocod_syncer_merges_total", MetricKind::kCounter, "Merges (outer steps) by the syncer.", j},
-        {"dilocod_syncer_version", MetricKind::kGauge, "Version of each fragment of the global model.", {"job", "fragment"}},
-        {"dilocod_syncer_dropped_deltas_total", MetricKind::kCounter, "Deltas dropped as too stale.", j},
-        {"dilocod_syncer_rejected_deltas_total", MetricKind::kCounter, "Deltas rejected by the norm filter.", j},
-        {"dilocod_syncer_bytes_received_total", MetricKind::kCounter, "Uplink wire bytes received.", j},
-        {"dilocod_syncer_bytes_published_total", MetricKind::kCounter, "Downlink wire bytes published.", j},
-        {"dilocod_syncer_live_learners", MetricKind::kGauge, "Learners the syncer hears from.", j},
-        {"dilocod_syncer_impostor_messages_total", MetricKind::kCounter,
-         "Messages naming a learner that came with another site's key (dropped).", j},
-        {"dilocod_job_goodput_ratio", MetricKind::kGauge,
-         "Share of the provisioned learners' tokens that reached the global model (the syncer's view).", j},
-        {"dilocod_job_uptime_ratio", MetricKind::kGauge,
-         "Share of the wall time in which the global model advanced within 2x its expected merge interval.", j},
-        {"dilocod_job_waste_ratio", MetricKind::kGauge,
-         "Share of the provisioned tokens wasted, by cause (down, dropped, idle as the syncer sees them).",
-         {"job", "cause"}},
-        {"dilocod_syncer_rounds_total", MetricKind::kCounter,
-         "Merge rounds by what closed them (quorum, grace window expired, ...): where the syncer waited.",
-         {"job", "reason"}},
-    };
-    for (const Family& f : families) DL_RETURN_IF_ERROR(metrics.Declare(f.name, f.kind, f.help, f.labels));
-    return Status::Ok();
-  }
-
   std::map<std::string, Clock::time_point> ended_jobs;  // jobs whose series are still in /metrics
 
   void UpdateMetrics() {
@@ -268,42 +228,8 @@ struct Daemon::Impl {
       if (store->Load(id, &rec).ok()) states[ToString(rec.state)]++;
     }
     for (const auto& [state, n] : states) metrics.Set("dilocod_jobs", {state}, n);
-    for (auto& [id, job] : jobs) {
-      for (auto& [name, role] : job.roles) {
-        const nlohmann::json p = role->Progress();
-        if (name == kSyncerName) {
-          metrics.Set("dilocod_syncer_merges_total", {id}, p.value("merges", 0.0));
-          metrics.Set("dilocod_syncer_dropped_deltas_total", {id}, p.value("dropped_deltas", 0.0));
-          metrics.Set("dilocod_syncer_rejected_deltas_total", {id}, p.value("rejected_deltas", 0.0));
-          metrics.Set("dilocod_syncer_bytes_received_total", {id}, p.value("bytes_received", 0.0));
-          metrics.Set("dilocod_syncer_bytes_published_total", {id}, p.value("bytes_published", 0.0));
-          const nlohmann::json versions = p.value("versions", nlohmann::json::array());
-          for (size_t f = 0; f < versions.size(); f++)
-            metrics.Set("dilocod_syncer_version", {id, std::to_string(f)}, versions[f].get<double>());
-          int live = 0;
-          for (const auto& l : p.value("learners", nlohmann::json::array())) live += l.value("live", false);
-          metrics.Set("dilocod_syncer_live_learners", {id}, live);
-          metrics.Set("dilocod_syncer_impostor_messages_total", {id}, p.value("impostor_messages", 0.0));
-          const nlohmann::json reasons = p.value("merge_reasons", nlohmann::json::object());
-          for (const auto& [reason, n] : reasons.items()) metrics.Set("dilocod_syncer_rounds_total", {id, reason}, n.get<double>());
-          if (p.contains("goodput")) {
-            const nlohmann::json& g = p["goodput"];
-            metrics.Set("dilocod_job_goodput_ratio", {id}, g.value("goodput", 0.0));
-            metrics.Set("dilocod_job_uptime_ratio", {id}, g.value("uptime", 0.0));
-            for (const char* cause : {"down", "dropped", "idle"})
-              metrics.Set("dilocod_job_waste_ratio", {id, cause}, g["waste"].value(cause, 0.0));
-          }
-        } else {
-          const std::vector<std::string> labels = {id, std::to_string(p.value("learner", 0))};
-          metrics.Set("dilocod_learner_steps", labels, p.value("step", 0.0));
-          metrics.Set("dilocod_learner_tokens_total", labels, p.value("tokens", 0.0));
-          metrics.Set("dilocod_learner_loss", labels, p.value("loss", 0.0));
-          metrics.Set("dilocod_learner_tokens_per_second", labels, p.value("tokens_per_s", 0.0));
-          metrics.Set("dilocod_learner_deltas_sent_total", labels, p.value("deltas_sent", 0.0));
-          metrics.Set("dilocod_learner_globals_applied_total", labels, p.value("globals_applied", 0.0));
-        }
-      }
-    }
+    for (auto& [id, job] : jobs)
+      for (auto& [name, role] : job.roles) MirrorRoleProgress(&metrics, id, name, role->Progress());
   }
 
   void Log(const std::string& line) const {
@@ -1444,7 +1370,7 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     DL_RETURN_IF_ERROR(im.peers->Bind(config.listen.control).WithContext("listen.control"));
   }
   if (config.metrics_port > 0) {
-    DL_RETURN_IF_ERROR(im.DeclareMetrics());
+    DL_RETURN_IF_ERROR(DeclareSiteMetrics(&im.metrics));
     MetricsServerOptions mo;
     mo.port = config.metrics_port;
     DL_RETURN_IF_ERROR(MetricsServer::Start(mo, &im.metrics, &im.metrics_server).WithContext(config.source + ": metrics_port"));

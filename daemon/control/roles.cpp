@@ -45,8 +45,8 @@ const char* StateName(LearnerState s) {
 }
 
 // From the syncer's events.log, read as it grows (only the whole lines added since the last
-// call): the last merge, and how rounds were closed (quorum, grace window, ...), which is where
-// the syncer waited.
+// call): the last merge, how rounds were closed (quorum, grace window, ...), which is where
+// the syncer waited, and the staleness of what was merged.
 class MergeHistory {
  public:
   explicit MergeHistory(std::string path) : lines_(std::move(path)) {}
@@ -57,6 +57,13 @@ class MergeHistory {
       const nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
       if (!m.is_object() || !m.contains("reason") || !m["reason"].is_string()) return true;
       reasons_[m["reason"].get<std::string>()]++;
+      if (m.contains("contributors") && m["contributors"].is_array())
+        for (const auto& c : m["contributors"]) {
+          const double staleness = c.is_object() ? c.value("staleness", 0.0) : 0.0;
+          staleness_sum_ += staleness;
+          staleness_max_ = std::max(staleness_max_, staleness);
+          contributions_++;
+        }
       last_ = {{"fragment", m.value("fragment", 0)},
                {"version", m.value("version", uint64_t{0})},
                {"reason", m.value("reason", "")},
@@ -68,12 +75,15 @@ class MergeHistory {
     if (last_.is_null()) return;
     (*out)["last_merge"] = last_;
     (*out)["merge_reasons"] = reasons_;
+    (*out)["staleness"] = {{"sum", staleness_sum_}, {"count", contributions_}, {"max", staleness_max_}};
   }
 
  private:
   AppendedLines lines_;
   std::mutex mu_;
   std::map<std::string, int> reasons_;
+  double staleness_sum_ = 0, staleness_max_ = 0;  // over merged deltas
+  int64_t contributions_ = 0;
   nlohmann::json last_;
 };
 
@@ -358,6 +368,7 @@ nlohmann::json Role::Progress() const {
                           {"tokens_per_s", l.tokens_per_s},
                           {"last_heard_unix_ms", l.last_heard_unix_ms},
                           {"merged", l.ledger.merged},
+                          {"merged_tokens", l.ledger.tokens},
                           {"dropped", l.ledger.dropped},
                           {"rejected", l.ledger.rejected}});
     }

@@ -152,36 +152,4 @@ std::string MetricsRegistry::Render() const {
   return out;
 }
 
-Status DeclareDilocodMetrics(MetricsRegistry* r) {
-  using K = MetricKind;
-  const std::vector<std::string> jl = {"job", "learner"};
-  const std::vector<std::string> j = {"job"};
-  struct Spec {
-    const char* name;
-    MetricKind kind;
-    const char* help;
-    std::vector<std::string> labels;
-  };
-  const Spec specs[] = {
-      {metric::kStepsTotal, K::kCounter, "Inner training steps taken by a learner.", jl},
-      {metric::kTokensTotal, K::kCounter, "Training tokens processed by a learner.", jl},
-      {metric::kTokensPerSecond, K::kGauge, "Recent training throughput of a learner in tokens/s.", jl},
-      {metric::kLoss, K::kGauge, "Latest training loss of a learner.", jl},
-      {metric::kBytesUpTotal, K::kCounter, "Bytes sent from a learner to the syncer.", jl},
-      {metric::kBytesDownTotal, K::kCounter, "Bytes a learner received from the syncer.", jl},
-      {metric::kGlobalVersion, K::kGauge, "The syncer's version of a fragment of the global model.",
-       {"job", "fragment"}},
-      {metric::kMergesTotal, K::kCounter, "Outer steps (merges) made by the syncer.", j},
-      {metric::kQuorumWaitsTotal, K::kCounter, "Syncer rounds that waited for a quorum of learners.", j},
-      {metric::kGraceWaitsTotal, K::kCounter, "Syncer rounds that waited out a grace window.", j},
-      {metric::kDroppedDeltasTotal, K::kCounter, "Deltas the syncer dropped as too stale.", j},
-      {metric::kRejectedDeltasTotal, K::kCounter, "Deltas the syncer rejected by the norm filter.", j},
-      {metric::kLivePeers, K::kGauge, "Peers heard from within the liveness window.", {}},
-      {metric::kPeerUp, K::kGauge, "1 when the peer site is live, else 0.", {"peer"}},
-      {metric::kJobs, K::kGauge, "Jobs known to this site, per state.", {"state"}},
-  };
-  for (const Spec& s : specs) DL_RETURN_IF_ERROR(r->Declare(s.name, s.kind, s.help, s.labels));
-  return Status::Ok();
-}
-
 }  // namespace diloco

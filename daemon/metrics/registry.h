@@ -74,41 +74,4 @@ class MetricsRegistry {
 // reads back exactly ("12", "0.1", "1e+20"), "NaN", "+Inf" or "-Inf".
 std::string FormatMetricValue(double value);
 
-// The families dilocod exports, declared in one place (names below). Labels:
-// job = job id; learner = learner index ("0", "1", ...); peer = site name.
-//   dilocod_steps_total{job,learner}           counter  inner steps taken
-//   dilocod_tokens_total{job,learner}          counter  training tokens processed
-//   dilocod_tokens_per_second{job,learner}     gauge    recent training throughput
-//   dilocod_loss{job,learner}                  gauge    latest training loss
-//   dilocod_bytes_up_total{job,learner}        counter  bytes sent learner -> syncer
-//   dilocod_bytes_down_total{job,learner}      counter  bytes received syncer -> learner
-//   dilocod_global_version{job,fragment}       gauge    the syncer's version of a fragment
-//   dilocod_merges_total{job}                  counter  outer steps (merges) by the syncer
-//   dilocod_quorum_waits_total{job}            counter  rounds that waited for a quorum
-//   dilocod_grace_waits_total{job}             counter  rounds that waited out a grace window
-//   dilocod_dropped_deltas_total{job}          counter  deltas dropped as too stale
-//   dilocod_rejected_deltas_total{job}         counter  deltas rejected by the norm filter
-//   dilocod_live_peers{}                       gauge    peers heard from within the liveness window
-//   dilocod_peer_up{peer}                      gauge    1 when that peer is live, else 0
-//   dilocod_jobs{state}                        gauge    jobs on this site per state
-Status DeclareDilocodMetrics(MetricsRegistry* registry);
-
-namespace metric {
-inline constexpr char kStepsTotal[] = "dilocod_steps_total";
-inline constexpr char kTokensTotal[] = "dilocod_tokens_total";
-inline constexpr char kTokensPerSecond[] = "dilocod_tokens_per_second";
-inline constexpr char kLoss[] = "dilocod_loss";
-inline constexpr char kBytesUpTotal[] = "dilocod_bytes_up_total";
-inline constexpr char kBytesDownTotal[] = "dilocod_bytes_down_total";
-inline constexpr char kGlobalVersion[] = "dilocod_global_version";
-inline constexpr char kMergesTotal[] = "dilocod_merges_total";
-inline constexpr char kQuorumWaitsTotal[] = "dilocod_quorum_waits_total";
-inline constexpr char kGraceWaitsTotal[] = "dilocod_grace_waits_total";
-inline constexpr char kDroppedDeltasTotal[] = "dilocod_dropped_deltas_total";
-inline constexpr char kRejectedDeltasTotal[] = "dilocod_rejected_deltas_total";
-inline constexpr char kLivePeers[] = "dilocod_live_peers";
-inline constexpr char kPeerUp[] = "dilocod_peer_up";
-inline constexpr char kJobs[] = "dilocod_jobs";
-}  // namespace metric
-
 }  // namespace diloco

@@ -6,6 +6,7 @@ diloco_test(control_tests
   control/test_live_goodput.cpp
   control/test_peer_views.cpp
   control/test_control_loop.cpp
+  control/test_site_metrics.cpp
   control/test_control_fuzz.cpp
   control/test_hostile_bench.cpp
   control/test_daemon_e2e.cpp
@@ -27,3 +28,11 @@ endif()
 add_test(NAME netns_chaos COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cluster/netns_chaos_test.sh)
 set_tests_properties(netns_chaos PROPERTIES LABELS cluster SKIP_RETURN_CODE 77 TIMEOUT 300 PROCESSORS 3
   ENVIRONMENT "DILOCO_BIN=${PROJECT_BINARY_DIR}/bin;NETNS_CHAOS_STEPS=${_netns_chaos_steps}")
+
+# The example Prometheus configs of configs/wan-example pass Prometheus's own checker. Skipped
+# (77) without promtool (Debian's prometheus package; scripts/setup.sh installs it).
+add_test(NAME prometheus_example_configs COMMAND sh -c
+  "command -v promtool >/dev/null || { echo 'promtool is not installed (Debian package prometheus): skipped'; exit 77; }; \
+   promtool check config ${PROJECT_SOURCE_DIR}/configs/wan-example/prometheus-site.yml && \
+   promtool check config ${PROJECT_SOURCE_DIR}/configs/wan-example/prometheus-central.yml")
+set_tests_properties(prometheus_example_configs PROPERTIES SKIP_RETURN_CODE 77)

@@ -82,18 +82,19 @@ TEST_CASE("MetricsRegistry: bad names and conflicting declarations are errors", 
 
 TEST_CASE("MetricsRegistry: RemoveWithLabel drops a job's series in every family", "[unit]") {
   MetricsRegistry r;
-  REQUIRE(DeclareDilocodMetrics(&r).ok());
-  REQUIRE(DeclareDilocodMetrics(&r).ok());  // idempotent
-  r.Add(metric::kStepsTotal, {"a", "0"}, 1);
-  r.Add(metric::kStepsTotal, {"b", "0"}, 1);
-  r.Add(metric::kMergesTotal, {"a"}, 4);
-  r.Set(metric::kLivePeers, {}, 2);
+  REQUIRE(r.Declare("steps_total", MetricKind::kCounter, "s", {"job", "learner"}).ok());
+  REQUIRE(r.Declare("merges_total", MetricKind::kCounter, "m", {"job"}).ok());
+  REQUIRE(r.Declare("live_peers", MetricKind::kGauge, "l").ok());
+  r.Add("steps_total", {"a", "0"}, 1);
+  r.Add("steps_total", {"b", "0"}, 1);
+  r.Add("merges_total", {"a"}, 4);
+  r.Set("live_peers", {}, 2);
   CHECK(r.RemoveWithLabel("job", "a") == 2);
   const std::string text = r.Render();
   CHECK(text.find("job=\"a\"") == std::string::npos);
-  CHECK(text.find("dilocod_steps_total{job=\"b\",learner=\"0\"} 1\n") != std::string::npos);
-  CHECK(text.find("dilocod_live_peers 2\n") != std::string::npos);
-  CHECK(text.find("dilocod_merges_total") == std::string::npos);  // no series left: not rendered
+  CHECK(text.find("steps_total{job=\"b\",learner=\"0\"} 1\n") != std::string::npos);
+  CHECK(text.find("live_peers 2\n") != std::string::npos);
+  CHECK(text.find("merges_total") == std::string::npos);  // no series left: not rendered
 }
 
 TEST_CASE("MetricsRegistry: concurrent adds from several threads are all counted", "[unit]") {

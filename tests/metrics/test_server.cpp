@@ -39,8 +39,8 @@ std::string Body(const std::string& resp) {
 
 TEST_CASE("MetricsServer: GET /metrics returns the registry's text, other paths 404", "[e2e]") {
   MetricsRegistry r;
-  REQUIRE(DeclareDilocodMetrics(&r).ok());
-  r.Add(metric::kStepsTotal, {"job1", "0"}, 42);
+  REQUIRE(r.Declare("dilocod_steps_total", MetricKind::kCounter, "Inner steps.", {"job", "learner"}).ok());
+  r.Add("dilocod_steps_total", {"job1", "0"}, 42);
   std::unique_ptr<MetricsServer> server;
   const Status st = MetricsServer::Start({.port = 0}, &r, &server);
   INFO(st.message());
@@ -55,7 +55,7 @@ TEST_CASE("MetricsServer: GET /metrics returns the registry's text, other paths 
   CHECK_THAT(Body(resp), Catch::Contains("dilocod_steps_total{job=\"job1\",learner=\"0\"} 42\n"));
 
   // Later updates show up in the next scrape.
-  r.Add(metric::kStepsTotal, {"job1", "0"}, 1);
+  r.Add("dilocod_steps_total", {"job1", "0"}, 1);
   CHECK_THAT(Body(RawGet(server->port(), "/metrics")),
              Catch::Contains("dilocod_steps_total{job=\"job1\",learner=\"0\"} 43\n"));
 
