@@ -528,9 +528,7 @@ struct Daemon::Impl {
     }
     std::string id = store->NewId();
     while (reserved_ids.count(id)) id = store->NewId();
-    std::vector<std::string> remote;
-    for (const std::string& site : SitesOf(cfg))
-      if (site != config.site) remote.push_back(site);
+    const std::vector<std::string> remote = OtherSitesOf(cfg);
     const std::string source = get("source");
     if (remote.empty()) return FinishSubmit(id, cfg, source, {});
     // Peers first, off the loop: a peer that cannot take the job fails the submit before
@@ -751,13 +749,16 @@ struct Daemon::Impl {
   }
 
   // The job's sites other than this one.
-  std::vector<std::string> OtherSites(const std::string& id) const {
-    RunConfig cfg;
-    (void)LoadJobConfig(id, &cfg);
+  std::vector<std::string> OtherSitesOf(const RunConfig& cfg) const {
     std::vector<std::string> out;
     for (const std::string& site : SitesOf(cfg))
       if (site != config.site) out.push_back(site);
     return out;
+  }
+  std::vector<std::string> OtherSites(const std::string& id) const {
+    RunConfig cfg;
+    (void)LoadJobConfig(id, &cfg);
+    return OtherSitesOf(cfg);
   }
 
   MaybeReply Stop(const std::string& id, const ReplyTo& to) {
