@@ -101,8 +101,8 @@ Panel LossPanel(const std::vector<RunData>& runs, bool by_wall) {
         plot.series.push_back(std::move(s));
       }
     }
-    Series mean{run.label + (run.traces.size() > 1 ? " (mean of learners)" : ""), colour, SeriesStyle::kLine, 2.5, 1,
-                {}};
+    Series mean{
+        run.label + (run.traces.size() > 1 ? " (mean of learners)" : ""), colour, SeriesStyle::kLine, 2.5, 1, {}};
     for (const MeanPoint& m : MeanOverLearners(run))
       mean.points.push_back({by_wall ? m.wall_s : RunTokens(run, m.tokens), m.loss});
     plot.series.push_back(std::move(mean));
@@ -219,9 +219,10 @@ Panel TimelinePanel(const std::vector<RunData>& runs) {
 Panel BytesPanel(const std::vector<RunData>& runs) {
   Panel panel{"bytes", "5. Bytes up and down over time", {}, {}};
   LinePlot plot;
-  plot.title = "Cumulative bytes (all learners; solid up, dashed down)";
+  plot.title = "Cumulative bytes (all learners; solid up, dashed down; log scale)";
   plot.x_label = "seconds since start";
   plot.y_label = "bytes";
+  plot.log_y = true;  // ddp moves orders of magnitude more than DiLoCo: both must show
   bool any = false;
   for (size_t r = 0; r < runs.size(); ++r) {
     const RunData& run = runs[r];

@@ -123,8 +123,7 @@ MergeRecord ParseMerge(const json& j) {
 
 // Every line of a metrics file; learner lines go to traces[learner] (default_learner when
 // the line does not say, as in single-learner runs).
-void ReadMetricsFile(const fs::path& path, int default_learner, RunData* run,
-                     std::map<int, LearnerTrace>* traces) {
+void ReadMetricsFile(const fs::path& path, int default_learner, RunData* run, std::map<int, LearnerTrace>* traces) {
   ReadJsonLines(path, &run->notes, [&](const json& j) {
     if (IsLearnerLine(j)) {
       const int learner = static_cast<int>(Int(j, "learner", default_learner));
@@ -189,8 +188,9 @@ void DeriveWallTime(RunData* run) {
       }
     }
     if (!run->traces.empty()) {
-      run->notes.push_back("metrics lines have no time_ms: wall time is each learner's summed step_ms "
-                           "(compute only; waits and downtime do not show)");
+      run->notes.push_back(
+          "metrics lines have no time_ms: wall time is each learner's summed step_ms "
+          "(compute only; waits and downtime do not show)");
     }
   }
   // Merges: on the metrics clock when there is one, else from the first merge.

@@ -21,14 +21,14 @@ constexpr double kMissing = std::numeric_limits<double>::quiet_NaN();
 
 // One learner metrics line (every train.log_every steps).
 struct MetricPoint {
-  long step = 0;                // that learner's steps so far
+  long step = 0;  // that learner's steps so far
   double loss = kMissing;
-  double tokens = kMissing;     // that learner's tokens so far
-  double step_ms = kMissing;    // the last step's duration
-  double bytes_up = kMissing;   // cumulative, that learner
+  double tokens = kMissing;    // that learner's tokens so far
+  double step_ms = kMissing;   // the last step's duration
+  double bytes_up = kMissing;  // cumulative, that learner
   double bytes_down = kMissing;
-  int64_t time_ms = 0;          // Unix ms when logged; 0: not in the line (older runs)
-  double wall_s = kMissing;     // seconds since the run's start (derived, see RunData)
+  int64_t time_ms = 0;       // Unix ms when logged; 0: not in the line (older runs)
+  double wall_s = kMissing;  // seconds since the run's start (derived, see RunData)
 };
 
 struct LearnerTrace {

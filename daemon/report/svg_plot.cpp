@@ -10,6 +10,7 @@ namespace {
 
 constexpr double kLegendLeft = kPlotLeft + kPlotWidth + 20;
 constexpr double kLegendRowPx = 18;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Numbers in SVG attributes: fixed precision keeps the output stable and small.
 std::string Px(double v) {
@@ -43,8 +44,8 @@ std::string Text(double x, double y, const std::string& text, const char* anchor
 std::string Open(double width, double height) {
   return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Px(width) + "\" height=\"" + Px(height) +
          "\" viewBox=\"0 0 " + Px(width) + " " + Px(height) +
-         "\" font-family=\"sans-serif\">\n<rect x=\"0\" y=\"0\" width=\"" + Px(width) + "\" height=\"" +
-         Px(height) + "\" fill=\"white\"/>\n";
+         "\" font-family=\"sans-serif\">\n<rect x=\"0\" y=\"0\" width=\"" + Px(width) + "\" height=\"" + Px(height) +
+         "\" fill=\"white\"/>\n";
 }
 
 // Title, frame and axis labels around the standard plot area.
@@ -72,13 +73,20 @@ std::string XTicks(const Scale& x, double plot_bottom) {
   return s;
 }
 
-std::string YTicks(const Scale& y) {
+// On a log axis the scale runs over log10 values and ticks sit at whole decades.
+std::string YTicks(const Scale& y, bool log = false) {
   std::string s;
-  for (double t : NiceTicks(y.lo, y.hi, 6)) {
+  std::vector<double> ticks;
+  if (log) {
+    for (double e = std::ceil(y.lo); e <= y.hi; e += 1) ticks.push_back(e);
+  } else {
+    ticks = NiceTicks(y.lo, y.hi, 6);
+  }
+  for (double t : ticks) {
     const double py = y.Map(t);
-    s += "<line x1=\"" + Px(kPlotLeft) + "\" y1=\"" + Px(py) + "\" x2=\"" + Px(kPlotLeft + kPlotWidth) +
-         "\" y2=\"" + Px(py) + "\" stroke=\"#e4e4e4\"/>\n";
-    s += Text(kPlotLeft - 6, py + 4, TickLabel(t), "end", 11);
+    s += "<line x1=\"" + Px(kPlotLeft) + "\" y1=\"" + Px(py) + "\" x2=\"" + Px(kPlotLeft + kPlotWidth) + "\" y2=\"" +
+         Px(py) + "\" stroke=\"#e4e4e4\"/>\n";
+    s += Text(kPlotLeft - 6, py + 4, TickLabel(log ? std::pow(10.0, t) : t), "end", 11);
   }
   return s;
 }
@@ -91,9 +99,9 @@ std::string LegendRow(int row, const std::string& name, const std::string& colou
     s += "<rect x=\"" + Px(kLegendLeft) + "\" y=\"" + Px(y - 5) + "\" width=\"14\" height=\"10\" fill=\"" +
          EscapeXml(colour) + "\"/>\n";
   } else {
-    s += "<line x1=\"" + Px(kLegendLeft) + "\" y1=\"" + Px(y) + "\" x2=\"" + Px(kLegendLeft + 18) + "\" y2=\"" +
-         Px(y) + "\" stroke=\"" + EscapeXml(colour) + "\" stroke-width=\"3\"" +
-         (dashed ? " stroke-dasharray=\"5 3\"" : "") + "/>\n";
+    s += "<line x1=\"" + Px(kLegendLeft) + "\" y1=\"" + Px(y) + "\" x2=\"" + Px(kLegendLeft + 18) + "\" y2=\"" + Px(y) +
+         "\" stroke=\"" + EscapeXml(colour) + "\" stroke-width=\"3\"" + (dashed ? " stroke-dasharray=\"5 3\"" : "") +
+         "/>\n";
   }
   s += Text(kLegendLeft + 24, y + 4, name, "start", 12);
   return s;
@@ -118,11 +126,21 @@ std::string EscapeXml(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
       default:
         // Control characters are not allowed in XML 1.0 text.
         if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') {
@@ -163,12 +181,15 @@ std::vector<double> NiceTicks(double lo, double hi, int count) {
 }
 
 std::string RenderLinePlot(const LinePlot& plot) {
-  double x_lo = plot.x_lo, x_hi = plot.x_hi, y_lo = plot.y_lo, y_hi = plot.y_hi;
-  const bool fit_x = x_lo == x_hi, fit_y = y_lo == y_hi;
+  // y in axis units (log10 on a log axis; NaN where a log axis cannot show it).
+  auto ty = [&](double v) { return !plot.log_y ? v : v > 0 ? std::log10(v) : kNaN; };
+  double x_lo = plot.x_lo, x_hi = plot.x_hi, y_lo = ty(plot.y_lo), y_hi = ty(plot.y_hi);
+  const bool fit_x = plot.x_lo == plot.x_hi, fit_y = plot.y_lo == plot.y_hi;
   if (fit_x || fit_y) {
     double a = std::numeric_limits<double>::infinity(), b = -a, c = a, d = -a;
     for (const Series& s : plot.series) {
-      for (auto [x, y] : s.points) {
+      for (auto [x, raw_y] : s.points) {
+        const double y = ty(raw_y);
         if (!std::isfinite(x) || !std::isfinite(y)) continue;
         a = std::min(a, x), b = std::max(b, x), c = std::min(c, y), d = std::max(d, y);
       }
@@ -182,11 +203,15 @@ std::string RenderLinePlot(const LinePlot& plot) {
   }
   FitRange(&x_lo, &x_hi);
   FitRange(&y_lo, &y_hi);
+  if (plot.log_y && fit_y) {
+    // Whole decades, so the axis always has ticks.
+    y_lo = std::floor(y_lo), y_hi = std::max(std::ceil(y_hi), y_lo + 1);
+  }
   const Scale x{x_lo, x_hi, kPlotLeft, kPlotLeft + kPlotWidth};
   const Scale y{y_lo, y_hi, kPlotTop + kPlotHeight, kPlotTop};
 
   std::string s = Open(kSvgWidth, kSvgHeight);
-  s += YTicks(y);
+  s += YTicks(y, plot.log_y);
   s += Frame(plot.title, plot.x_label, plot.y_label, kPlotHeight);
   s += XTicks(x, kPlotTop + kPlotHeight);
   int legend_row = 0;
@@ -194,14 +219,16 @@ std::string RenderLinePlot(const LinePlot& plot) {
     const std::string colour = EscapeXml(series.colour);
     const std::string opacity = series.opacity < 1 ? " opacity=\"" + Px(series.opacity) + "\"" : "";
     if (series.style == SeriesStyle::kPoints) {
-      for (auto [px, py] : series.points) {
+      for (auto [px, raw_py] : series.points) {
+        const double py = ty(raw_py);
         if (!std::isfinite(px) || !std::isfinite(py)) continue;
         s += "<circle cx=\"" + Px(x.Map(px)) + "\" cy=\"" + Px(y.Map(py)) + "\" r=\"4\" fill=\"" + colour +
              "\" stroke=\"black\" stroke-width=\"0.7\"" + opacity + "/>\n";
       }
     } else {
       std::string pts;
-      for (auto [px, py] : series.points) {
+      for (auto [px, raw_py] : series.points) {
+        const double py = ty(raw_py);
         if (!std::isfinite(px) || !std::isfinite(py)) continue;
         if (!pts.empty()) pts += ' ';
         pts += Px(x.Map(px));
@@ -210,8 +237,8 @@ std::string RenderLinePlot(const LinePlot& plot) {
       }
       if (!pts.empty()) {
         s += "<polyline fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"" + Px(series.stroke_width) + "\"" +
-             (series.style == SeriesStyle::kDashedLine ? " stroke-dasharray=\"6 4\"" : "") + opacity +
-             " points=\"" + pts + "\"/>\n";
+             (series.style == SeriesStyle::kDashedLine ? " stroke-dasharray=\"6 4\"" : "") + opacity + " points=\"" +
+             pts + "\"/>\n";
       }
     }
     if (!series.name.empty()) {
@@ -283,8 +310,8 @@ std::string RenderTimeline(const Timeline& timeline) {
           seg.kind >= int(timeline.kind_colours.size()))
         continue;
       const double x0 = x.Map(seg.x0), x1 = x.Map(seg.x1);
-      s += "<rect x=\"" + Px(x0) + "\" y=\"" + Px(top) + "\" width=\"" + Px(std::max(0.5, x1 - x0)) +
-           "\" height=\"" + Px(kRowPx - 6) + "\" fill=\"" + EscapeXml(timeline.kind_colours[seg.kind]) + "\"/>\n";
+      s += "<rect x=\"" + Px(x0) + "\" y=\"" + Px(top) + "\" width=\"" + Px(std::max(0.5, x1 - x0)) + "\" height=\"" +
+           Px(kRowPx - 6) + "\" fill=\"" + EscapeXml(timeline.kind_colours[seg.kind]) + "\"/>\n";
     }
   }
   for (size_t k = 0; k < timeline.kind_names.size() && k < timeline.kind_colours.size(); ++k) {

@@ -28,7 +28,7 @@ constexpr double kPlotHeight = 300;
 
 // A linear map from a data interval onto a pixel interval.
 struct Scale {
-  double lo = 0, hi = 1;          // data
+  double lo = 0, hi = 1;  // data
   double pixel_lo = 0, pixel_hi = 1;
   double Map(double v) const;
 };
@@ -52,6 +52,7 @@ struct LinePlot {
   std::vector<Series> series;
   // Fixed axis ranges; lo == hi means "fit the data".
   double x_lo = 0, x_hi = 0, y_lo = 0, y_hi = 0;
+  bool log_y = false;  // y on a log10 axis (values <= 0 are not drawn)
 };
 
 // A line/point plot as one <svg> element. An empty plot still draws its frame.
