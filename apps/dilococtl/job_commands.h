@@ -79,6 +79,14 @@ struct ExportCommand {
 };
 int RunExportCommand(const ExportCommand& cmd);
 
+// dilococtl report RUN_DIR... -o FILE: the runs overlaid in one self-contained HTML page.
+struct ReportCommand {
+  std::vector<std::string> run_dirs;
+  std::string out;
+  std::vector<std::string> labels;  // one per run dir, in order; missing ones: the dir's name
+};
+int RunReportCommand(const ReportCommand& cmd);
+
 struct ClusterDemoCommand {
   std::string config_path;  // empty: configs/demo.yaml of the source tree
   std::vector<std::string> overrides;

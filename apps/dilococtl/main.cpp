@@ -98,6 +98,13 @@ int main(int argc, char** argv) {
   export_cmd->add_flag("--json", export_.json, "Print the export summary as JSON");
   AddDaemonOptions(export_cmd, &export_.daemon);
 
+  ReportCommand report;
+  CLI::App* report_cmd = app.add_subcommand("report", "Overlay run directories in one self-contained HTML page");
+  report_cmd->add_option("run_dirs", report.run_dirs, "Run directories (dilococtl train --out, or a job's run/)")
+      ->required();
+  report_cmd->add_option("-o,--out", report.out, "Output HTML file")->required();
+  report_cmd->add_option("--label", report.labels, "A name per run dir, in order (repeatable; default: dir name)");
+
   BenchEngineCommand bench_engine;
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (prints a line, or JSON with --json)");
   bench->require_subcommand(1);
@@ -152,6 +159,7 @@ int main(int argc, char** argv) {
   if (logs_cmd->parsed()) return RunLogsCommand(logs);
   if (chaos_cmd->parsed()) return RunChaosCommand(chaos);
   if (export_cmd->parsed()) return RunExportCommand(export_);
+  if (report_cmd->parsed()) return RunReportCommand(report);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   if (codec->parsed()) return RunBenchCodecCommand(bench_codec);

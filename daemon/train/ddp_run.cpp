@@ -139,6 +139,7 @@ class DdpHook final : public InnerLoopHook {
                              {"tokens", res_->tokens},
                              {"step_ms", step_s * 1e3},
                              {"tok_per_s", res_->tokens / res_->train_s},
+                             {"time_ms", UnixMs()},
                              {"bytes_up", res_->bytes_up}});
     }
     if (learner_ == 0 && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0 && done < tc.steps)

@@ -915,6 +915,7 @@ void LearnerLoop::LogStep(const StepResult& r, long done, double step_s) {
                            {"tokens", res_.tokens},
                            {"step_ms", step_s * 1e3},
                            {"tok_per_s", res_.tokens / res_.train_s},
+                           {"time_ms", (int64_t)UnixMs()},
                            {"bytes_up", res_.bytes_up},
                            {"bytes_down", res_.bytes_down},
                            {"versions", BaseVersions()}});

@@ -230,7 +230,10 @@ class SingleLearnerHook final : public InnerLoopHook {
                                         {"grad_norm", st.grad_norm},
                                         {"tokens", s_->tokens},
                                         {"step_ms", r.step_s * 1e3},
-                                        {"tok_per_s", tok_s}}));
+                                        {"tok_per_s", tok_s},
+                                        {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                        std::chrono::system_clock::now().time_since_epoch())
+                                                        .count()}}));
     if (!o_.quiet) {
       char line[160];
       std::snprintf(line, sizeof line, "step %ld/%d | loss %.4f | lr %.2e | %.0f tok/s", step + 1, tc.steps, st.loss,
