@@ -159,6 +159,11 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
                    sample.c_str());
     }
   }
+  // Curves of the run, while the daemons still answer for their run directories.
+  const std::string report_path = fs::absolute(fs::path(dir) / "report.html").string();
+  const Status report_st = WriteJobReport(status, report_path);
+  if (!report_st.ok()) std::fprintf(stderr, "dilococtl demo: no report: %s\n", report_st.message().c_str());
+  if (report_st.ok()) summary["report"] = report_path;
   if (Status sst = cluster->StopAll(); !sst.ok()) {
     std::fprintf(stderr, "dilococtl demo: shutting the cluster down: %s\n", sst.message().c_str());
   }
@@ -175,6 +180,7 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
   } else {
     std::printf("%s", RenderJobStatus(status, false).c_str());
     std::printf("run directory: %s\n", summary.value("run_dir", "").c_str());
+    if (report_st.ok()) std::printf("report: %s (open it in a browser)\n", report_path.c_str());
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "daemon/control/client.h"
 #include "daemon/control/site_chaos.h"
 #include "daemon/net/envelope.h"
+#include "daemon/report/job_report.h"
 
 namespace diloco {
 namespace {
@@ -238,6 +239,14 @@ int RunStatusCommand(const StatusCommand& cmd) {
     std::fflush(stdout);
     const std::string state = status.value("state", "");
     const bool final = state == "completed" || state == "failed" || state == "stopped";
+    if (cmd.watch && final && !cmd.no_report) {
+      const std::string path = cmd.report.empty() ? DefaultJobReportPath(cmd.job) : cmd.report;
+      if (Status rs = WriteJobReport(status, path); rs.ok()) {
+        std::fprintf(stderr, "report of job %s: %s\n", cmd.job.c_str(), path.c_str());
+      } else {
+        std::fprintf(stderr, "dilococtl status: no report of job %s: %s\n", cmd.job.c_str(), rs.message().c_str());
+      }
+    }
     if (!cmd.watch || final) return state == "failed" && cmd.watch ? 1 : 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(cmd.interval_ms));
   }

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "daemon/util/status.h"
+
 namespace diloco {
 
 // Which daemon: --daemon CONFIG (its control_socket) or --socket PATH.
@@ -36,6 +38,8 @@ struct StatusCommand {
   bool watch = false;  // redraw every second until the job ends
   bool json = false;   // one JSON object (per refresh with --watch)
   int interval_ms = 1000;
+  std::string report;  // --watch: where the report goes when the job ends ("" = report-<job>.html)
+  bool no_report = false;
 };
 int RunStatusCommand(const StatusCommand& cmd);
 
@@ -81,11 +85,15 @@ int RunExportCommand(const ExportCommand& cmd);
 
 // dilococtl report RUN_DIR... -o FILE: the runs overlaid in one self-contained HTML page.
 struct ReportCommand {
-  std::vector<std::string> run_dirs;
+  DaemonRef daemon;               // for runs given as a job id
+  std::vector<std::string> runs;  // DIR, DIR,DIR,... (one run's parts) or JOB
   std::string out;
-  std::vector<std::string> labels;  // one per run dir, in order; missing ones: the dir's name
+  std::vector<std::string> labels;  // one per run, in order; missing ones: the dir's name or job id
 };
 int RunReportCommand(const ReportCommand& cmd);
+// The report of one job from its status (the sites' run directories readable here), for
+// `status --watch` and the demo when the job ends.
+Status WriteJobReport(const nlohmann::json& status, const std::string& path);
 
 struct ClusterDemoCommand {
   std::string config_path;  // empty: configs/demo.yaml of the source tree

@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   status_cmd->add_option("job", status.job, "Job id");
   status_cmd->add_flag("--watch", status.watch, "Refresh every second until the job ends");
   status_cmd->add_flag("--json", status.json, "Print JSON (one object per refresh)");
+  status_cmd->add_option("--report", status.report, "--watch: write the job's report here when it ends (default report-JOB.html)");
+  status_cmd->add_flag("--no-report", status.no_report, "--watch: no report at the end");
   AddDaemonOptions(status_cmd, &status.daemon);
 
   StopCommand stop;
@@ -99,11 +101,15 @@ int main(int argc, char** argv) {
   AddDaemonOptions(export_cmd, &export_.daemon);
 
   ReportCommand report;
-  CLI::App* report_cmd = app.add_subcommand("report", "Overlay run directories in one self-contained HTML page");
-  report_cmd->add_option("run_dirs", report.run_dirs, "Run directories (dilococtl train --out, or a job's run/)")
+  CLI::App* report_cmd = app.add_subcommand("report", "Overlay runs in one self-contained HTML page");
+  report_cmd
+      ->add_option("runs", report.runs,
+                   "Runs: a run directory (dilococtl train --out), DIR,DIR,... (the sites' run directories of one "
+                   "daemon job), or JOB (a job of the local dilocod)")
       ->required();
   report_cmd->add_option("-o,--out", report.out, "Output HTML file")->required();
-  report_cmd->add_option("--label", report.labels, "A name per run dir, in order (repeatable; default: dir name)");
+  report_cmd->add_option("--label", report.labels, "A name per run, in order (repeatable; default: dir name or job id)");
+  AddDaemonOptions(report_cmd, &report.daemon);
 
   BenchEngineCommand bench_engine;
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (prints a line, or JSON with --json)");

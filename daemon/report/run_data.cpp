@@ -145,10 +145,6 @@ void ReadMetricsFile(const fs::path& path, int default_learner, RunData* run, st
 }
 
 void ReadConfig(const fs::path& path, RunData* run) {
-  if (!fs::exists(path)) {
-    run->notes.push_back("config.yaml: missing (mode and learners taken from the metrics)");
-    return;
-  }
   try {
     const YAML::Node root = YAML::LoadFile(path.string());
     if (root["sync"] && root["sync"]["mode"]) run->mode = root["sync"]["mode"].as<std::string>();
@@ -202,13 +198,59 @@ void DeriveWallTime(RunData* run) {
     if (m.time_ms > 0) m.wall_s = (static_cast<double>(m.time_ms) - t0_ms) / 1e3;
 }
 
-void LoadInto(const fs::path& root, RunData* run) {
-  ReadConfig(root / "config.yaml", run);
+// A daemon job's run directory sits in jobs/<id>/run; the site's roles' results are in
+// jobs/<id>/state.json beside it. The syncer's result gives the merged model's losses,
+// goodput, uptime and merges; each learner's result its steps, tokens and bytes.
+void ReadJobState(const fs::path& path, RunData* run) {
+  std::ifstream in(path, std::ios::binary);
+  json state = json::parse(in, nullptr, false);
+  if (state.is_discarded() || !state.is_object() || !state.contains("roles") || !state["roles"].is_object()) {
+    run->notes.push_back("state.json of " + path.parent_path().filename().string() + ": cannot be parsed (skipped)");
+    return;
+  }
+  RunSummary& s = run->summary;
+  auto add = [](double* into, double v) {
+    if (std::isfinite(v)) *into = std::isfinite(*into) ? *into + v : v;
+  };
+  for (const auto& [name, role] : state["roles"].items()) {
+    if (!role.is_object() || !role.contains("result") || !role["result"].is_object()) continue;
+    const json& r = role["result"];
+    if (name == "syncer") {
+      s.present = true;
+      s.final_val_loss = Num(r, "final_val_loss");
+      s.outer_steps = Num(r, "merges");
+      s.wall_s = Num(r, "wall_s");
+      if (r.contains("goodput") && r["goodput"].is_object()) {
+        s.goodput = Num(r["goodput"], "goodput");
+        s.uptime = Num(r["goodput"], "uptime");
+      }
+      if (!std::isfinite(run->initial_val_loss)) run->initial_val_loss = Num(r, "initial_val_loss");
+    } else if (name.rfind("learner-", 0) == 0) {
+      add(&s.tokens, Num(r, "tokens"));
+      add(&s.steps, Num(r, "steps"));
+      add(&s.bytes_up, Num(r, "bytes_up"));
+      add(&s.bytes_down, Num(r, "bytes_down"));
+    }
+  }
+}
+
+// One directory's files into *run; learner lines into *traces (several directories may
+// hold the learners of one run).
+struct LoadState {
   std::map<int, LearnerTrace> traces;
   bool any_metrics = false;
+  bool config_seen = false;
+};
+
+void LoadInto(const fs::path& root, RunData* run, LoadState* ls) {
+  std::map<int, LearnerTrace>* traces = &ls->traces;
+  if (!ls->config_seen && fs::exists(root / "config.yaml")) {
+    ls->config_seen = true;
+    ReadConfig(root / "config.yaml", run);
+  }
   if (fs::exists(root / "metrics.jsonl")) {
-    any_metrics = true;
-    ReadMetricsFile(root / "metrics.jsonl", 0, run, &traces);
+    ls->any_metrics = true;
+    ReadMetricsFile(root / "metrics.jsonl", 0, run, traces);
   }
   // A daemon job: learner-<i>.jsonl per learner (sorted so notes come in a stable order).
   static const std::regex kLearnerFile(R"(learner-(\d+)\.jsonl)");
@@ -221,15 +263,11 @@ void LoadInto(const fs::path& root, RunData* run) {
   }
   std::sort(learner_files.begin(), learner_files.end());
   for (const auto& [index, path] : learner_files) {
-    any_metrics = true;
-    ReadMetricsFile(path, index, run, &traces);
+    ls->any_metrics = true;
+    ReadMetricsFile(path, index, run, traces);
   }
-  if (!any_metrics) run->notes.push_back("metrics.jsonl (or learner-<i>.jsonl): missing, no training curves");
-  for (auto& [learner, trace] : traces) run->traces.push_back(std::move(trace));
-  if (run->learners <= 0) run->learners = static_cast<int>(run->traces.size());
-  if (any_metrics && !run->summary.present) {
-    run->notes.push_back("no summary line in the metrics (the run is still going, or stopped early)");
-  }
+  const fs::path job_state = fs::absolute(root).lexically_normal().parent_path() / "state.json";
+  if (fs::absolute(root).lexically_normal().filename() == "run" && fs::exists(job_state)) ReadJobState(job_state, run);
 
   // The merge tape: the rotated part first.
   for (const char* name : {"events.log.1", "events.log"}) {
@@ -239,6 +277,20 @@ void LoadInto(const fs::path& root, RunData* run) {
       if (Str(j, "event") == "merge") run->merges.push_back(ParseMerge(j));
     });
   }
+}
+
+void FinishLoading(LoadState* ls, RunData* run) {
+  const bool any_metrics = ls->any_metrics;
+  if (!ls->config_seen) run->notes.push_back("config.yaml: missing (mode and learners taken from the metrics)");
+  if (!any_metrics) run->notes.push_back("metrics.jsonl (or learner-<i>.jsonl): missing, no training curves");
+  for (auto& [learner, trace] : ls->traces) run->traces.push_back(std::move(trace));
+  if (run->learners <= 0) run->learners = static_cast<int>(run->traces.size());
+  if (any_metrics && !run->summary.present) {
+    run->notes.push_back("no summary line in the metrics (the run is still going, or stopped early)");
+  }
+  // A daemon job evaluates the merged model once, at the end.
+  if (run->evals.empty() && std::isfinite(run->summary.final_val_loss) && std::isfinite(run->summary.steps))
+    run->evals.push_back({static_cast<long>(run->summary.steps), run->summary.final_val_loss});
   DeriveWallTime(run);
 }
 
@@ -254,26 +306,35 @@ double RunData::TokensPerStep() const {
   return kMissing;
 }
 
-Status LoadRunDir(const std::string& dir, const std::string& label, RunData* out) {
+Status LoadRunParts(const std::vector<std::string>& dirs, const std::string& label, RunData* out) {
+  if (dirs.empty()) return Status::Error("no run directory given");
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return Status::Error("run directory '" + dir + "' does not exist; pass a directory written by dilococtl train");
+  for (const std::string& dir : dirs) {
+    if (!fs::is_directory(dir, ec)) {
+      return Status::Error("run directory '" + dir + "' does not exist; pass a directory written by dilococtl train");
+    }
   }
   *out = RunData{};
-  out->dir = dir;
+  out->dir = dirs[0];
   out->label = label;
   if (out->label.empty()) {
-    fs::path p = fs::path(dir).lexically_normal();
+    fs::path p = fs::path(dirs[0]).lexically_normal();
     if (p.filename().empty()) p = p.parent_path();
     out->label = p.filename().string();
   }
   // Odd input must give a partial report, never a crash.
+  LoadState ls;
   try {
-    LoadInto(dir, out);
+    for (const std::string& dir : dirs) LoadInto(dir, out, &ls);
+    FinishLoading(&ls, out);
   } catch (const std::exception& e) {
     out->notes.push_back(std::string("loading stopped early: ") + e.what());
   }
   return Status::Ok();
+}
+
+Status LoadRunDir(const std::string& dir, const std::string& label, RunData* out) {
+  return LoadRunParts({dir}, label, out);
 }
 
 }  // namespace diloco

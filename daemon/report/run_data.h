@@ -4,8 +4,9 @@
 // directory that does not exist is an error.
 //
 // Read: config.yaml (mode, learners), metrics.jsonl (start / learner lines / eval /
-// summary) or learner-<i>.jsonl (a daemon job: one learner per file), and the syncer's
-// merge tape events.log.1 then events.log (daemon/sync/event_log.h).
+// summary) or learner-<i>.jsonl (a daemon job: one learner per file), the syncer's
+// merge tape events.log.1 then events.log (daemon/sync/event_log.h), and for a daemon
+// job's jobs/<id>/run the roles' results in jobs/<id>/state.json.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +77,12 @@ struct RunData {
   // Tokens per learner step (to place evals, logged by total steps, on a tokens axis).
   double TokensPerStep() const;
 };
+
+// Loads one run kept in several directories into *out: a daemon job's site run
+// directories (each holds its learners' learner-<i>.jsonl, the syncer's site the merge
+// tape; the roles' results come from the job's state.json beside each). The label
+// defaults to the first directory's name. Fails only when a directory does not exist.
+Status LoadRunParts(const std::vector<std::string>& dirs, const std::string& label, RunData* out);
 
 // Loads dir into *out (label: the directory's name unless given). Fails only when dir
 // is not a directory; everything else lands in out->notes.

@@ -32,7 +32,8 @@
 # Every run gets train.checkpoint_every=50: a killed ddp rank resumes from the checkpoint, a
 # killed DiLoCo learner takes its AdamW moments back from its own learner-<i>.ckpt.
 # Each run has DIR/<mode>-<faults>-s<seed>/: run/ (dilococtl's run directory, metrics.jsonl),
-# stdout.log, stderr.log, command.txt, schedule.txt, meta.json. The table goes to DIR/chaos.md,
+# stdout.log, stderr.log, command.txt, schedule.txt, meta.json. The first seed's runs are
+# overlaid in DIR/report.html (dilococtl report). The table goes to DIR/chaos.md,
 # every run as a JSON object to DIR/chaos.jsonl (with or without --json).
 # The runs use a copy of dilococtl taken at the start (DIR/dilococtl): rebuilding meanwhile is safe.
 # Environment: DILOCOCTL (default build/bin/dilococtl), CONFIG (default
@@ -51,7 +52,7 @@ sets=()
 quick=0
 json=0
 table_only=""
-usage() { sed -n '2,38p' "$self" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,40p' "$self" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 abspath() { [[ $1 = /* ]] && echo "$1" || echo "$caller/$1"; }
 need_value() { [[ $# -ge 2 ]] || { echo "chaos.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
@@ -264,5 +265,18 @@ for seed in $seeds; do
     done
   done
 done
+# The first seed's runs overlaid in one page (dilococtl report), beside the table.
+read -r first_seed _ <<< "$seeds"
+report_args=()
+for dir in "$out"/*-s"$first_seed"; do
+  [[ -d $dir/run ]] && report_args+=("$dir/run" --label "$(basename "$dir" "-s$first_seed")")
+done
+if [[ ${#report_args[@]} -gt 0 ]]; then
+  if "$bin" report "${report_args[@]}" -o "$out/report.html" > /dev/null 2> "$out/report.log"; then
+    echo "chaos.sh: report of seed $first_seed's runs: $out/report.html" >&2
+  else
+    echo "chaos.sh: no report: $(tail -n1 "$out/report.log")" >&2
+  fi
+fi
 echo "chaos.sh: done; table in $out/chaos.md, runs in $out/chaos.jsonl (print again: scripts/bench/chaos.sh --table $out)" >&2
 python3 "$helper" table "$out" ${table_args[@]+"${table_args[@]}"}

@@ -2,6 +2,7 @@
 # Parity table: configs/shakespeare-m4.yaml (M=4 learners, equal tokens) in ddp, diloco,
 # streaming and decoupled mode, one row each: final val loss and its ratio to ddp, tokens, wire
 # bytes (bytes_up + bytes_down) and how many times fewer than ddp, wall time, outer steps.
+# The first seed's runs are overlaid in OUT/report.html (dilococtl report).
 # Rows are means over the seeds. ddp's wire bytes are what a ring all-reduce of fp32 gradients
 # would send (see daemon/train/ddp_run.h); the others count every learner<->syncer message.
 #
@@ -27,9 +28,13 @@
 # A full run is long on a small CPU (each of the four modes trains 4 x 500 steps, about a minute on
 # 2 cores); the sweep adds six more runs per seed, --straggler three.
 set -euo pipefail
+caller=$PWD
+abspath() { [[ $1 = /* ]] && echo "$1" || echo "$caller/$1"; }  # paths given are the caller's
 cd "$(dirname "$0")/../.."
-bin=${DILOCOCTL:-build/bin/dilococtl}
-config=${CONFIG:-configs/shakespeare-m4.yaml}
+bin=${DILOCOCTL:+$(abspath "$DILOCOCTL")}
+bin=${bin:-build/bin/dilococtl}
+config=${CONFIG:+$(abspath "$CONFIG")}
+config=${config:-configs/shakespeare-m4.yaml}
 niceness=${NICE:-10}
 seeds=""
 modes="ddp diloco streaming decoupled"
@@ -42,7 +47,7 @@ sets=()
 out=""
 keep=0
 table_only=""
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --seeds) seeds=$2; shift 2 ;;
@@ -53,9 +58,9 @@ while [[ $# -gt 0 ]]; do
     --codecs) codecs=$2; shift 2 ;;
     --downs) downs=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
-    --out) out=$2; shift 2 ;;
+    --out) out=$(abspath "$2"); shift 2 ;;
     --keep) keep=1; shift ;;
-    --table) table_only=$2; shift 2 ;;
+    --table) table_only=$(abspath "$2"); shift 2 ;;
     -h|--help) usage ;;
     *) echo "parity.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -143,9 +148,27 @@ run() {
     jq -nc --arg row "$name" --argjson seed "$seed" --arg log "$log" '{row: $row, seed: $seed, ok: false, log: $log}' \
       >> "$out/results.jsonl"
   fi
-  [[ $keep -eq 1 ]] || rm -rf "$dir"
+  if [[ $seed == "$report_seed" ]]; then
+    report_runs+=("$dir") report_labels+=(--label "$name")  # removed after the report
+  elif [[ $keep -eq 0 ]]; then
+    rm -rf "$dir"
+  fi
 }
 
+# The first seed's runs overlaid in one page (dilococtl report), beside the table.
+write_report() {
+  [[ ${#report_runs[@]} -gt 0 ]] || return 0
+  if "$bin" report "${report_runs[@]}" "${report_labels[@]}" -o "$out/report.html" > /dev/null 2> "$out/logs/report.log"; then
+    echo "parity.sh: report of seed $report_seed's runs: $out/report.html" >&2
+  else
+    echo "parity.sh: no report: $(tail -n1 "$out/logs/report.log")" >&2
+  fi
+  [[ $keep -eq 1 ]] || rm -rf "${report_runs[@]}"
+}
+
+read -r report_seed _ <<< "$seeds"
+report_runs=()
+report_labels=()
 for seed in $seeds; do
   for mode in $modes; do
     run "$mode" "$seed" --set "sync.mode=$mode"
@@ -180,5 +203,6 @@ for seed in $seeds; do
     done
   fi
 done
+write_report
 echo "parity.sh: results in $out/results.jsonl (print again: scripts/bench/parity.sh --table $out)" >&2
 print_table "$out"

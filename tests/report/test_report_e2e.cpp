@@ -1,39 +1,21 @@
-// End-to-end: two tiny runs trained by the real dilococtl (decoupled and ddp),
-// one report over both, every panel drawn, and the page rendered by headless
-// Chromium when installed.
-#include <sys/wait.h>
-#include <unistd.h>
-
+// End-to-end: reports of runs made by the real binaries, rendered by headless
+// Chromium when installed: two `dilococtl train` runs overlaid, a `dilococtl
+// demo` run (three daemons; the demo writes the report itself) and a
+// scripts/bench/parity.sh run (the script writes the report beside its table).
 #include <catch2/catch.hpp>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include "daemon/report/html_report.h"
-#include "tests/report/xml_check.h"
+#include "tests/report/report_page.h"
 #include "tests/temp_dir.h"
 
 namespace diloco {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadFile(const fs::path &p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Runs a shell command in dir (stdout and stderr to files there); returns its
-// exit code.
-int Shell(const fs::path &dir, const std::string &cmd, const std::string &log) {
-  const std::string full = "cd '" + dir.string() + "' && " + cmd + " > " + log + ".out 2> " + log + ".err";
-  const int rc = std::system(full.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+using testing::ReadFile;
+using testing::Shell;
 
 const std::string kDilococtl = DILOCO_BINARY_DIR "/bin/dilococtl";
 
@@ -53,13 +35,6 @@ void WriteTinyRun(const testing::TempDir &dir) {
             "sync: {learners: 2, inner_steps: 20}\n");
 }
 
-// Where chromium is, or "" (the test then skips its rendering part).
-std::string FindChromium() {
-  for (const char *p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
-    if (access(p, X_OK) == 0) return p;
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("dilococtl report overlays a decoupled and a ddp run", "[e2e]") {
@@ -73,55 +48,65 @@ TEST_CASE("dilococtl report overlays a decoupled and a ddp run", "[e2e]") {
   INFO(ReadFile(dir.path() / "rep.err"));
   REQUIRE(rc == 0);
   const std::string page = ReadFile(dir.path() / "report.html");
-  CHECK(testing::XmlProblem(page, true) == "");
-  // Every panel but the table draws at least one chart.
-  for (const std::string &id : ReportPanelIds()) {
-    const size_t at = page.find("<section id=\"" + id + "\"");
-    REQUIRE(at != std::string::npos);
-    const std::string section = page.substr(at, page.find("</section>", at) - at);
-    INFO(id);
-    CHECK(section.find(id == "summary" ? "<table>" : "<svg") != std::string::npos);
-  }
-  for (const std::string &svg : testing::SvgElements(page)) CHECK(testing::XmlProblem(svg) == "");
+  testing::CheckEveryPanelDrawn(page);
   CHECK(page.find("ddp: no events.log") != std::string::npos);  // said plainly, not silently missing
-  CHECK(page.find("<script") == std::string::npos);
-  CHECK(page.find("http://") == page.find("http://www.w3.org/2000/svg"));  // only the SVG namespace
 
   // A directory that does not exist is an error, exit 1, and names the
   // directory.
-  CHECK(Shell(dir.path(), kDilococtl + " report dec missing-dir -o bad.html", "missing") == 1);
+  CHECK(Shell(dir.path(), kDilococtl + " report dec missing-dir/ -o bad.html", "missing") == 1);
   CHECK(ReadFile(dir.path() / "missing.err").find("missing-dir") != std::string::npos);
   CHECK_FALSE(fs::exists(dir.path() / "bad.html"));
+  // So is a name that is neither a directory nor a job of a daemon.
+  CHECK(Shell(dir.path(), kDilococtl + " report dec no-such-job --socket nowhere.sock -o bad.html", "nojob") == 1);
+  CHECK(ReadFile(dir.path() / "nojob.err").find("'no-such-job' is not a run directory") != std::string::npos);
 
-  const std::string chromium = FindChromium();
-  if (chromium.empty()) {
-    WARN(
-        "SKIP: chromium is not installed (apt-get install chromium); the page "
-        "was not rendered");
+  testing::RenderInChromium(dir.path(), "report.html", "overlay");
+}
+
+TEST_CASE("the demo ends with a report of its job drawn from every site", "[e2e]") {
+  testing::TempDir dir;
+  WriteTinyRun(dir);
+  const int rc = Shell(dir.path(),
+                       kDilococtl +
+                           " demo --config run.yaml --dir cluster --json --set eval.every=0"
+                           " --set 'placement={syncer: site-s, learners: [site-a, site-b]}'",
+                       "demo");
+  INFO(ReadFile(dir.path() / "demo.err"));
+  REQUIRE(rc == 0);
+  const std::string out = ReadFile(dir.path() / "demo.out");
+  const std::string last_line = out.substr(0, out.find_last_not_of('\n') + 1);
+  const nlohmann::json summary = nlohmann::json::parse(last_line.substr(last_line.find_last_of('\n') + 1));
+  REQUIRE(summary.value("report", "") == (dir.path() / "cluster/report.html").string());
+  const std::string page = ReadFile(dir.path() / "cluster/report.html");
+  testing::CheckEveryPanelDrawn(page);
+  // Both learners' curves (from site-a's and site-b's run directories) and the
+  // merges (site-s's tape) are in it; nothing was missing.
+  CHECK(page.find(">L0<") != std::string::npos);
+  CHECK(page.find(">L1<") != std::string::npos);
+  CHECK(page.find("no events.log") == std::string::npos);
+  CHECK(page.find("not readable here") == std::string::npos);
+  CHECK(page.find("no summary") == std::string::npos);
+  testing::RenderInChromium(dir.path() / "cluster", "report.html", "demo");
+}
+
+TEST_CASE("scripts/bench/parity.sh writes a report of its runs beside the table", "[e2e]") {
+  if (system("command -v jq > /dev/null") != 0) {
+    WARN("SKIP: jq is not installed (scripts/setup.sh installs it); parity.sh needs it");
     return;
   }
-  // Its own profile directory: a second Chromium at the same time must not
-  // share one.
-  const int chrome_rc = Shell(dir.path(),
-                              "timeout 120 " + chromium +
-                                  " --headless --no-sandbox --disable-gpu "
-                                  "--disable-background-networking"
-                                  " --no-first-run --user-data-dir=profile "
-                                  "--enable-logging=stderr --v=0"
-                                  " --screenshot=" +
-                                  (dir.path() / "report.png").string() + " --window-size=1400,4000 file://" +
-                                  (dir.path() / "report.html").string(),
-                              "chrome");
-  const std::string chrome_log = ReadFile(dir.path() / "chrome.err") + ReadFile(dir.path() / "chrome.out");
-  INFO(chrome_log);
-  REQUIRE(chrome_rc == 0);
-  REQUIRE(fs::exists(dir.path() / "report.png"));
-  CHECK(fs::file_size(dir.path() / "report.png") > 50 * 1024);
-  CHECK(chrome_log.find("Uncaught") == std::string::npos);
-  CHECK(chrome_log.find(":CONSOLE") == std::string::npos);
-  // For a person to look at: DILOCO_REPORT_PNG=path keeps a copy.
-  if (const char *keep = std::getenv("DILOCO_REPORT_PNG"))
-    fs::copy_file(dir.path() / "report.png", keep, fs::copy_options::overwrite_existing);
+  testing::TempDir dir;
+  WriteTinyRun(dir);
+  const int rc = Shell(dir.path(),
+                       "CONFIG=" + dir.file("run.yaml") + " DILOCOCTL=" + kDilococtl + " NICE=0 " DILOCO_SOURCE_DIR
+                       "/scripts/bench/parity.sh --modes 'ddp diloco decoupled' --set train.steps=100 --out parity",
+                       "parity");
+  INFO(ReadFile(dir.path() / "parity.err"));
+  REQUIRE(rc == 0);
+  const std::string page = ReadFile(dir.path() / "parity/report.html");
+  testing::CheckEveryPanelDrawn(page);
+  for (const char *mode : {"ddp", "diloco", "decoupled"}) CHECK(page.find(std::string(">") + mode + "<") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.path() / "parity/runs/ddp-s1337"));  // run directories removed without --keep
+  testing::RenderInChromium(dir.path() / "parity", "report.html", "parity");
 }
 
 }  // namespace diloco
