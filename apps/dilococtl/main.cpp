@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
                    "daemon job), or JOB (a job of the local dilocod)")
       ->required();
   report_cmd->add_option("-o,--out", report.out, "Output HTML file")->required();
-  report_cmd->add_option("--label", report.labels, "A name per run, in order (repeatable; default: dir name or job id)");
+  report_cmd->add_option("--label", report.labels, "A name per run, in order (repeatable; default: dir name or job id)")
+      ->allow_extra_args(false);  // one value per --label, so runs and labels may alternate
   AddDaemonOptions(report_cmd, &report.daemon);
 
   BenchEngineCommand bench_engine;
