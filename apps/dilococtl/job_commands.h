@@ -95,6 +95,17 @@ int RunReportCommand(const ReportCommand& cmd);
 // `status --watch` and the demo when the job ends.
 Status WriteJobReport(const nlohmann::json& status, const std::string& path);
 
+struct SimulateCommand {
+  std::string scenario;
+  std::vector<std::string> overrides;  // run config keys, after the scenario's `set`
+  std::vector<std::string> modes;      // empty: the run config's sync.mode
+  std::vector<int> learners;           // empty: sync.learners
+  double chips = 0;                    // 0: the scenario's
+  double hours = 0;
+  bool json = false;
+};
+int RunSimulateCommand(const SimulateCommand& cmd);
+
 struct ClusterDemoCommand {
   std::string config_path;  // empty: configs/demo.yaml of the source tree
   std::vector<std::string> overrides;

@@ -100,6 +100,18 @@ int main(int argc, char** argv) {
   export_cmd->add_flag("--json", export_.json, "Print the export summary as JSON");
   AddDaemonOptions(export_cmd, &export_.daemon);
 
+  SimulateCommand simulate;
+  CLI::App* simulate_cmd = app.add_subcommand(
+      "simulate", "Simulate a deployment's goodput with the syncer's own rules (configs/simulate/)");
+  simulate_cmd->add_option("scenario", simulate.scenario, "Scenario (YAML)")->required()->check(CLI::ExistingFile);
+  simulate_cmd->add_option("--mode", simulate.modes, "ddp, elastic-ddp, diloco, streaming, decoupled (repeatable)")
+      ->allow_extra_args(false);
+  simulate_cmd->add_option("--learners", simulate.learners, "Learner counts M (repeatable)")->allow_extra_args(false);
+  simulate_cmd->add_option("--chips", simulate.chips, "Chips in total (instead of the scenario's)");
+  simulate_cmd->add_option("--hours", simulate.hours, "Simulated hours (instead of the scenario's)");
+  simulate_cmd->add_option("--set", simulate.overrides, "Override a run config key (repeatable)");
+  simulate_cmd->add_flag("--json", simulate.json, "One JSON object per mode and learner count");
+
   ReportCommand report;
   CLI::App* report_cmd = app.add_subcommand("report", "Overlay runs in one self-contained HTML page");
   report_cmd
@@ -167,6 +179,7 @@ int main(int argc, char** argv) {
   if (chaos_cmd->parsed()) return RunChaosCommand(chaos);
   if (export_cmd->parsed()) return RunExportCommand(export_);
   if (report_cmd->parsed()) return RunReportCommand(report);
+  if (simulate_cmd->parsed()) return RunSimulateCommand(simulate);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   if (codec->parsed()) return RunBenchCodecCommand(bench_codec);

@@ -79,6 +79,17 @@ const char* ToString(StalenessVerdict verdict) {
   return "invalid";
 }
 
+DecideOptions DecideOptionsFor(const SyncConfig& sc) {
+  DecideOptions o;
+  o.mode = sc.mode;
+  o.quorum = EffectiveQuorum(sc);
+  o.overlap_steps = sc.overlap;
+  o.grace_gamma = sc.grace.gamma;
+  o.grace_cap_ms = sc.grace.cap_ms;
+  o.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
+  return o;
+}
+
 double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options) {
   const double cap = std::max(0.0, options.grace_cap_ms);
   if (!timings.step_ms.has_value()) return cap;

@@ -108,6 +108,9 @@ struct Decision {
   std::string detail;   // one line for logs: counts and times
 };
 
+// What the syncer decides with for a run's sync settings (the daemon and the simulator alike).
+DecideOptions DecideOptionsFor(const SyncConfig& sync);
+
 // clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap); the cap while no step
 // time is known yet (nothing says the wait is too long).
 double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options);

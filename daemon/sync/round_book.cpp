@@ -7,6 +7,17 @@
 
 namespace diloco {
 
+RoundBookOptions RoundBookOptionsFor(const SyncConfig& sc, int fragments) {
+  RoundBookOptions bo;
+  bo.learners = sc.learners;
+  bo.fragments = fragments;
+  bo.inner_steps = sc.inner_steps;
+  bo.max_staleness = sc.max_staleness;
+  bo.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
+  bo.norm_limit = sc.norm_limit;
+  return bo;
+}
+
 RoundBook::RoundBook(const RoundBookOptions& options, SyncTime start)
     : options_(options), learners_(options.learners), pending_(options.fragments) {
   for (LearnerBook& l : learners_) l.last_heard = start;

@@ -42,6 +42,10 @@ struct RoundBookOptions {
   double norm_limit = 0;     // NormFilter max_ratio (0: no norm limit; NaN/Inf are always refused)
 };
 
+// The book's options for a run's sync settings with P fragments (count limits and the norm
+// filter as the syncer sets them; the caller may tighten count_limits).
+RoundBookOptions RoundBookOptionsFor(const SyncConfig& sync, int fragments);
+
 // A decoded delta, as the book checks and keeps it.
 struct DeltaArrival {
   int learner = 0;

@@ -124,14 +124,8 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
     if (init_params == nullptr) return Status::Error("syncer: no initial parameters and not resuming");
     s->state_ = InitialGlobalState(table, s->fragments_, init_params);
   }
-  RoundBookOptions bo;
-  bo.learners = sc.learners;
-  bo.fragments = (int)P;
-  bo.inner_steps = sc.inner_steps;
-  bo.max_staleness = sc.max_staleness;
-  bo.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
+  RoundBookOptions bo = RoundBookOptionsFor(sc, (int)P);
   bo.count_limits = options.count_limits;
-  bo.norm_limit = sc.norm_limit;
   im.book = std::make_unique<RoundBook>(bo, Clock::now());
   im.skipped.resize(P);
   im.learners.resize(sc.learners);
@@ -315,12 +309,7 @@ Syncer::Impl::Loop::Loop(Syncer& syncer)
       down_codec_{sc_.codec.down, sc_.codec.block, 0},
       down_ef_(down_codec_),
       fragments_digest_(FragmentsDigest(fragments_)) {
-  dopt_.mode = sc_.mode;
-  dopt_.quorum = EffectiveQuorum(sc_);
-  dopt_.overlap_steps = sc_.overlap;
-  dopt_.grace_gamma = sc_.grace.gamma;
-  dopt_.grace_cap_ms = sc_.grace.cap_ms;
-  dopt_.heartbeat_timeout_ms = sc_.heartbeat_timeout_ms;
+  dopt_ = DecideOptionsFor(sc_);
   sockets_.push_back(&im_.uplink->socket());
   if (im_.router) sockets_.push_back(&im_.router->socket());
 }

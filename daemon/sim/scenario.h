@@ -1,0 +1,65 @@
+// A simulation scenario (`dilococtl simulate`, configs/simulate/*.yaml): a real run config
+// (the model's shape, the sync settings the daemon would run: mode, learners, H, fragments,
+// quorum, grace, staleness, codecs, links) plus what a simulation needs instead of hardware:
+// chips, step times, failures, restarts, stragglers and the syncer's merge throughput.
+//
+//   run: ../shakespeare-m4.yaml     # relative to the scenario file
+//   set: [sync.inner_steps=100]     # overrides, as dilococtl --set
+//   chips: 1200000                  # in total, split evenly over the learners
+//   hours: 24                       # simulated wall time
+//   seed: 1
+//   step_s: 1.0                     # mean inner-step time of a learner (fault-free)
+//   step_jitter: 0.02               # coefficient of variation of a step's time (lognormal)
+//   chip_mtbf_h: 500000             # mean time between failures of one chip
+//   detect_s: 30                    # failure -> noticed
+//   restart_s: 600                  # noticed -> the failed part runs again
+//   rejoin_s: 60                    # a restarted learner fetches the global model (snapshot)
+//   stragglers: 0                   # learners slowed by straggler_factor (the last ones)
+//   straggler_factor: 2.0
+//   checkpoint_every_s: 1800        # ddp: a failure loses the work since the last checkpoint
+//   elastic_slices: 64              # elastic ddp: the job shrinks by one slice per failure
+//   reconfigure_s: 30               # elastic ddp: everyone pauses this long when it shrinks or grows
+//   merge_gbps: 10                  # syncer merge throughput, GB/s of fp32 deltas (bench syncer)
+//   wan_gbps: 100                   # a learner's WAN link, when the run config's sync.link has none
+//   wan_latency_ms: 50
+//   heartbeat_s: 1                  # a learner's heartbeat period
+//
+// Every key but `run` has the default shown. Unknown keys and bad values are errors naming the
+// file and key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+struct Scenario {
+  std::string path;  // the scenario file
+  RunConfig run;     // from `run` with `set` (and the command line's overrides) applied
+  double chips = 1;
+  double hours = 24;
+  uint64_t seed = 1;
+  double step_s = 1.0;
+  double step_jitter = 0.02;
+  double chip_mtbf_h = 500000;
+  double detect_s = 30;
+  double restart_s = 600;
+  double rejoin_s = 60;
+  int stragglers = 0;
+  double straggler_factor = 2.0;
+  double checkpoint_every_s = 1800;
+  int elastic_slices = 64;
+  double reconfigure_s = 30;
+  double merge_gbps = 10;
+  double wan_gbps = 100;
+  double wan_latency_ms = 50;
+  double heartbeat_s = 1;
+};
+
+// Loads path; run_overrides apply to the run config after the file's `set`.
+Status LoadScenario(const std::string& path, const std::vector<std::string>& run_overrides, Scenario* out);
+
+}  // namespace diloco
