@@ -168,10 +168,10 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
     std::fprintf(stderr, "dilococtl demo: shutting the cluster down: %s\n", sst.message().c_str());
   }
   std::fprintf(stderr,
-               "dilococtl demo: job %s completed: final val loss %.4f (from %.4f), %ld steps over %d learners, %.0f "
+               "dilococtl demo: job %s completed: final val loss %.4f (from %.4f, %d batches), %ld steps over %d learners, %.0f "
                "tok/s, %llu merges, %.1f s\n",
                job.c_str(), Num(summary, "final_val_loss", 0.0), Num(summary, "initial_val_loss", 0.0),
-               Num(summary, "steps", 0L), Num(summary, "learners", 0), Num(summary, "tokens_per_s", 0.0),
+               Num(summary, "final_val_batches", 0), Num(summary, "steps", 0L), Num(summary, "learners", 0), Num(summary, "tokens_per_s", 0.0),
                (unsigned long long)Num(summary, "outer_steps", uint64_t{0}), summary["wall_s"].get<double>());
   std::fprintf(stderr, "dilococtl demo: run directory %s; daemon logs and state under %s\n",
                summary.value("run_dir", "").c_str(), dir.c_str());

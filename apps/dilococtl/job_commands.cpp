@@ -90,7 +90,8 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
         << Num(sp, "rejected_deltas", 0) << "  snapshots " << Num(sp, "snapshots_served", 0);
   } else if (syncer.contains("result")) {
     out << "  merges " << Num(syncer["result"], "merges", 0) << "  final val loss "
-        << Fixed(Num(syncer["result"], "final_val_loss", 0.0), 4);
+        << Fixed(Num(syncer["result"], "final_val_loss", 0.0), 4) << " (" << Num(syncer["result"], "final_val_batches", 0)
+        << " batches)";
   }
   out << "\n";
   if (sp.contains("last_merge")) {

@@ -1,5 +1,6 @@
-// dilococtl's commands that drive dilocod: submit, list, status, stop, logs, export, and the
-// 3-daemon demo. They talk to the local daemon over its ipc control socket (control/client.h).
+// dilococtl's commands that drive dilocod: submit, list, status, stop, logs, export, eval, and the
+// 3-daemon demo (export and eval take a path too, and then need no daemon). They talk to the
+// local daemon over its ipc control socket (control/client.h).
 // Each returns the exit code: 0 ok, 1 failed, 2 usage (bad flags, bad config, unknown job).
 #pragma once
 
@@ -74,14 +75,30 @@ struct ChaosCommand {
 };
 int RunChaosCommand(const ChaosCommand& cmd);
 
+// dilococtl export JOB|RUN_DIR|CHECKPOINT --format safetensors [--layout nanogpt|hf-gpt2] -o OUT:
+// the model as safetensors people load (daemon/export/export_run.h); a path needs no daemon.
 struct ExportCommand {
   DaemonRef daemon;
-  std::string job;
+  std::string model;  // a checkpoint file, a run directory or a job id (apps/dilococtl/model_arg.h)
   std::string format = "safetensors";
+  std::string layout = "nanogpt";
   std::string out;
   bool json = false;  // print the export summary object
 };
 int RunExportCommand(const ExportCommand& cmd);
+
+// dilococtl eval CHECKPOINT|RUN_DIR|JOB [--batches N | --full] [--json]: validation loss on the
+// run's corpus split (daemon/export/model_eval.h).
+struct EvalCommand {
+  DaemonRef daemon;
+  std::string model;
+  int batches = 0;     // 0: the run's eval.batches
+  bool full = false;   // the whole validation split
+  bool json = false;   // one JSON object on stdout
+  std::string device = "cpu";
+  int threads = 0;     // 0: every core
+};
+int RunEvalCommand(const EvalCommand& cmd);
 
 // dilococtl report RUN_DIR... -o FILE: the runs overlaid in one self-contained HTML page.
 struct ReportCommand {

@@ -93,10 +93,14 @@ int main(int argc, char** argv) {
   AddDaemonOptions(chaos_cmd, &chaos.daemon);
 
   ExportCommand export_;
-  CLI::App* export_cmd = app.add_subcommand("export", "Write a job's merged model as a safetensors file");
-  export_cmd->add_option("job", export_.job, "Job id")->required();
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a model (checkpoint, run directory or job) as safetensors that PyTorch / Hugging Face load");
+  export_cmd->add_option("model", export_.model, "A checkpoint file, a run directory, or a job id")->required();
   export_cmd->add_option("--format", export_.format, "Output format")->capture_default_str();
-  export_cmd->add_option("-o,--out", export_.out, "Output file")->required();
+  export_cmd->add_option("--layout", export_.layout, "Tensor names: nanogpt or hf-gpt2 (+ config.json)")
+      ->capture_default_str();
+  export_cmd->add_option("-o,--out", export_.out, "Output file (hf-gpt2: a directory unless it ends in .safetensors)")
+      ->required();
   export_cmd->add_flag("--json", export_.json, "Print the export summary as JSON");
   AddDaemonOptions(export_cmd, &export_.daemon);
 
@@ -111,6 +115,16 @@ int main(int argc, char** argv) {
   simulate_cmd->add_option("--hours", simulate.hours, "Simulated hours (instead of the scenario's)");
   simulate_cmd->add_option("--set", simulate.overrides, "Override a run config key (repeatable)");
   simulate_cmd->add_flag("--json", simulate.json, "One JSON object per mode and learner count");
+
+  EvalCommand eval;
+  CLI::App* eval_cmd = app.add_subcommand("eval", "Validation loss of a model on its run's corpus split");
+  eval_cmd->add_option("model", eval.model, "A checkpoint file, a run directory, or a job id")->required();
+  eval_cmd->add_option("--batches", eval.batches, "Sampled validation batches (default: the run's eval.batches)");
+  eval_cmd->add_flag("--full", eval.full, "The whole validation split in consecutive windows");
+  eval_cmd->add_flag("--json", eval.json, "Print one JSON object");
+  eval_cmd->add_option("--device", eval.device, "cpu, cuda or cuda:N")->capture_default_str();
+  eval_cmd->add_option("--threads", eval.threads, "CPU threads (default: every core)");
+  AddDaemonOptions(eval_cmd, &eval.daemon);
 
   ReportCommand report;
   CLI::App* report_cmd = app.add_subcommand("report", "Overlay runs in one self-contained HTML page");
@@ -178,6 +192,7 @@ int main(int argc, char** argv) {
   if (logs_cmd->parsed()) return RunLogsCommand(logs);
   if (chaos_cmd->parsed()) return RunChaosCommand(chaos);
   if (export_cmd->parsed()) return RunExportCommand(export_);
+  if (eval_cmd->parsed()) return RunEvalCommand(eval);
   if (report_cmd->parsed()) return RunReportCommand(report);
   if (simulate_cmd->parsed()) return RunSimulateCommand(simulate);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);

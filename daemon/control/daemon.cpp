@@ -682,6 +682,7 @@ struct Daemon::Impl {
       peak_rss = std::max(peak_rss, Number(r, "peak_rss_mb", 0.0));
     }
     s = {{"final_val_loss", Number(sr, "final_val_loss", 0.0)},
+         {"final_val_batches", Number(sr, "final_val_batches", 0)},
          {"initial_val_loss", Number(sr, "initial_val_loss", 0.0)},
          {"final_train_loss", loss},
          {"steps", steps},

@@ -230,6 +230,7 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
              {"versions", sr.versions},
              {"initial_val_loss", initial_val_loss},
              {"final_val_loss", final_val_loss},
+             {"final_val_batches", cfg.eval.batches},
              {"global_state", state_path},
              {"checkpoint", ckpt_path},
              {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},

@@ -56,8 +56,9 @@ int RunTrainCommand(const TrainCommand& cmd) {
   if (cmd.json) {
     std::printf("%s\n", TrainSummaryJson(summary).c_str());
   } else {
-    std::printf("done: %ld steps, %ld tokens in %.1f s (%.0f tok/s training), final val loss %.4f\n",
-                summary.steps, summary.tokens, summary.wall_s, summary.tokens_per_s, summary.final_val_loss);
+    std::printf("done: %ld steps, %ld tokens in %.1f s (%.0f tok/s training), final val loss %.4f (%d batches)\n",
+                summary.steps, summary.tokens, summary.wall_s, summary.tokens_per_s, summary.final_val_loss,
+                summary.final_val_batches);
     std::printf("run directory: %s (checkpoint.bin, metrics.jsonl, config.yaml)\n", summary.run_dir.c_str());
   }
   return 0;

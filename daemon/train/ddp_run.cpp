@@ -316,6 +316,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   s.versions = {(uint64_t)step};
   omp_set_num_threads(total_threads);
   s.final_val_loss = EvaluateBackend(ring->backend(0), val, cfg.eval.batches);
+  s.final_val_batches = cfg.eval.batches;
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "checkpoint"}, {"step", step}, {"path", checkpoint_path}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;

@@ -441,6 +441,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   final_syncer->GlobalParams(global.data());
   omp_set_num_threads(total_threads);
   DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
+  s.final_val_batches = cfg.eval.batches;
   s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;

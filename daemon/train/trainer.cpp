@@ -330,6 +330,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
 
   TrainingBackend& backend = ring->backend(0);
   s.final_val_loss = EvaluateBackend(backend, val, cfg.eval.batches);
+  s.final_val_batches = cfg.eval.batches;
   s.steps = step;
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", step}, {"val_loss", s.final_val_loss}}));
   DL_RETURN_IF_ERROR(hook.Save(backend, step));
@@ -345,6 +346,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
 
 nlohmann::json TrainSummaryObject(const TrainSummary& s) {
   nlohmann::json j = {{"final_val_loss", s.final_val_loss},
+                            {"final_val_batches", s.final_val_batches},
                             {"final_train_loss", s.final_train_loss},
                             {"steps", s.steps},
                             {"tokens", s.tokens},

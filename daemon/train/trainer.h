@@ -35,6 +35,7 @@ struct TrainOptions {
 
 struct TrainSummary {
   double final_val_loss = 0;
+  int final_val_batches = 0;    // validation batches behind final_val_loss (eval.batches)
   double final_train_loss = 0;  // mean of the last log_every steps
   long steps = 0;
   long tokens = 0;          // training tokens processed by this run

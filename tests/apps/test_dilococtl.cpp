@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -202,6 +203,73 @@ TEST_CASE("dilococtl train reports bad input clearly", "[e2e]") {
     REQUIRE(LoadCheckpoint((dir / "run/checkpoint.bin").string(), &ckpt).ok());
     CHECK(ckpt.step == 5);
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("dilococtl eval and export take a run directory or a checkpoint without a daemon", "[e2e]") {
+  const fs::path dir = MakeWorkDir("eval_export");
+  const Result train = Dilococtl(dir, "train run.yaml --out run --json");
+  INFO(train.err);
+  REQUIRE(train.exit_code == 0);
+  const nlohmann::json summary = LastLineJson(train.out);
+  CHECK(summary["final_val_batches"] == 2);  // eval.batches of run.yaml
+  const Result text_train = Dilococtl(dir, "train run.yaml --out run_text");
+  CHECK_THAT(text_train.out, Catch::Contains("final val loss") && Catch::Contains("(2 batches)"));
+
+  // The default is the summary's estimate: the same batches, the same loss.
+  for (const char* model : {"run", "run/checkpoint.bin"}) {
+    const Result ev = Dilococtl(dir, std::string("eval ") + model + " --json --threads 1");
+    INFO(ev.err);
+    REQUIRE(ev.exit_code == 0);
+    const nlohmann::json j = LastLineJson(ev.out);
+    CHECK(j["val_loss"].get<double>() == Approx(summary["final_val_loss"].get<double>()).epsilon(1e-9));
+    CHECK(j["batches"] == 2);
+    CHECK(j["tokens"] == 2 * 2 * 16);
+    CHECK(j["bits_per_byte"].get<double>() == Approx(j["val_loss"].get<double>() / std::log(2.0)));
+    CHECK(j["training_steps"] == 20);
+    CHECK(j["merges"] == 0);
+  }
+  const Result full = Dilococtl(dir, "eval run --full --json");
+  INFO(full.err);
+  REQUIRE(full.exit_code == 0);
+  const nlohmann::json fj = LastLineJson(full.out);
+  CHECK(fj["mode"] == "full");
+  CHECK(fj["tokens"] == fj["val_tokens"].get<int64_t>() - 1);
+  const Result text = Dilococtl(dir, "eval run --batches 3");
+  REQUIRE(text.exit_code == 0);
+  CHECK_THAT(text.out, Catch::Contains("val_loss") && Catch::Contains("3 batches") && Catch::Contains("bits_per_byte"));
+
+  // Exports of both layouts, from the directory and from the checkpoint file.
+  const Result ex = Dilococtl(dir, "export run --format safetensors -o model.safetensors --json");
+  INFO(ex.err);
+  REQUIRE(ex.exit_code == 0);
+  const nlohmann::json ej = nlohmann::json::parse(ex.out);
+  CHECK(ej["layout"] == "nanogpt");
+  CHECK(ej["training_steps"] == 20);
+  CHECK(ej["tensors"] == 4 + 12 + 1);
+  CHECK(fs::exists(dir / "model.safetensors"));
+  const Result hf = Dilococtl(dir, "export run/checkpoint.bin --format safetensors --layout hf-gpt2 -o hf");
+  INFO(hf.err);
+  REQUIRE(hf.exit_code == 0);
+  CHECK_THAT(hf.out, Catch::Contains("as hf-gpt2") && Catch::Contains("config.json"));
+  CHECK(fs::exists(dir / "hf/model.safetensors"));
+  CHECK(nlohmann::json::parse(ReadFile(dir / "hf/config.json"))["model_type"] == "gpt2");
+
+  // Bad input: the path named, exit 1; bad flags: exit 2.
+  const Result missing = Dilococtl(dir, "eval nothing/here --json");
+  CHECK(missing.exit_code == 1);
+  CHECK_THAT(missing.err, Catch::Contains("nothing/here") && Catch::Contains("does not exist"));
+  const Result missing_ex = Dilococtl(dir, "export nothing/here -o x.safetensors");
+  CHECK(missing_ex.exit_code == 1);
+  CHECK_THAT(missing_ex.err, Catch::Contains("nothing/here"));
+  const Result not_ckpt = Dilococtl(dir, "eval run.yaml");
+  CHECK(not_ckpt.exit_code == 1);
+  CHECK_THAT(not_ckpt.err, Catch::Contains("run.yaml"));
+  CHECK(Dilococtl(dir, "eval run --full --batches 3").exit_code == 2);
+  const Result layout = Dilococtl(dir, "export run --layout keras -o x.safetensors");
+  CHECK(layout.exit_code == 2);
+  CHECK_THAT(layout.err, Catch::Contains("nanogpt or hf-gpt2"));
+  CHECK(Dilococtl(dir, "export run --format onnx -o x.onnx").exit_code == 2);
   fs::remove_all(dir);
 }
 

@@ -24,6 +24,7 @@
 #include "daemon/config/daemon_config.h"
 #include "daemon/control/client.h"
 #include "daemon/control/local_cluster.h"
+#include "daemon/export/export_run.h"
 #include "daemon/export/safetensors.h"
 #include "daemon/net/curve.h"
 #include "daemon/sync/global_state.h"
@@ -80,6 +81,7 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   CHECK(sum["steps"] == 3000);
   CHECK(sum["outer_steps"].get<int>() > 0);
   CHECK(sum["final_val_loss"].get<double>() < sum["initial_val_loss"].get<double>());
+  CHECK(sum["final_val_batches"].get<int>() > 0);  // how many batches final_val_loss took
   CHECK(sum["goodput"].get<double>() > 0);
   CHECK(sum["goodput"].get<double>() <= 1);
   CHECK(sum["waste"]["down"] == 0);  // nobody failed
@@ -97,14 +99,16 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   gc.n_embd = 32;
   gc.n_head = 4;
   gc.block_size = 32;
-  const TensorTable table = gpt_tensor_table(gc);
+  const TensorTable table = ExportTensorTable(gc, ExportLayout::kNanoGpt);  // nanoGPT's names
   CHECK(CheckSafetensorsMatchesTable(index, table).ok());
   uint64_t data_bytes = 0;
   for (const SafetensorsEntry& e : index.entries) data_bytes += e.end - e.begin;
   CHECK(data_bytes == table.total_numel() * sizeof(float));
   CHECK(index.data_offset + data_bytes == index.file_bytes);
   CHECK(index.metadata["job"] == job);
-  CHECK(nlohmann::json::parse(ex.out)["num_params"] == table.total_numel());
+  CHECK(index.metadata["merges"] == std::to_string(sum["outer_steps"].get<uint64_t>()));
+  CHECK(index.metadata["training_steps"] == std::to_string(sum["steps"].get<uint64_t>()));  // from the job's status
+  CHECK(nlohmann::json::parse(ex.out)["num_params"] == gpt_tensor_table(gc).total_numel());
   // Every site recorded the job as completed.
   const CtlResult list = Ctl(dir, "list --json --socket '" + c->SocketPath("site-s") + "'");
   REQUIRE(list.exit_code == 0);

@@ -1,6 +1,6 @@
 // Export of real run directories (a single-learner checkpoint and a 2-learner
-// local run's global state) to safetensors, read back by our reader and,
-// independently, by python3's json module.
+// local run's global state) to safetensors in both layouts, read back by our
+// reader and, independently, by python3's json module.
 #include "daemon/export/export_run.h"
 
 #include <stdio.h>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/train/checkpoint.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/train/trainer.h"
 #include "daemon/util/atomic_file.h"
 #include "kernels/gpt.h"
@@ -127,38 +129,53 @@ print(json.dumps({"names": [k for k, _ in items], "shapes": [t["shape"] for _, t
                   "data_bytes": len(data), "metadata": meta, "first": first}))
 )PY";
 
-// Checks the file against the model and params, with our reader and python.
+// Checks the file against the model and params, with our reader and python: the nanogpt layout
+// (export_run.h) holds the engine's tensors under nanoGPT's names, then lm_head.weight = wte.
 void CheckExport(const TempDir& tmp, const std::string& path, const GptConfig& model, const std::vector<float>& params) {
-  const TensorTable table = gpt_tensor_table(model);
+  const TensorTable engine = gpt_tensor_table(model);
+  const TensorTable table = ExportTensorTable(model, ExportLayout::kNanoGpt);
   SafetensorsIndex idx;
   const Status st = ReadSafetensorsIndex(path, &idx);
   INFO(st.message());
   REQUIRE(st.ok());
   REQUIRE(CheckSafetensorsMatchesTable(idx, table).ok());
   CHECK(idx.data_offset % 8 == 0);
-  CHECK(idx.file_bytes == idx.data_offset + 4 * table.total_numel());
-  CHECK(idx.metadata.at("format") == "pt");
-  const auto mc = nlohmann::json::parse(idx.metadata.at("model_config"));
-  CHECK(mc == nlohmann::json{{"vocab_size", 256}, {"block_size", model.block_size}, {"n_layer", model.n_layer},
-                             {"n_embd", model.n_embd}, {"n_head", model.n_head}});
-  // The names the header documents (export_run.h).
-  CHECK(idx.entries.front().name == "wte");
-  CHECK(idx.entries[1].name == "wpe");
-  CHECK(idx.entries[2].name == "h.0.ln_1.weight");
-  CHECK(idx.find("h.1.attn.c_attn.weight")->shape == std::vector<int64_t>{3 * model.n_embd, model.n_embd});
-  CHECK(idx.find("h.1.mlp.c_proj.weight")->shape == std::vector<int64_t>{model.n_embd, 4 * model.n_embd});
-  CHECK(idx.entries.back().name == "ln_f.bias");
+  CHECK(idx.file_bytes == idx.data_offset + 4 * (engine.total_numel() + 256 * model.n_embd));
+  const std::map<std::string, std::string> want_meta = {
+      {"format", "pt"},        {"n_layer", std::to_string(model.n_layer)}, {"n_head", std::to_string(model.n_head)},
+      {"n_embd", std::to_string(model.n_embd)}, {"block_size", std::to_string(model.block_size)},
+      {"vocab_size", "256"},   {"layer_norm_eps", "1e-05"}, {"activation", "gelu_tanh"}, {"bias", "true"},
+      {"tied_head", "true"},   {"layout", "nanogpt"},       {"producer", "dilocod"},     {"data_format", "bytes"}};
+  for (const auto& [key, value] : want_meta) {
+    INFO(key);
+    REQUIRE(idx.metadata.count(key) == 1);
+    CHECK(idx.metadata.at(key) == value);
+  }
+  CHECK(idx.metadata.at("version") == DilocodVersion());
+  CHECK(idx.metadata.count("model_config") == 0);  // flat keys only, no JSON or YAML inside
+  CHECK(idx.metadata.count("run_config") == 0);
+  // nanoGPT's names.
+  CHECK(idx.entries.front().name == "transformer.wte.weight");
+  CHECK(idx.entries[1].name == "transformer.wpe.weight");
+  CHECK(idx.entries[2].name == "transformer.h.0.ln_1.weight");
+  CHECK(idx.find("transformer.h.1.attn.c_attn.weight")->shape == std::vector<int64_t>{3 * model.n_embd, model.n_embd});
+  CHECK(idx.find("transformer.h.1.mlp.c_proj.weight")->shape == std::vector<int64_t>{model.n_embd, 4 * model.n_embd});
+  CHECK(idx.entries[idx.entries.size() - 2].name == "transformer.ln_f.bias");
+  CHECK(idx.entries.back().name == "lm_head.weight");
 
-  // Values equal the parameters, tensor by tensor.
+  // Values equal the parameters, tensor by tensor; the head is a copy of wte.
   const std::string file = ReadText(path);
   size_t sum_bytes = 0;
-  for (const TensorInfo& t : table.tensors()) {
-    const std::vector<float> got = TensorData(file, idx, t.name);
+  for (const TensorInfo& t : engine.tensors()) {
+    const std::string name = "transformer." + t.name + (t.name == "wte" || t.name == "wpe" ? ".weight" : "");
+    const std::vector<float> got = TensorData(file, idx, name);
     const std::vector<float> want(params.begin() + t.offset, params.begin() + t.offset + t.numel);
-    INFO(t.name);
+    INFO(name);
     CHECK(got == want);
     sum_bytes += got.size() * sizeof(float);
   }
+  CHECK(TensorData(file, idx, "lm_head.weight") == TensorData(file, idx, "transformer.wte.weight"));
+  sum_bytes += 4 * 256 * model.n_embd;
   CHECK(sum_bytes == idx.file_bytes - idx.data_offset);
 
   bool skipped = false;
@@ -174,8 +191,8 @@ void CheckExport(const TempDir& tmp, const std::string& path, const GptConfig& m
     const TensorInfo& t = table.tensors()[i];
     CHECK(py["names"][i] == t.name);
     CHECK(py["shapes"][i] == nlohmann::json(t.shape));
-    CHECK(py["first"][i].get<float>() == params[t.offset]);
   }
+  CHECK(py["first"][0].get<float>() == params[engine.find("wte")->offset]);
   CHECK(py["data_bytes"] == 4 * table.total_numel());
   CHECK(py["metadata"]["format"] == "pt");
 }
@@ -196,11 +213,14 @@ TEST_CASE("export: a single-learner run's checkpoint becomes a safetensors file"
   CHECK(s.source_kind == "checkpoint");
   CHECK(s.source == o.run_dir + "/checkpoint.bin");
   CHECK(s.job_id == "j-ckpt");  // jobs/<id>/run
-  CHECK_THAT(ExportSummaryLine(s), Catch::Contains("(checkpoint, step 3): 28 tensors"));
+  CHECK(s.layout == "nanogpt");
+  CHECK_THAT(ExportSummaryLine(s),
+             Catch::Contains("(checkpoint, 3 training steps, 0 merges) as nanogpt: 29 tensors"));
   CHECK_FALSE(ExportSummaryObject(s).contains("versions"));
-  CHECK(s.step == 3);
+  CHECK(s.training_steps == 3u);
+  CHECK(s.merges == 0u);  // a single learner never merges
   CHECK(s.num_params == ckpt.params.size());
-  CHECK(s.tensors == 4 + 12 * 2);
+  CHECK(s.tensors == 4 + 12 * 2 + 1);
   CHECK(s.file_bytes == fs::file_size(out));
   CHECK_FALSE(fs::exists(out + ".tmp"));
   CheckExport(tmp, out, ModelOf(o.config), ckpt.params);
@@ -209,15 +229,77 @@ TEST_CASE("export: a single-learner run's checkpoint becomes a safetensors file"
   REQUIRE(ReadSafetensorsIndex(out, &idx).ok());
   CHECK(idx.metadata.at("job") == "j-ckpt");
   CHECK(idx.metadata.at("source") == "checkpoint");
-  CHECK(idx.metadata.at("step") == "3");
+  CHECK(idx.metadata.at("training_steps") == "3");
+  CHECK(idx.metadata.at("merges") == "0");
   CHECK(idx.metadata.count("versions") == 0);
-  CHECK(idx.metadata.at("run_config") == ReadText(o.run_dir + "/config.yaml"));
+
+  // The checkpoint file itself exports the same tensors.
+  const std::string out2 = tmp.file("from_ckpt.safetensors");
+  REQUIRE(ExportRunDir(o.run_dir + "/checkpoint.bin", out2, &s).ok());
+  CHECK(ReadText(out2) == ReadText(out));
 
   ExportOptions eo;
   eo.job_id = "named";
   REQUIRE(ExportRunDir(o.run_dir, out, eo, &s).ok());
   REQUIRE(ReadSafetensorsIndex(out, &idx).ok());
   CHECK(idx.metadata.at("job") == "named");
+}
+
+TEST_CASE("export: the hf-gpt2 layout transposes the Conv1D weights and writes config.json", "[e2e]") {
+  TempDir tmp;
+  const TrainOptions o = TinyRun(tmp, 1, "run");
+  TrainSummary ts;
+  REQUIRE(RunTraining(o, &ts).ok());
+  Checkpoint ckpt;
+  REQUIRE(LoadCheckpoint(o.run_dir + "/checkpoint.bin", &ckpt).ok());
+  const GptConfig model = ModelOf(o.config);
+  const TensorTable engine = gpt_tensor_table(model);
+  const int C = model.n_embd;
+
+  ExportOptions eo;
+  eo.layout = ExportLayout::kHfGpt2;
+  ExportSummary s;
+  // A path not ending in .safetensors is a directory for from_pretrained.
+  const Status st = ExportRunDir(o.run_dir, tmp.file("hf"), eo, &s);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(s.out_path == tmp.file("hf") + "/model.safetensors");
+  CHECK(s.config_path == tmp.file("hf") + "/config.json");
+  SafetensorsIndex idx;
+  REQUIRE(ReadSafetensorsIndex(s.out_path, &idx).ok());
+  CHECK(idx.metadata.at("layout") == "hf-gpt2");
+  CHECK(idx.find("transformer.h.0.attn.c_attn.weight")->shape == std::vector<int64_t>{C, 3 * C});
+  CHECK(idx.find("transformer.h.0.attn.c_proj.weight")->shape == std::vector<int64_t>{C, C});
+  CHECK(idx.find("transformer.h.0.mlp.c_fc.weight")->shape == std::vector<int64_t>{C, 4 * C});
+  CHECK(idx.find("transformer.h.0.mlp.c_proj.weight")->shape == std::vector<int64_t>{4 * C, C});
+  CHECK(idx.find("transformer.wte.weight")->shape == std::vector<int64_t>{256, C});
+  // W_hf[i][o] == W_engine[o][i].
+  const std::string file = ReadText(s.out_path);
+  const std::vector<float> fc = TensorData(file, idx, "transformer.h.1.mlp.c_fc.weight");
+  const TensorInfo* e = engine.find("h.1.mlp.c_fc.weight");
+  for (int out_f = 0; out_f < 4 * C; out_f += 7)
+    for (int in_f = 0; in_f < C; in_f += 3)
+      CHECK(fc[(size_t)in_f * 4 * C + out_f] == ckpt.params[e->offset + (size_t)out_f * C + in_f]);
+
+  const auto config = nlohmann::json::parse(ReadText(s.config_path));
+  CHECK(config["model_type"] == "gpt2");
+  CHECK(config["architectures"] == nlohmann::json{"GPT2LMHeadModel"});
+  CHECK(config["n_layer"] == model.n_layer);
+  CHECK(config["n_head"] == model.n_head);
+  CHECK(config["n_embd"] == C);
+  CHECK(config["n_positions"] == model.block_size);
+  CHECK(config["vocab_size"] == 256);
+  CHECK(config["activation_function"] == "gelu_new");
+  CHECK(config["layer_norm_epsilon"] == 1e-5);
+  CHECK(config["tie_word_embeddings"] == true);
+  CHECK(config["bos_token_id"].get<int>() < 256);
+
+  // A path ending in .safetensors is the file; config.json goes beside it.
+  REQUIRE(ExportRunDir(o.run_dir, tmp.file("flat/model.safetensors"), eo, &s).ok());
+  CHECK(s.out_path == tmp.file("flat/model.safetensors"));
+  CHECK(s.config_path == tmp.file("flat/config.json"));
+  CHECK(fs::exists(s.config_path));
+  CHECK(ReadText(s.out_path) == file);
 }
 
 TEST_CASE("export: a 2-learner run exports the syncer's merged model from global_state.bin", "[e2e]") {
@@ -251,22 +333,39 @@ TEST_CASE("export: a 2-learner run exports the syncer's merged model from global
   REQUIRE(st.ok());
   CHECK(s.source_kind == "global_state");
   CHECK(s.job_id == "run2");
-  CHECK(s.step == gs.merges);
-  CHECK(s.step >= 1);
+  CHECK(s.merges == gs.merges);
+  CHECK(gs.merges >= 1);
+  CHECK(s.training_steps == (uint64_t)ts.steps);  // the summary's steps, summed over learners
   REQUIRE(s.versions.size() == 2);
   CHECK(s.versions == ts.versions);
   CheckExport(tmp, out, model, theta);
   SafetensorsIndex idx;
   REQUIRE(ReadSafetensorsIndex(out, &idx).ok());
-  CHECK(nlohmann::json::parse(idx.metadata.at("versions")) == nlohmann::json(s.versions));
+  CHECK(idx.metadata.at("merges") == std::to_string(gs.merges));
+  CHECK(idx.metadata.at("training_steps") == std::to_string(ts.steps));
+  CHECK(idx.metadata.at("versions") == std::to_string(s.versions[0]) + "," + std::to_string(s.versions[1]));
   const nlohmann::json j = ExportSummaryObject(s);
   CHECK(j["out"] == out);
   CHECK(j["source_kind"] == "global_state");
   CHECK(j["versions"] == nlohmann::json(s.versions));
   CHECK(j["num_params"] == table.total_numel());
-  CHECK_THAT(ExportSummaryLine(s), Catch::StartsWith("exported job run2 (global_state, " + std::to_string(s.step) +
+  CHECK(j["merges"] == gs.merges);
+  CHECK_THAT(ExportSummaryLine(s), Catch::StartsWith("exported job run2 (global_state, " + std::to_string(ts.steps) +
+                                                     " training steps, " + std::to_string(gs.merges) +
                                                      " merges, versions ") &&
                                        Catch::EndsWith(" -> " + out));
+
+  // Without the summary the learners' step files still tell the training steps.
+  fs::rename(o.run_dir + "/metrics.jsonl", o.run_dir + "/metrics.off");
+  REQUIRE(ExportRunDir(o.run_dir, out, &s).ok());
+  CHECK(s.training_steps == (uint64_t)ts.steps);
+  // Without either, they are unknown (a daemon job's syncer site).
+  for (int i = 0; i < 2; i++) fs::remove(LearnerStepPath(o.run_dir, i));
+  REQUIRE(ExportRunDir(o.run_dir, out, &s).ok());
+  CHECK_FALSE(s.training_steps.has_value());
+  REQUIRE(ReadSafetensorsIndex(out, &idx).ok());
+  CHECK(idx.metadata.at("training_steps") == "unknown");
+  CHECK(ExportSummaryObject(s)["training_steps"].is_null());
 
   // global_state.bin is preferred over a checkpoint.bin in the same directory.
   fs::copy_file(o.run_dir + "/global_state.bin", o.run_dir + "/checkpoint.bin");
@@ -289,7 +388,8 @@ TEST_CASE("export: a run directory without parameters or config is a clear error
   tmp.Write("run/config.yaml", "model: {n_layer: 1, n_embd: 16, n_head: 2, block_size: 8}\ndata: {corpus: /nonexistent}\n");
   st = ExportRunDir(tmp.file("run"), tmp.file("x.safetensors"), &s);
   REQUIRE_FALSE(st.ok());
-  CHECK_THAT(st.message(), Catch::Contains("neither global_state.bin nor checkpoint.bin"));
+  CHECK_THAT(st.message(), Catch::Contains("neither global_state.bin") && Catch::Contains("nor checkpoint.bin") &&
+                               Catch::Contains(tmp.file("run")));
   CHECK_FALSE(fs::exists(tmp.file("x.safetensors")));
 }
 
