@@ -39,11 +39,11 @@ Status LoadScenario(const std::string& path, const std::vector<std::string>& run
   double stragglers = 0, elastic_slices = s.elastic_slices, seed = 1;
   const std::map<std::string, NumberKey> numbers = {
       {"chips", {&s.chips, 1, true}},
-      {"hours", {&s.hours, 0, false}},
+      {"hours", {&s.hours, 0, true}},
       {"seed", {&seed, 0, true}},
       {"step_s", {&s.step_s, 0, false}},
       {"step_jitter", {&s.step_jitter, 0, true}},
-      {"chip_mtbf_h", {&s.chip_mtbf_h, 0, false}},
+      {"chip_mtbf_h", {&s.chip_mtbf_h, 0, true}},
       {"detect_s", {&s.detect_s, 0, true}},
       {"restart_s", {&s.restart_s, 0, true}},
       {"rejoin_s", {&s.rejoin_s, 0, true}},

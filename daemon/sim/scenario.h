@@ -1,16 +1,19 @@
 // A simulation scenario (`dilococtl simulate`, configs/simulate/*.yaml): a real run config
 // (the model's shape, the sync settings the daemon would run: mode, learners, H, fragments,
 // quorum, grace, staleness, codecs, links) plus what a simulation needs instead of hardware:
-// chips, step times, failures, restarts, stragglers and the syncer's merge throughput.
+// chips, step times, failures, restarts, stragglers and the syncer's merge throughput. The
+// run config's learners[i].slowdown slows learner i as in a real run.
 //
 //   run: ../shakespeare-m4.yaml     # relative to the scenario file
 //   set: [sync.inner_steps=100]     # overrides, as dilococtl --set
 //   chips: 1200000                  # in total, split evenly over the learners
-//   hours: 24                       # simulated wall time
+//   hours: 24                       # simulated wall time; 0: until every learner did train.steps
+//                                   # (the DiLoCo modes; the run ends with the last merge)
 //   seed: 1
 //   step_s: 1.0                     # mean inner-step time of a learner (fault-free)
 //   step_jitter: 0.02               # coefficient of variation of a step's time (lognormal)
-//   chip_mtbf_h: 500000             # mean time between failures of one chip
+//   chip_mtbf_h: 500000             # mean time between failures of one chip; 0: none
+//                                   # (the run config's chaos.events kills, by at_s, play too)
 //   detect_s: 30                    # failure -> noticed
 //   restart_s: 600                  # noticed -> the failed part runs again
 //   rejoin_s: 60                    # a restarted learner fetches the global model (snapshot)

@@ -82,8 +82,9 @@ struct FragmentState {
 
 struct SimLearner {
   bool up = true;
+  bool finished = false;  // did train.steps (step-limited runs)
   uint64_t incarnation = 1;
-  long steps = 0;  // this incarnation's
+  long steps = 0;  // in all (a restarted learner resumes its count, as from its checkpoint)
   double factor = 1;  // straggler slowdown
   bool blocked = false;
   double blocked_since = 0;
@@ -102,7 +103,9 @@ class SyncerSim {
     M_ = sync_.learners;
     P_ = (int)fragments.size();
     H_ = sync_.inner_steps;
-    end_ = s.hours * 3600;
+    // hours 0: every learner does train.steps, and the run ends with the last merge.
+    step_limited_ = s.hours <= 0;
+    end_ = step_limited_ ? kInf : s.hours * 3600;
     tokens_per_step_ = (double)s.run.train.batch_size * s.run.model.block_size * std::max(1, s.run.train.ranks);
     double total = 0;
     for (const Fragment& f : fragments) total += (double)f.numel;
@@ -121,13 +124,14 @@ class SyncerSim {
     learners_.resize(M_);
     for (int l = 0; l < M_; l++) {
       learners_[l].frags.assign(P_, FragmentState());
-      learners_[l].factor = l >= M_ - s.stragglers ? s.straggler_factor : 1;
+      learners_[l].factor =
+          (l >= M_ - s.stragglers ? s.straggler_factor : 1) * SlowdownOf(s.run.learners, l);
       up_links_.emplace_back(gbps, latency_s);
       down_links_.emplace_back(gbps, latency_s);
     }
     version_.assign(P_, 0);
     wake_at_.assign(P_, kInf);
-    chip_rate_per_s_ = (s.chips / M_) / (s.chip_mtbf_h * 3600);
+    chip_rate_per_s_ = s.chip_mtbf_h > 0 ? (s.chips / M_) / (s.chip_mtbf_h * 3600) : 0;
     step_sigma_ = std::sqrt(std::log1p(s.step_jitter * s.step_jitter));
   }
 
@@ -137,10 +141,18 @@ class SyncerSim {
       Push(Event{s_.heartbeat_s, 0, Ev::kHeartbeat, l, 1});
       ScheduleFailure(l, 0);
     }
+    // The run config's scripted kills, as `dilococtl train` plays them (seconds since the start).
+    for (const ChaosEvent& ce : s_.run.chaos.events) {
+      if (ce.kind != ChaosEventKind::kKill || ce.at_step >= 0 || ce.learner < 0 || ce.learner >= M_) continue;
+      Event k{ce.at_s, 0, Ev::kFail, ce.learner, 0};
+      k.merged_at = ce.restart_after_s;  // < 0: never restarted
+      Push(k);
+    }
     while (!queue_.empty()) {
       Event e = queue_.top();
       queue_.pop();
       if (e.t > end_) break;
+      if (step_limited_ && AllFinished() && NothingPending() && e.kind != Ev::kDeltaArrives) break;
       now_ = e.t;
       out_->events++;
       DL_RETURN_IF_ERROR(Handle(e));
@@ -161,6 +173,7 @@ class SyncerSim {
     Push(Event{t + StepTime(l), 0, Ev::kStep, l, learners_[l].incarnation});
   }
   void ScheduleFailure(int l, double t) {
+    if (chip_rate_per_s_ <= 0) return;
     std::exponential_distribution<double> d(chip_rate_per_s_);
     Push(Event{t + d(rng_), 0, Ev::kFail, l, learners_[l].incarnation});
   }
@@ -186,7 +199,11 @@ class SyncerSim {
         if (wake_at_[e.fragment] == e.t) wake_at_[e.fragment] = kInf;
         return DecideFragment(e.fragment, e.t);
       case Ev::kFail:
-        if (Current(e)) OnFail(e.learner, e.t);
+        if (e.incarnation == 0 && learners_[e.learner].up && !learners_[e.learner].finished) {
+          OnFail(e.learner, e.t, e.merged_at);  // scripted: restart after its own delay
+        } else if (Current(e) && !learners_[e.learner].finished) {
+          OnFail(e.learner, e.t, s_.detect_s + s_.restart_s + s_.rejoin_s);
+        }
         return Status::Ok();
       case Ev::kRestart:
         OnRestart(e.learner, e.t);
@@ -198,30 +215,50 @@ class SyncerSim {
   void OnStep(int l, double t) {
     SimLearner& L = learners_[l];
     L.steps++;
+    last_t_ = t;
     for (int p = 0; p < P_; p++) {
       FragmentState& f = L.frags[p];
       f.c_steps++;
       f.c_tokens += (uint64_t)tokens_per_step_;
       if (f.in_flight) f.in_flight_steps++;
-      if (!f.in_flight && Fires(p, L.steps, H_, P_)) {
-        Event d{up_links_[l].Send(t, up_bytes_[p]), 0, Ev::kDeltaArrives, l, L.incarnation, p};
-        d.base_version = f.base;
-        d.c_steps = f.c_steps;
-        d.c_tokens = f.c_tokens;
-        d.learner_step = (uint64_t)L.steps;
-        Push(d);
-        f.c_steps = f.c_tokens = 0;  // θ_p is kept at send: later steps are the next delta's
-        f.in_flight = true;
-        f.in_flight_steps = 0;
-        f.delta_arrived = kInf;
-      }
+      if (!f.in_flight && Fires(p, L.steps, H_, P_)) SendDelta(l, p, t);
     }
-    if (MustWait(L)) {
+    if (step_limited_ && L.steps >= s_.run.train.steps) {
+      Finish(l, t);
+    } else if (MustWait(L)) {
       L.blocked = true;
       L.blocked_since = t;
     } else {
       ScheduleStep(l, t);
     }
+  }
+
+  // Done with train.steps: the work not sent yet goes out (the learner's flush) and its
+  // heartbeat says kFinished, so no round waits for it.
+  void Finish(int l, double t) {
+    SimLearner& L = learners_[l];
+    for (int p = 0; p < P_; p++) {
+      FragmentState& f = L.frags[p];
+      if (f.c_steps == 0 || f.in_flight) continue;
+      SendDelta(l, p, t);
+    }
+    L.finished = true;
+    OnHeartbeat(l, t);
+  }
+
+  void SendDelta(int l, int p, double t) {
+    SimLearner& L = learners_[l];
+    FragmentState& f = L.frags[p];
+    Event d{up_links_[l].Send(t, up_bytes_[p]), 0, Ev::kDeltaArrives, l, L.incarnation, p};
+    d.base_version = f.base;
+    d.c_steps = f.c_steps;
+    d.c_tokens = f.c_tokens;
+    d.learner_step = (uint64_t)L.steps;
+    Push(d);
+    f.c_steps = f.c_tokens = 0;  // θ_p is kept at send: later steps are the next delta's
+    f.in_flight = true;
+    f.in_flight_steps = 0;
+    f.delta_arrived = kInf;
   }
 
   // diloco waits for the Global of its delta; streaming once a delta is sync.overlap steps old.
@@ -237,6 +274,7 @@ class SyncerSim {
   void OnHeartbeat(int l, double t) {
     const SimLearner& L = learners_[l];
     HeartbeatMsg hb;
+    hb.state = L.finished ? LearnerState::kFinished : LearnerState::kTraining;
     hb.step = (uint64_t)L.steps;
     hb.step_time_ms = (float)(s_.step_s * L.factor * 1e3);
     hb.interval_ms = (uint32_t)(s_.heartbeat_s * 1e3);
@@ -248,7 +286,7 @@ class SyncerSim {
     const double arrive = t + (sync_.link.bandwidth_mbps > 0 ? sync_.link.latency_ms : s_.wan_latency_ms) / 1e3;
     heard_.push_back({arrive, l, L.incarnation, std::move(hb)});
     Push(Event{arrive, 0, Ev::kWake, l, L.incarnation, -1});  // delivers the beat (below)
-    Push(Event{t + s_.heartbeat_s, 0, Ev::kHeartbeat, l, L.incarnation});
+    if (!L.finished) Push(Event{t + s_.heartbeat_s, 0, Ev::kHeartbeat, l, L.incarnation});
   }
 
   Status OnDelta(const Event& e) {
@@ -284,6 +322,7 @@ class SyncerSim {
       return Status::Ok();
     }
     std::vector<PendingDelta> taken = book_->TakeForMerge((uint32_t)p, version_[p]);
+    if (getenv("SIMDBG")) fprintf(stderr, "t=%.3f p=%d n=%zu %s grace=%.0f live=%d %s\n", t, p, taken.size(), ToString(d.reason), d.grace_ms, d.live, d.detail.c_str());
     TakeDrops(t);
     if (taken.empty()) return Status::Ok();
     const double done = t + merge_s_per_delta_[p] * taken.size();
@@ -294,7 +333,7 @@ class SyncerSim {
       const double at = std::chrono::duration<double>(pd.at.time_since_epoch()).count();
       first = std::min(first, at);
       arrivals.push_back(at);
-      if (done <= end_) merged_.push_back({done, p, pd.learner, pd.counts.tokens});  // else: in flight at the end
+      merged_.push_back({done, p, pd.learner, pd.counts.tokens});  // past the end: in flight, left out
       const uint64_t stale = version_[p] - std::min(version_[p], pd.base_version);
       if (out_->staleness.size() <= stale) out_->staleness.resize(stale + 1, 0);
       out_->staleness[stale]++;
@@ -305,6 +344,7 @@ class SyncerSim {
     timings_.sync_ms.Add((done - t) * 1e3);
     contributors_ += taken.size();
     out_->merges++;
+    last_t_ = std::max(last_t_, done);
     version_[p]++;
     for (int l = 0; l < M_; l++) {
       if (!learners_[l].up) continue;
@@ -361,7 +401,8 @@ class SyncerSim {
     }
   }
 
-  void OnFail(int l, double t) {
+  // restart_after < 0: never restarted.
+  void OnFail(int l, double t, double restart_after) {
     SimLearner& L = learners_[l];
     out_->failures++;
     for (int p = 0; p < P_; p++) {
@@ -370,9 +411,9 @@ class SyncerSim {
     if (L.blocked) spans_.push_back({l, L.blocked_since, t, Activity::kBlocked});
     L.up = false;
     L.blocked = false;
-    const double back = t + s_.detect_s + s_.restart_s + s_.rejoin_s;
-    spans_.push_back({l, t, std::min(back, end_), Activity::kDown});
-    Push(Event{back, 0, Ev::kRestart, l, L.incarnation});
+    const double back = restart_after < 0 ? kInf : t + restart_after;
+    down_spans_.push_back({l, t, back, Activity::kDown});
+    if (restart_after >= 0) Push(Event{back, 0, Ev::kRestart, l, L.incarnation});
   }
 
   // A new incarnation with the global model of now (the snapshot it fetched while rejoining).
@@ -380,7 +421,6 @@ class SyncerSim {
     SimLearner& L = learners_[l];
     L.up = true;
     L.incarnation++;
-    L.steps = 0;
     L.blocked = false;
     for (int p = 0; p < P_; p++) {
       L.frags[p] = FragmentState();
@@ -391,11 +431,28 @@ class SyncerSim {
     ScheduleFailure(l, t);
   }
 
+  bool AllFinished() const {
+    for (const SimLearner& L : learners_)
+      if (!L.finished) return false;
+    return true;
+  }
+  bool NothingPending() const {
+    for (int p = 0; p < P_; p++)
+      if (book_->HasPending((uint32_t)p)) return false;
+    return true;
+  }
+
   Status Finish() {
+    if (step_limited_) end_ = last_t_;
+    for (const ActivitySpan& d : down_spans_)
+      if (d.start_s < end_) spans_.push_back({d.learner, d.start_s, std::min(d.end_s, end_), d.activity});
     for (int l = 0; l < M_; l++)
       if (learners_[l].blocked) spans_.push_back({l, learners_[l].blocked_since, end_, Activity::kBlocked});
     GoodputInput in;
     in.wall_s = end_;
+    std::erase_if(merged_, [&](const MergedDelta& m) { return m.time_s > end_; });
+    std::erase_if(lost_, [&](const LostDelta& m) { return m.time_s > end_; });
+    for (ActivitySpan& sp : spans_) sp.end_s = std::min(sp.end_s, end_);
     in.nominal_tokens_per_s.assign(M_, tokens_per_step_ / s_.step_s);
     in.fragment_weights = weights_;
     in.expected_merge_interval_s = H_ * s_.step_s / P_;
@@ -436,11 +493,14 @@ class SyncerSim {
   std::vector<uint64_t> version_;
   std::vector<double> wake_at_;
   double syncer_free_at_ = 0;
-  double now_ = 0;  // the event being handled
+  double now_ = 0;     // the event being handled
+  double last_t_ = 0;  // the last step or merge (a step-limited run ends there)
+  bool step_limited_ = false;
   uint64_t seq_ = 0, contributors_ = 0;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
   std::deque<Beat> heard_;  // in flight to the syncer, in arrival order (one latency for all)
   std::vector<ActivitySpan> spans_;
+  std::vector<ActivitySpan> down_spans_;  // may end past the run: clipped at Finish
   std::vector<MergedDelta> merged_;
   std::vector<LostDelta> lost_;
 };
@@ -591,6 +651,7 @@ Status Simulate(const Scenario& s, SimMode mode, SimResult* out) {
   out->chips = s.chips;
   out->hours = s.hours;
   if (mode == SimMode::kDdp || mode == SimMode::kElasticDdp) {
+    if (s.hours <= 0) return Status::Error(std::string(ToString(mode)) + " needs hours > 0 (a time-limited run)");
     out->learners = mode == SimMode::kDdp ? 1 : s.elastic_slices;
     DL_RETURN_IF_ERROR(SimulateDataParallel(s, mode == SimMode::kElasticDdp, out));
   } else {

@@ -883,10 +883,10 @@ Status LearnerLoop::AfterStep(const StepResult& r, TrainingBackend&) {
   return Status::Ok();
 }
 
-// A slowed learner (learners[i].slowdown, or the factor chaos sets) sleeps (slowdown − 1) × the
-// step's own time; returns the step's time with that stretch.
+// A slowed learner (learners[i].slowdown, or the factor chaos sets, whichever is larger, as in
+// ddp) sleeps (slowdown − 1) × the step's own time; returns the step's time with that stretch.
 double LearnerLoop::StretchStep(double step_s) {
-  const double slow = o_.slowdown ? o_.slowdown->load() : slowdown_;
+  const double slow = o_.slowdown ? std::max(slowdown_, o_.slowdown->load()) : slowdown_;
   if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * step_s));
   return step_s * std::max(1.0, slow);
 }

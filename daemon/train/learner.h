@@ -105,8 +105,8 @@ struct LearnerOptions {
   // no more messages, not even a last heartbeat).
   const std::atomic<bool>* crash = nullptr;
   long crash_after_steps = -1;  // the same after this many steps (-1: never); for tests
-  // When set, stretches each step by this factor instead of learners[index].slowdown (chaos
-  // `slow` events change it while the learner runs).
+  // When set, a factor chaos `slow` events change while the learner runs; each step is
+  // stretched by the larger of it and learners[index].slowdown.
   const std::atomic<double>* slowdown = nullptr;
   // Called on the learner's thread after every step and on state changes (cheap: copy what
   // you need). May be empty.

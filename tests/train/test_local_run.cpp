@@ -240,6 +240,24 @@ TEST_CASE("local run: train.time_limit_s ends the run early in every mode", "[e2
   }
 }
 
+// learners[i].slowdown stretches learner i's steps in local mode too (it was ignored there: the
+// fleet's chaos factor, 1 unless chaos slows it, replaced the config's; the simulator's
+// validation against a real run showed it).
+TEST_CASE("local run: a learner's configured slowdown slows it in decoupled mode", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.train.steps = 1000000;
+  o.config.train.time_limit_s = 1.0;
+  o.config.learners = {LearnerConfig{}, LearnerConfig{.slowdown = 5}};
+  TrainSummary s;
+  const Status st = RunLocal(o, &s);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  REQUIRE(s.learner_tokens.size() == 2);
+  INFO("tokens " << s.learner_tokens[0] << " and " << s.learner_tokens[1]);
+  CHECK(s.learner_tokens[1] * 2 < s.learner_tokens[0]);  // 5x slower: about a fifth of the steps
+}
+
 TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
