@@ -57,7 +57,7 @@ class Link {
   std::vector<double> buckets_;
 };
 
-enum class Ev { kStep, kHeartbeat, kDeltaArrives, kGlobalArrives, kWake, kFail, kRestart };
+enum class Ev { kStep, kHeartbeat, kDeltaArrives, kGlobalArrives, kDropNotice, kWake, kFail, kRestart };
 
 struct Event {
   double t;
@@ -72,17 +72,21 @@ struct Event {
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
+// Per fragment, as the learner's FragmentLedger counts: the work since the base, and the delta
+// in flight with the counts it carried (the work after it stays counted when its Global folds).
 struct FragmentState {
-  uint64_t base = 0;        // the global version it last folded
+  uint64_t base = 0;  // the global version it last folded
   uint64_t c_steps = 0, c_tokens = 0;
   bool in_flight = false;
+  uint64_t sent_steps = 0, sent_tokens = 0;
   long in_flight_steps = 0;  // steps since the delta left
   double delta_arrived = kInf;  // when the syncer got it (its Global is the first merge after)
 };
 
 struct SimLearner {
   bool up = true;
-  bool finished = false;  // did train.steps (step-limited runs)
+  bool flushing = false;  // did train.steps: sends the work left, then says it finished
+  bool finished = false;
   uint64_t incarnation = 1;
   long steps = 0;  // in all (a restarted learner resumes its count, as from its checkpoint)
   double factor = 1;  // straggler slowdown
@@ -121,6 +125,7 @@ class SyncerSim {
     dopt_ = DecideOptionsFor(sync_);
     const double gbps = sync_.link.bandwidth_mbps > 0 ? sync_.link.bandwidth_mbps / 1e3 : s.wan_gbps;
     const double latency_s = (sync_.link.bandwidth_mbps > 0 ? sync_.link.latency_ms : s.wan_latency_ms) / 1e3;
+    latency_s_ = latency_s;
     learners_.resize(M_);
     for (int l = 0; l < M_; l++) {
       learners_[l].frags.assign(P_, FragmentState());
@@ -194,14 +199,17 @@ class SyncerSim {
       case Ev::kGlobalArrives:
         if (Current(e)) OnGlobal(e);
         return Status::Ok();
+      case Ev::kDropNotice:
+        if (Current(e)) OnDropNotice(e);
+        return Status::Ok();
       case Ev::kWake:
         if (e.fragment < 0) return DeliverBeats(e.t);
         if (wake_at_[e.fragment] == e.t) wake_at_[e.fragment] = kInf;
         return DecideFragment(e.fragment, e.t);
       case Ev::kFail:
-        if (e.incarnation == 0 && learners_[e.learner].up && !learners_[e.learner].finished) {
+        if (e.incarnation == 0 && learners_[e.learner].up && !learners_[e.learner].flushing) {
           OnFail(e.learner, e.t, e.merged_at);  // scripted: restart after its own delay
-        } else if (Current(e) && !learners_[e.learner].finished) {
+        } else if (Current(e) && !learners_[e.learner].flushing) {
           OnFail(e.learner, e.t, s_.detect_s + s_.restart_s + s_.rejoin_s);
         }
         return Status::Ok();
@@ -233,15 +241,22 @@ class SyncerSim {
     }
   }
 
-  // Done with train.steps: the work not sent yet goes out (the learner's flush) and its
-  // heartbeat says kFinished, so no round waits for it.
+  // Done with train.steps, the learner flushes as the real one does: it waits for the Globals of
+  // its deltas in flight, sends the work left, and once nothing is left says kFinished in a
+  // heartbeat, so no round waits for it any more.
   void Finish(int l, double t) {
+    learners_[l].flushing = true;
+    Flush(l, t);
+  }
+  void Flush(int l, double t) {
     SimLearner& L = learners_[l];
+    bool left = false;
     for (int p = 0; p < P_; p++) {
       FragmentState& f = L.frags[p];
-      if (f.c_steps == 0 || f.in_flight) continue;
-      SendDelta(l, p, t);
+      if (!f.in_flight && f.c_steps > 0) SendDelta(l, p, t);
+      left = left || f.in_flight;
     }
+    if (left) return;
     L.finished = true;
     OnHeartbeat(l, t);
   }
@@ -255,7 +270,8 @@ class SyncerSim {
     d.c_tokens = f.c_tokens;
     d.learner_step = (uint64_t)L.steps;
     Push(d);
-    f.c_steps = f.c_tokens = 0;  // θ_p is kept at send: later steps are the next delta's
+    f.sent_steps = f.c_steps;
+    f.sent_tokens = f.c_tokens;
     f.in_flight = true;
     f.in_flight_steps = 0;
     f.delta_arrived = kInf;
@@ -282,8 +298,7 @@ class SyncerSim {
       const FragmentState& f = L.frags[p];
       hb.fragments.push_back({(uint32_t)p, f.base, f.c_steps, f.c_tokens, f.in_flight});
     }
-    // Heartbeats are small: they take the latency only.
-    const double arrive = t + (sync_.link.bandwidth_mbps > 0 ? sync_.link.latency_ms : s_.wan_latency_ms) / 1e3;
+    const double arrive = t + latency_s_;  // heartbeats are small: they take the latency only
     heard_.push_back({arrive, l, L.incarnation, std::move(hb)});
     Push(Event{arrive, 0, Ev::kWake, l, L.incarnation, -1});  // delivers the beat (below)
     if (!L.finished) Push(Event{t + s_.heartbeat_s, 0, Ev::kHeartbeat, l, L.incarnation});
@@ -322,7 +337,7 @@ class SyncerSim {
       return Status::Ok();
     }
     std::vector<PendingDelta> taken = book_->TakeForMerge((uint32_t)p, version_[p]);
-    if (getenv("SIMDBG")) fprintf(stderr, "t=%.3f p=%d n=%zu %s grace=%.0f live=%d %s\n", t, p, taken.size(), ToString(d.reason), d.grace_ms, d.live, d.detail.c_str());
+    if (getenv("SIMDBG")) { fprintf(stderr, "%.2f/%d/", t, p); for (auto& x : taken) fprintf(stderr, "%d", x.learner); fprintf(stderr, " "); }
     TakeDrops(t);
     if (taken.empty()) return Status::Ok();
     const double done = t + merge_s_per_delta_[p] * taken.size();
@@ -381,32 +396,66 @@ class SyncerSim {
     return Status::Ok();
   }
 
+  // Drops the syncer tells the learner of (its next SyncerStatus): a stale delta's learner
+  // resyncs from a snapshot and its work is lost; a refused one sends its work again.
   void TakeDrops(double t) {
     for (const DeltaDrop& d : book_->TakeDrops()) {
       if (d.why == "replaced") continue;  // its work travels in the newer delta
       out_->dropped_deltas++;
-      lost_.push_back({t, (int)d.fragment, d.learner, d.tokens, LossCause::kDropped});
+      const bool stale = d.why == "too_stale" || d.why == "from_the_future";
+      if (stale) lost_.push_back({t, (int)d.fragment, d.learner, d.tokens, LossCause::kDropped});
+      if (!d.tell_learner || !learners_[d.learner].up) continue;
+      Event n{t + latency_s_, 0, Ev::kDropNotice, d.learner, learners_[d.learner].incarnation, (int)d.fragment};
+      n.base_version = stale ? 1 : 0;
+      Push(n);
+    }
+  }
+
+  void OnDropNotice(const Event& e) {
+    FragmentState& f = learners_[e.learner].frags[e.fragment];
+    if (!f.in_flight) return;
+    f.in_flight = false;
+    if (e.base_version == 1) {  // stale: a snapshot of the fragment replaces its work
+      f.base = version_[e.fragment];
+      f.c_steps = f.c_tokens = 0;
+    }
+    Unblock(e.learner, e.t);
+  }
+
+  void Unblock(int l, double t) {
+    SimLearner& L = learners_[l];
+    if (L.flushing) {
+      if (!L.finished) Flush(l, t);
+      return;
+    }
+    if (L.blocked && !MustWait(L)) {
+      L.blocked = false;
+      spans_.push_back({l, L.blocked_since, t, Activity::kBlocked});
+      ScheduleStep(l, t);
     }
   }
 
   void OnGlobal(const Event& e) {
     SimLearner& L = learners_[e.learner];
     FragmentState& f = L.frags[e.fragment];
-    f.base = std::max(f.base, e.base_version);
-    if (f.in_flight && e.merged_at >= f.delta_arrived) f.in_flight = false;  // merged or dropped: answered
-    if (L.blocked && !MustWait(L)) {
-      L.blocked = false;
-      spans_.push_back({e.learner, L.blocked_since, e.t, Activity::kBlocked});
-      ScheduleStep(e.learner, e.t);
+    if (e.base_version <= f.base) return;
+    f.base = e.base_version;
+    if (f.in_flight && e.merged_at >= f.delta_arrived) {  // ours was in it (or was let go): fold
+      f.in_flight = false;
+      f.c_steps -= f.sent_steps;
+      f.c_tokens -= f.sent_tokens;
     }
+    Unblock(e.learner, e.t);
   }
 
   // restart_after < 0: never restarted.
   void OnFail(int l, double t, double restart_after) {
     SimLearner& L = learners_[l];
     out_->failures++;
-    for (int p = 0; p < P_; p++) {
-      if (L.frags[p].c_tokens > 0) lost_.push_back({t, p, l, (double)L.frags[p].c_tokens, LossCause::kCrashed});
+    for (int p = 0; p < P_; p++) {  // the work not sent yet dies with it
+      const FragmentState& f = L.frags[p];
+      const uint64_t unsent = f.c_tokens - (f.in_flight ? f.sent_tokens : 0);
+      if (unsent > 0) lost_.push_back({t, p, l, (double)unsent, LossCause::kCrashed});
     }
     if (L.blocked) spans_.push_back({l, L.blocked_since, t, Activity::kBlocked});
     L.up = false;
@@ -483,6 +532,7 @@ class SyncerSim {
   std::mt19937_64 rng_;
   SyncConfig sync_;
   int M_ = 1, P_ = 1, H_ = 1;
+  double latency_s_ = 0;
   double end_ = 0, tokens_per_step_ = 0, chip_rate_per_s_ = 0, step_sigma_ = 0;
   std::vector<double> weights_, up_bytes_, down_bytes_, merge_s_per_delta_;
   std::unique_ptr<RoundBook> book_;
