@@ -117,8 +117,9 @@ struct SimulateCommand {
   std::vector<std::string> overrides;  // run config keys, after the scenario's `set`
   std::vector<std::string> modes;      // empty: the run config's sync.mode
   std::vector<int> learners;           // empty: sync.learners
-  double chips = 0;                    // 0: the scenario's
+  std::vector<double> chips;           // empty: the scenario's
   double hours = 0;
+  std::string plot;                    // goodput against chips as an SVG file
   bool json = false;
 };
 int RunSimulateCommand(const SimulateCommand& cmd);

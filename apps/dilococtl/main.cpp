@@ -111,7 +111,9 @@ int main(int argc, char** argv) {
   simulate_cmd->add_option("--mode", simulate.modes, "ddp, elastic-ddp, diloco, streaming, decoupled (repeatable)")
       ->allow_extra_args(false);
   simulate_cmd->add_option("--learners", simulate.learners, "Learner counts M (repeatable)")->allow_extra_args(false);
-  simulate_cmd->add_option("--chips", simulate.chips, "Chips in total (instead of the scenario's)");
+  simulate_cmd->add_option("--chips", simulate.chips, "Chips in total (repeatable: a sweep; default the scenario's)")
+      ->allow_extra_args(false);
+  simulate_cmd->add_option("--plot", simulate.plot, "Write goodput against chips as an SVG file");
   simulate_cmd->add_option("--hours", simulate.hours, "Simulated hours (instead of the scenario's)");
   simulate_cmd->add_option("--set", simulate.overrides, "Override a run config key (repeatable)");
   simulate_cmd->add_flag("--json", simulate.json, "One JSON object per mode and learner count");

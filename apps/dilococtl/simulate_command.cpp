@@ -1,12 +1,15 @@
 // dilococtl simulate: one row per mode and learner count of a scenario (daemon/sim). Exit 1
 // when a simulation fails, 2 on a bad scenario or option.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "apps/dilococtl/job_commands.h"
+#include "daemon/report/svg_plot.h"
 #include "daemon/sim/scenario.h"
 #include "daemon/sim/simulator.h"
+#include "daemon/util/atomic_file.h"
 
 namespace diloco {
 namespace {
@@ -25,6 +28,32 @@ std::string StalenessText(const std::vector<uint64_t>& hist) {
   return buf;
 }
 
+// Goodput against chips, one line per mode and learner count, as a standalone SVG file.
+Status WritePlot(const std::string& path, const std::vector<SimResult>& results) {
+  LinePlot plot;
+  plot.title = "Goodput against chips (dilococtl simulate)";
+  plot.x_label = "chips (millions)";
+  plot.y_label = "goodput";
+  plot.y_lo = 0;
+  plot.y_hi = 1;
+  for (const SimResult& r : results) {
+    const bool data_parallel = r.mode == SimMode::kDdp || r.mode == SimMode::kElasticDdp;
+    const std::string name = std::string(ToString(r.mode)) + (data_parallel ? "" : " M=" + std::to_string(r.learners));
+    auto it = std::find_if(plot.series.begin(), plot.series.end(), [&](const Series& s) { return s.name == name; });
+    if (it == plot.series.end()) {
+      plot.series.push_back({name, PaletteColour((int)plot.series.size()),
+                             data_parallel ? SeriesStyle::kDashedLine : SeriesStyle::kLine, 2, 1, {}});
+      it = plot.series.end() - 1;
+    }
+    it->points.push_back({r.chips / 1e6, r.goodput.goodput});
+  }
+  std::string svg = RenderLinePlot(plot);
+  // A file of its own needs the XML namespace the inline page does not.
+  if (svg.find("xmlns=") == std::string::npos) svg.insert(4, " xmlns=\"http://www.w3.org/2000/svg\"");
+  svg += "\n";
+  return WriteFileAtomically(path, {{svg.data(), svg.size()}}, "plot");
+}
+
 }  // namespace
 
 int RunSimulateCommand(const SimulateCommand& cmd) {
@@ -34,8 +63,9 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
     std::fprintf(stderr, "dilococtl simulate: %s\n", st.message().c_str());
     return 2;
   }
-  if (cmd.chips > 0) scenario.chips = cmd.chips;
   if (cmd.hours > 0) scenario.hours = cmd.hours;
+  std::vector<double> chip_counts = cmd.chips;
+  if (chip_counts.empty()) chip_counts.push_back(scenario.chips);
   std::vector<SimMode> modes;
   for (const std::string& m : cmd.modes) {
     SimMode mode;
@@ -52,10 +82,13 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
     std::printf("%-12s %8s %10s %8s %7s %10s %6s %9s %8s %9s %9s %8s\n", "mode", "learners", "chips", "goodput",
                 "uptime", "merges/h", "contr", "stale", "failures", "peak Gb/s", "mean Gb/s", "sim s");
   }
+  std::vector<SimResult> results;
+  for (double chips : chip_counts) {
   for (SimMode mode : modes) {
     const bool data_parallel = mode == SimMode::kDdp || mode == SimMode::kElasticDdp;
     for (size_t i = 0; i < (data_parallel ? 1 : learner_counts.size()); i++) {
       Scenario s = scenario;
+      s.chips = chips;
       if (!data_parallel) {
         s.run.sync.learners = learner_counts[i];
         s.run.sync.quorum = std::min(s.run.sync.quorum, learner_counts[i]);
@@ -76,7 +109,16 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
                     r.peak_wan_gbps, r.mean_wan_gbps, r.runtime_s);
       }
       std::fflush(stdout);
+      results.push_back(r);
     }
+  }
+  }
+  if (!cmd.plot.empty()) {
+    if (Status st = WritePlot(cmd.plot, results); !st.ok()) {
+      std::fprintf(stderr, "dilococtl simulate: --plot: %s\n", st.message().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "dilococtl simulate: plot %s\n", cmd.plot.c_str());
   }
   return 0;
 }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The scale sweep of `dilococtl simulate`: chips 150k ... 2.4M x (ddp, elastic ddp, decoupled
+# with M = 1, 2, 4, 8, 16) for each scenario, a table with the published figures beside ours
+# (Decoupled DiLoCo paper: goodput at 1.2M and 2.4M chips), an SVG plot of goodput against chips
+# per scenario, and every row as JSON lines.
+#
+#   scripts/bench/simulate.sh                         # both shipped scenarios, 24 simulated hours
+#   scripts/bench/simulate.sh --hours 6 --out DIR     # shorter; results in DIR
+#   scripts/bench/simulate.sh --scenarios "configs/simulate/paper-1.2m.yaml"
+#
+# Scenarios (configs/simulate/): paper-1.2m.yaml takes its per-chip failure rate from a
+# published source (Llama 3); paper-1.2m-dp-matched.yaml sets that one rate so that ddp matches
+# the paper at 1.2M chips, and the other rows are predictions. The "sim s" column is the
+# simulation's own time (the speed target: 1M chips x 24 h in <= 60 s).
+# Environment: DILOCOCTL (default build/bin/dilococtl).
+set -euo pipefail
+caller=$PWD
+abspath() { [[ $1 = /* ]] && echo "$1" || echo "$caller/$1"; }
+cd "$(dirname "$0")/../.."
+bin=${DILOCOCTL:+$(abspath "$DILOCOCTL")}
+bin=${bin:-build/bin/dilococtl}
+scenarios="configs/simulate/paper-1.2m.yaml configs/simulate/paper-1.2m-dp-matched.yaml"
+chips="150000 300000 600000 1200000 2400000"
+learners="1 2 4 8 16"
+hours=""
+out=""
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --scenarios) scenarios=$2; shift 2 ;;
+    --chips) chips=$2; shift 2 ;;
+    --learners) learners=$2; shift 2 ;;
+    --hours) hours=$2; shift 2 ;;
+    --out) out=$(abspath "$2"); shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "simulate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ -x $bin ]] || { echo "simulate.sh: $bin not found: build dilococtl, or set DILOCOCTL" >&2; exit 2; }
+if [[ -z $out ]]; then out=$(mktemp -d /tmp/simulate-XXXXXX); fi
+mkdir -p "$out"
+args=()
+for c in $chips; do args+=(--chips "$c"); done
+for m in $learners; do args+=(--learners "$m"); done
+[[ -z $hours ]] || args+=(--hours "$hours")
+for scenario in $scenarios; do
+  name=$(basename "$scenario" .yaml)
+  echo "simulate.sh: $name" >&2
+  "$bin" simulate "$scenario" --mode ddp --mode elastic-ddp --mode decoupled "${args[@]}" --json \
+    --plot "$out/$name.svg" > "$out/$name.jsonl"
+done
+/usr/bin/env python3 - "$out" $scenarios <<'PY'
+import json, os, sys
+out, scenarios = sys.argv[1], sys.argv[2:]
+# The paper's goodput figures: (mode, learners, chips) -> goodput.
+paper = {("ddp", 1, 1200000): 0.27, ("elastic-ddp", 64, 1200000): 0.58, ("decoupled", 2, 1200000): 0.70,
+         ("decoupled", 4, 1200000): 0.82, ("decoupled", 8, 1200000): 0.88, ("decoupled", 16, 1200000): 0.93,
+         ("ddp", 1, 2400000): 0.18, ("elastic-ddp", 64, 2400000): 0.40, ("decoupled", 8, 2400000): 0.80,
+         ("decoupled", 16, 2400000): 0.86}
+for scenario in scenarios:
+    name = os.path.basename(scenario)[:-5]
+    rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
+    print(f"\n{name} ({rows[0]['hours']:g} simulated hours)")
+    hdr = f"{'mode':12} {'M':>3} {'chips':>9} {'goodput':>8} {'paper':>6} {'diff':>6} {'uptime':>7} {'merges/h':>9} {'contr':>6} {'failures':>8} {'peak Gb/s':>9} {'sim s':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        p = paper.get((r["mode"], r["learners"], int(r["chips"])))
+        ref = f"{p:.2f}" if p is not None else "-"
+        diff = f"{100 * (r['goodput'] - p):+.0f}" if p is not None else "-"
+        print(f"{r['mode']:12} {r['learners']:>3} {r['chips']:>9.0f} {r['goodput']:>8.3f} {ref:>6} {diff:>6} "
+              f"{r['uptime']:>7.3f} {r['merges_per_hour']:>9.1f} {r['contributors_mean']:>6.2f} "
+              f"{r['failures']:>8} {r['peak_wan_gbps']:>9.2f} {r['runtime_s']:>6.2f}")
+    print(f"plot: {out}/{name}.svg")
+PY
+echo "simulate.sh: rows in $out/*.jsonl" >&2
