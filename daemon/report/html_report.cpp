@@ -330,7 +330,7 @@ Panel StalenessPanel(const std::vector<RunData>& runs) {
 std::string SummaryTable(const std::vector<RunData>& runs) {
   std::string s =
       "<table><tr><th>run</th><th>mode</th><th>learners</th><th>steps</th><th>tokens</th>"
-      "<th>final val loss</th><th>goodput</th><th>uptime</th><th>bytes up</th><th>bytes down</th>"
+      "<th>final val loss</th><th>val batches</th><th>goodput</th><th>uptime</th><th>bytes up</th><th>bytes down</th>"
       "<th>outer steps</th><th>wall s</th></tr>\n";
   for (size_t r = 0; r < runs.size(); ++r) {
     const RunData& run = runs[r];
@@ -339,7 +339,8 @@ std::string SummaryTable(const std::vector<RunData>& runs) {
     s += "<tr><td><span class=\"swatch\" style=\"background:" + PaletteColour(int(r)) + "\"></span>" +
          EscapeXml(run.label) + "</td>";
     s += cell(run.mode.empty() ? "–" : run.mode) + cell(std::to_string(run.learners)) + cell(Fmt(m.steps, "%.0f")) +
-         cell(Fmt(m.tokens, "%.0f")) + cell(Fmt(m.final_val_loss, "%.4f")) + cell(Fmt(m.goodput, "%.3f")) +
+         cell(Fmt(m.tokens, "%.0f")) + cell(Fmt(m.final_val_loss, "%.4f")) + cell(Fmt(m.final_val_batches, "%.0f")) +
+         cell(Fmt(m.goodput, "%.3f")) +
          cell(Fmt(m.uptime, "%.3f")) + cell(Bytes(m.bytes_up)) + cell(Bytes(m.bytes_down)) +
          cell(Fmt(m.outer_steps, "%.0f")) + cell(Fmt(m.wall_s, "%.1f")) + "</tr>\n";
   }

@@ -94,6 +94,7 @@ RunSummary ParseSummary(const json& j) {
   RunSummary s;
   s.present = true;
   s.final_val_loss = Num(j, "final_val_loss");
+  s.final_val_batches = Num(j, "final_val_batches");
   s.goodput = Num(j, "goodput");
   s.uptime = Num(j, "uptime");
   s.tokens = Num(j, "tokens");
@@ -218,6 +219,7 @@ void ReadJobState(const fs::path& path, RunData* run) {
     if (name == "syncer") {
       s.present = true;
       s.final_val_loss = Num(r, "final_val_loss");
+      s.final_val_batches = Num(r, "final_val_batches");
       s.outer_steps = Num(r, "merges");
       s.wall_s = Num(r, "wall_s");
       if (r.contains("goodput") && r["goodput"].is_object()) {

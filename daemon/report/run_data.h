@@ -55,6 +55,7 @@ struct MergeRecord {
 struct RunSummary {
   bool present = false;
   double final_val_loss = kMissing, goodput = kMissing, uptime = kMissing;
+  double final_val_batches = kMissing;  // the validation batches behind final_val_loss
   double tokens = kMissing, steps = kMissing, outer_steps = kMissing;
   double bytes_up = kMissing, bytes_down = kMissing, wall_s = kMissing;
 };
