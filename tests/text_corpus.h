@@ -1,5 +1,5 @@
-// A small text corpus for tests that train: pieces of text drawn in a seeded pseudo-random order
-// (a 64-bit LCG) until the file holds at least min_bytes.
+// Small text corpora for tests that train: pieces of text drawn in a seeded pseudo-random order
+// (a 64-bit LCG) until the file holds at least min_bytes, or numbered lines.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,14 @@ inline std::string WriteShuffledCorpus(const std::filesystem::path& dir, const s
   const std::string path = (dir / "corpus.txt").string();
   std::ofstream(path, std::ios::binary) << text;
   return path;
+}
+
+// Numbered lines of one sentence, for runs whose loss only has to fall: "Line 0: the quick ...".
+inline std::string NumberedLines(int lines) {
+  std::string text;
+  for (int i = 0; i < lines; i++)
+    text += "Line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog, again and again.\n";
+  return text;
 }
 
 }  // namespace diloco::testing

@@ -9,6 +9,7 @@
 
 #include "tests/report/report_page.h"
 #include "tests/temp_dir.h"
+#include "tests/text_corpus.h"
 
 namespace diloco {
 namespace {
@@ -22,10 +23,7 @@ const std::string kDilococtl = DILOCO_BINARY_DIR "/bin/dilococtl";
 // A tiny model on a small corpus: two learners, 200 steps each, well under a
 // second.
 void WriteTinyRun(const testing::TempDir &dir) {
-  std::string corpus;
-  for (int i = 0; i < 300; i++)
-    corpus += "Line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog, again and again.\n";
-  dir.Write("corpus.txt", corpus);
+  dir.Write("corpus.txt", testing::NumberedLines(300));
   dir.Write("run.yaml",
             "model: {n_layer: 1, n_embd: 32, n_head: 2, block_size: 32}\n"
             "data: {corpus: corpus.txt}\n"

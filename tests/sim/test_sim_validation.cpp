@@ -12,6 +12,7 @@
 #include "daemon/sim/simulator.h"
 #include "tests/report/report_page.h"
 #include "tests/temp_dir.h"
+#include "tests/text_corpus.h"
 
 namespace diloco {
 
@@ -21,13 +22,11 @@ using testing::TempDir;
 
 // The small scenario of the issue: M = 4, learner 1 killed and restarted, learner 3 twice as
 // slow as the others, trained for real by `dilococtl train` and simulated with the step time the
-// real run measured (and the run config's slowdowns and kill). The merges and the contributors per merge agree within 10%.
+// real run measured (and the run config's slowdowns and kill). The merges and the contributors
+// per merge agree within 10%.
 TEST_CASE("simulate: a small run agrees with the real local run on merges and contributors", "[sim][e2e]") {
   TempDir dir;
-  std::string corpus;
-  for (int i = 0; i < 2000; i++)
-    corpus += "Line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog, again and again.\n";
-  dir.Write("corpus.txt", corpus);
+  dir.Write("corpus.txt", testing::NumberedLines(2000));
   // A tiny model with large slowdowns: a step is mostly sleep, so the four learners stay off
   // each other's cores and their paces hold when the others finish.
   dir.Write("run.yaml",
