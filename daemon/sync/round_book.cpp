@@ -111,7 +111,8 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
          "base " + std::to_string(d.base_version) + ", current " + std::to_string(current_version), false, true);
     return false;
   }
-  const FilterResult fr = filters_[p].Check(d.delta.data(), d.delta.size(), (double)d.c_steps);
+  const std::span<const float> v = d.values.empty() ? std::span<const float>(d.held.values) : d.values;
+  const FilterResult fr = filters_[p].Check(v.data(), v.size(), (double)d.c_steps);
   if (!fr.accepted()) {
     Drop(d.learner, p, d.base_version, (double)d.c_tokens,
          fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large", fr.reason, true, true);
@@ -121,7 +122,7 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
   pd.learner = d.learner;
   pd.base_version = d.base_version;
   pd.counts = {(double)d.c_tokens, (double)d.c_steps};
-  pd.delta = std::move(d.delta);
+  pd.held = std::move(d.held);
   pd.at = now;
   for (PendingDelta& old : pending_[p]) {
     if (old.learner != pd.learner) continue;

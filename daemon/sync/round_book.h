@@ -23,11 +23,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "daemon/net/envelope.h"
 #include "daemon/sync/decide.h"
+#include "daemon/sync/held_delta.h"
 #include "daemon/sync/merge.h"
 
 namespace diloco {
@@ -42,21 +44,23 @@ struct RoundBookOptions {
   double norm_limit = 0;     // NormFilter max_ratio (0: no norm limit; NaN/Inf are always refused)
 };
 
-// A decoded delta, as the book checks and keeps it.
+// A delta as the book checks it (its decoded values) and keeps it (held: held_delta.h).
 struct DeltaArrival {
   int learner = 0;
   uint32_t fragment = 0;
   uint64_t base_version = 0;
   uint64_t c_steps = 0, c_tokens = 0;
   uint64_t learner_step = 0;
-  std::vector<float> delta;
+  std::span<const float> values;  // decoded (the fragment's packed delta): checked, not kept;
+                                  // empty: held.values (a delta held as its fp32 values)
+  HeldDelta held;                 // what stays pending
 };
 
 struct PendingDelta {
   int learner = 0;
   uint64_t base_version = 0;
   ContributionCounts counts;
-  std::vector<float> delta;
+  HeldDelta held;
   SyncTime at;
 };
 

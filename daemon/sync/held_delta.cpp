@@ -1,0 +1,100 @@
+#include "daemon/sync/held_delta.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace diloco {
+namespace {
+
+std::vector<double> RangeNorms(const Fragment& fragment, std::span<const float> values) {
+  std::vector<double> norms;
+  norms.reserve(fragment.ranges.size());
+  for (const FragmentRange& r : fragment.ranges) norms.push_back(DeltaNorm(values.data() + r.packed_offset, r.numel));
+  return norms;
+}
+
+}  // namespace
+
+HeldDelta HoldValues(const Fragment& fragment, std::span<const float> values) {
+  HeldDelta h;
+  h.values.assign(values.begin(), values.end());
+  h.range_norms = RangeNorms(fragment, values);
+  return h;
+}
+
+HeldDelta HoldDelta(const Fragment& fragment, const CodecOptions& codec,
+                    std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
+                    std::span<const float> values) {
+  const bool dense_compact = codec.topk_fraction == 0 && codec.kind != CodecKind::kFp32;
+  if (!dense_compact) return HoldValues(fragment, values);
+  HeldDelta h;
+  h.codec = codec;
+  size_t total = 0;
+  for (const auto& c : chunks) total += c.size();
+  h.payload.resize(total);
+  size_t at = 0;
+  for (const auto& c : chunks) {
+    if (!c.empty()) std::memcpy(h.payload.data() + at, c.data(), c.size());
+    at += c.size();
+  }
+  h.payload_at.resize(tensor_bytes.size());
+  uint64_t offset = 0;
+  for (size_t t = 0; t < tensor_bytes.size(); t++) {
+    h.payload_at[t] = offset;
+    offset += tensor_bytes[t];
+  }
+  h.range_norms = RangeNorms(fragment, values);
+  return h;
+}
+
+Status DecodeHeld(const Fragment& fragment, const HeldDelta& held, std::vector<float>* out) {
+  out->resize(fragment.numel);
+  HeldDeltaReader reader(fragment, held);
+  std::vector<float> scratch;
+  for (size_t r = 0; r < fragment.ranges.size(); r++) {
+    const FragmentRange& fr = fragment.ranges[r];
+    const float* v = nullptr;
+    DL_RETURN_IF_ERROR(reader.Read(r, 0, fr.numel, &scratch, &v));
+    std::copy(v, v + fr.numel, out->data() + fr.packed_offset);
+  }
+  return Status::Ok();
+}
+
+Status HeldDeltaReader::Read(size_t range, size_t begin, size_t n, std::vector<float>* scratch,
+                             const float** values) const {
+  const FragmentRange& r = fragment_->ranges[range];
+  const HeldDelta& h = *held_;
+  if (begin > r.numel || n > r.numel - begin) return Status::Error("read past the end of " + RangeName(r));
+  if (h.payload.empty() && !h.values.empty()) {
+    *values = h.values.data() + r.packed_offset + begin;
+    return Status::Ok();
+  }
+  const CodecKind kind = h.codec.kind;
+  const int B = h.codec.block_size;
+  const uint8_t* tensor = h.payload.data() + h.payload_at[range];
+  if (kind == CodecKind::kBf16) {
+    scratch->resize(n);
+    DL_RETURN_IF_ERROR(
+        DecodeDense(kind, B, std::span(tensor + 2 * begin, 2 * n), std::span(scratch->data(), n)));
+    *values = scratch->data();
+    return Status::Ok();
+  }
+  // int8 / int4: the tensor's bytes are its ceil(numel/B) fp32 scales, then its codes. The chunk
+  // decodes from whole blocks [a, e) around it, gathered into one small payload of that layout.
+  const size_t a = begin / B * B;
+  const size_t e = std::min<size_t>(r.numel, (begin + n + B - 1) / B * B);
+  const size_t blocks = (e - a + B - 1) / B;
+  const size_t scale_bytes = blocks * sizeof(float);
+  const size_t code_bytes = kind == CodecKind::kInt4 ? (e - a + 1) / 2 : e - a;
+  const size_t code_at = (r.numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? a / 2 : a);
+  thread_local std::vector<uint8_t> gathered;
+  gathered.resize(scale_bytes + code_bytes);
+  std::memcpy(gathered.data(), tensor + a / B * sizeof(float), scale_bytes);
+  std::memcpy(gathered.data() + scale_bytes, tensor + code_at, code_bytes);
+  scratch->resize(e - a);
+  DL_RETURN_IF_ERROR(DecodeDense(kind, B, gathered, std::span(scratch->data(), e - a)));
+  *values = scratch->data() + (begin - a);
+  return Status::Ok();
+}
+
+}  // namespace diloco
