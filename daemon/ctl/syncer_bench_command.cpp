@@ -171,7 +171,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   std::vector<uint8_t> payload;
   std::vector<uint64_t> tensor_bytes;
 
-  std::vector<double> round_s;
+  std::vector<double> round_s, arrive_s, merge_s;
   uint32_t crc_sink = 0;
   for (int round = 0; round < cmd.rounds; round++) {
     double timed = 0;
@@ -213,6 +213,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
         timed += Seconds(t0);
       }
     }
+    arrive_s.push_back(timed);
     // The merges (Syncer::Merge's maths, as the syncer runs them).
     const auto t0 = BenchClock::now();
     for (size_t p = 0; p < P; p++) {
@@ -232,12 +233,16 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
       crc_sink ^= mo.theta_crc32c;
       versions[p]++;
     }
-    timed += Seconds(t0);
+    merge_s.push_back(Seconds(t0));
+    timed += merge_s.back();
     (void)book.TakeDrops();
     round_s.push_back(timed);
   }
   std::sort(round_s.begin(), round_s.end());
+  std::sort(arrive_s.begin(), arrive_s.end());
+  std::sort(merge_s.begin(), merge_s.end());
   const double seconds = round_s[round_s.size() / 2];
+  const double arrivals = arrive_s[arrive_s.size() / 2], merges = merge_s[merge_s.size() / 2];
   const double peak_rss_mb = PeakRssMb();
   const double merge_gbps = (double)M * (double)N * 4.0 / seconds / 1e9;
   theta.clear();
@@ -258,12 +263,14 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     j["down_codec"] = cmd.down_codec;
     j["threads"] = threads;
     j["round_s"] = seconds;
+    j["arrivals_s"] = arrivals;
+    j["merges_s"] = merges;
     j["crc"] = crc_sink;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("syncer: %zu params, %d learners, %zu fragments, %s up / %s down, %d thread(s): merge %.2f GB/s "
-                "(%.3f s a round), copy %.2f GB/s (ratio %.2f), peak RSS %.0f MB (%.1f bytes/param)\n",
-                N, M, P, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, copy_gbps,
+                "(%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), peak RSS %.0f MB (%.1f bytes/param)\n",
+                N, M, P, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges, copy_gbps,
                 merge_gbps / copy_gbps, peak_rss_mb, bytes_per_param);
   }
   return 0;

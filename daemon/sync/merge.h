@@ -28,8 +28,10 @@ struct ContributionCounts {
 Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
                            std::vector<double>* weights);
 
-// |x| (L2, summed in double in index order): the norm RDA uses per range and the filter per delta.
+// |x| (L2 in double, over 8 interleaved partial sums joined in order: fixed bits): the norm RDA
+// uses per range and the filter per delta. SumSquares is its square, before the root.
 double DeltaNorm(const float* x, size_t n);
+double SumSquares(const float* x, size_t n);
 
 // One contribution's values as a merge reads them: a chunk at a time, so a delta held encoded
 // (held_delta.h) is decoded chunk by chunk into a thread's scratch, never as a whole.
@@ -116,6 +118,9 @@ class NormFilter {
   // Checks delta[0..n), the work of `steps` inner steps (< 1 counts as 1); an accepted norm per
   // step joins the history. FilterResult::norm and limit are per step.
   FilterResult Check(const float* delta, size_t n, double steps = 1);
+  // The same for a delta whose norm is known (e.g. from its ranges' norms): a non-finite norm
+  // is a non-finite delta.
+  FilterResult CheckNorm(double norm, double steps = 1);
   double Median() const;  // of the history; 0 when empty
 
  private:

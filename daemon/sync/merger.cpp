@@ -39,9 +39,7 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
   std::vector<double> partial(chunks, 0.0);
   RunTasks(&pool_, chunks, [&](size_t c, int) {
     const size_t b = c * kMergeChunk, m = std::min(kMergeChunk, n - b);
-    double sq = 0;
-    for (size_t i = b; i < b + m; i++) sq += (double)merged[i] * merged[i];
-    partial[c] = sq;
+    partial[c] = SumSquares(merged + b, m);
     OuterNesterovUpdate(merged + b, m, sync_.outer.lr, sync_.outer.momentum, fg->momentum.data() + b, merged + b);
   });
   double sq = 0;
@@ -58,9 +56,7 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
   std::vector<uint32_t> crcs(chunks, 0);
   RunTasks(&pool_, chunks, [&](size_t c, int) {
     const size_t b = c * kMergeChunk, m = std::min(kMergeChunk, n - b);
-    double s = 0;
-    for (size_t i = b; i < b + m; i++) s += (double)decoded[i] * decoded[i];
-    partial[c] = s;
+    partial[c] = SumSquares(decoded.data() + b, m);
     ApplyUpdate(decoded.data() + b, m, fg->theta.data() + b);
     crcs[c] = Crc32c(fg->theta.data() + b, m * sizeof(float));
   });

@@ -12,7 +12,7 @@
 //   implausible_counts  CheckCounts, and c_steps no more than its last heartbeat for that base
 //                       showed plus the steps since that heartbeat (counts buy weight);
 //   too_stale / from_the_future  CheckStaleness against the fragment's version;
-//   non_finite / norm_too_large  the fragment's NormFilter;
+//   non_finite / norm_too_large  the fragment's NormFilter (on the held ranges' norms when known);
 //   replaced            an older pending delta of the same learner gives way (not told: the
 //                       learner waits for the newer one, which is pending).
 // At merge time the staleness is checked again (the fragment may have moved on).
