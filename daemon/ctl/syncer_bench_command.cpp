@@ -4,15 +4,15 @@
 // and 1-D biases) is split into --fragments fragments, as the syncer splits a real one. Every
 // fragment's round is open at once (the syncer's worst case: every learner's delta of every
 // fragment pending): for each fragment, each of --learners learners sends a delta encoded with
-// --codec, which goes through what the syncer does with an arriving delta (decode, the round
-// book's checks, hold it pending); then each fragment merges (contribution weights, RDA / mean,
+// --codec, which goes through what the syncer does with an arriving delta (hold it encoded,
+// checked and measured chunk by chunk; the round book's checks); then each fragment merges (contribution weights, RDA / mean,
 // outer Nesterov, the downlink codec with error feedback, Θ += the decoded update, CRC32C of Θ).
 // Learner-side work (making and encoding the deltas) is not timed.
 //
 // Figures: merge GB/s = learners × params × 4 bytes (the fp32 deltas merged) / the timed seconds
 // of one round (the median of --rounds); copy GB/s = memcpy of a 256 MiB buffer split over the
 // same number of threads (the machine's DRAM copy bandwidth, same process); peak RSS from
-// getrusage, taken before the copy test.
+// getrusage, taken before the copy test, and bytes/param = (peak RSS − RSS before the model) / params.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -43,6 +43,16 @@ using BenchClock = std::chrono::steady_clock;
 
 double Seconds(BenchClock::time_point t0) {
   return std::chrono::duration<double>(BenchClock::now() - t0).count();
+}
+
+// Resident MB now (/proc/self/statm).
+double CurrentRssMb() {
+  long pages_total = 0, pages_resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+    std::fclose(f);
+  }
+  return (double)pages_resident * 4096.0 / (1024.0 * 1024.0);
 }
 
 double PeakRssMb() {
@@ -127,6 +137,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
                          "\n");
     return 2;
   }
+  const double base_rss_mb = CurrentRssMb();  // the process before any model state (libraries)
   const TensorTable table = SyntheticTable((size_t)cmd.params);
   std::vector<Fragment> fragments;
   if (Status st = PartitionFragments(table, cmd.fragments, &fragments); !st.ok()) {
@@ -155,7 +166,6 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   }
   std::vector<uint64_t> versions(P, 0);
   FragmentMerger merger(sc);
-  std::vector<float> arrival_values;  // the syncer's reused decode buffer
   RoundBookOptions bo;
   bo.learners = M;
   bo.fragments = (int)P;
@@ -190,20 +200,17 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
         // The syncer's side of an arriving delta.
         const auto t0 = BenchClock::now();
         DeltaArrival a;
-        arrival_values.resize(frag.numel);
         a.learner = m;
         a.fragment = (uint32_t)p;
         a.base_version = versions[p];
         a.c_steps = 10;
         a.c_tokens = 1000 * (uint64_t)(m + 1);
         a.learner_step = 10 * (uint64_t)(round + 1);
-        if (Status st = DecodeTensors(up_codec, payload, numels, tensor_bytes, arrival_values); !st.ok()) {
+        const std::span<const uint8_t> whole(payload);
+        if (Status st = HoldPayload(frag, up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool()); !st.ok()) {
           std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
           return 1;
         }
-        a.values = arrival_values;
-        const std::span<const uint8_t> whole(payload);
-        a.held = HoldDelta(frag, up_codec, std::span(&whole, 1), tensor_bytes, a.values);
         if (!book.Admit(std::move(a), versions[p], BenchClock::now())) {
           const std::vector<DeltaDrop> drops = book.TakeDrops();
           std::fprintf(stderr, "dilococtl bench syncer: a delta was refused: %s %s\n",
@@ -248,13 +255,16 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   theta.clear();
   momentum.clear();
   const double copy_gbps = CopyGBps(threads);
-  const double bytes_per_param = peak_rss_mb * 1024 * 1024 / (double)N;
+  // The syncer's state and buffers: peak RSS above the process's own (the CUDA libraries dilococtl
+  // links alone are ~150 MB).
+  const double bytes_per_param = (peak_rss_mb - base_rss_mb) * 1024 * 1024 / (double)N;
   if (cmd.json) {
     nlohmann::ordered_json j;
     j["merge_GBps"] = merge_gbps;
     j["copy_GBps"] = copy_gbps;
     j["ratio"] = merge_gbps / copy_gbps;
     j["peak_rss_mb"] = peak_rss_mb;
+    j["base_rss_mb"] = base_rss_mb;
     j["bytes_per_param"] = bytes_per_param;
     j["params"] = N;
     j["learners"] = M;
@@ -269,9 +279,9 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("syncer: %zu params, %d learners, %zu fragments, %s up / %s down, %d thread(s): merge %.2f GB/s "
-                "(%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), peak RSS %.0f MB (%.1f bytes/param)\n",
+                "(%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
                 N, M, P, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges, copy_gbps,
-                merge_gbps / copy_gbps, peak_rss_mb, bytes_per_param);
+                merge_gbps / copy_gbps, peak_rss_mb, base_rss_mb, bytes_per_param);
   }
   return 0;
 }

@@ -1,6 +1,9 @@
 #include "daemon/sync/held_delta.h"
 
+#include "daemon/sync/protocol.h"
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace diloco {
@@ -9,7 +12,7 @@ namespace {
 std::vector<double> RangeNorms(const Fragment& fragment, std::span<const float> values) {
   std::vector<double> norms;
   norms.reserve(fragment.ranges.size());
-  for (const FragmentRange& r : fragment.ranges) norms.push_back(DeltaNorm(values.data() + r.packed_offset, r.numel));
+  for (const FragmentRange& r : fragment.ranges) norms.push_back(RangeNorm(values.data() + r.packed_offset, r.numel));
   return norms;
 }
 
@@ -22,29 +25,75 @@ HeldDelta HoldValues(const Fragment& fragment, std::span<const float> values) {
   return h;
 }
 
-HeldDelta HoldDelta(const Fragment& fragment, const CodecOptions& codec,
-                    std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
-                    std::span<const float> values) {
-  const bool dense_compact = codec.topk_fraction == 0 && codec.kind != CodecKind::kFp32;
-  if (!dense_compact) return HoldValues(fragment, values);
+Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
+                   std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
+                   HeldDelta* held, TaskPool* pool) {
+  DL_RETURN_IF_ERROR(ValidateCodecOptions(codec));
+  const size_t R = fragment.ranges.size();
+  if (tensor_bytes.size() != R)
+    return Status::Error(std::to_string(tensor_bytes.size()) + " tensors for " + std::to_string(R) + " ranges");
   HeldDelta h;
+  if (codec.topk_fraction != 0 || codec.kind == CodecKind::kFp32) {
+    std::vector<float> values(fragment.numel);
+    DL_RETURN_IF_ERROR(DecodeTensors(codec, chunks, FragmentNumels(fragment), tensor_bytes, values));
+    *held = HoldValues(fragment, values);
+    return Status::Ok();
+  }
   h.codec = codec;
   size_t total = 0;
   for (const auto& c : chunks) total += c.size();
+  h.payload_at.resize(R);
+  uint64_t offset = 0;
+  for (size_t t = 0; t < R; t++) {
+    const uint64_t want = EncodedBytes(codec.kind, fragment.ranges[t].numel, codec.block_size);
+    if (tensor_bytes[t] != want)
+      return Status::Error("tensor " + std::to_string(t) + ": " + std::string(CodecName(codec.kind)) + " payload is " +
+                           std::to_string(tensor_bytes[t]) + " bytes, its " + std::to_string(fragment.ranges[t].numel) +
+                           " values need " + std::to_string(want) + "; the message's shape and payload disagree");
+    h.payload_at[t] = offset;
+    offset += want;
+  }
+  if (offset != total)
+    return Status::Error("the tensors take " + std::to_string(offset) + " bytes but the payload has " +
+                         std::to_string(total));
   h.payload.resize(total);
   size_t at = 0;
   for (const auto& c : chunks) {
     if (!c.empty()) std::memcpy(h.payload.data() + at, c.data(), c.size());
     at += c.size();
   }
-  h.payload_at.resize(tensor_bytes.size());
-  uint64_t offset = 0;
-  for (size_t t = 0; t < tensor_bytes.size(); t++) {
-    h.payload_at[t] = offset;
-    offset += tensor_bytes[t];
+  // Decode (and so check) every chunk once, as a merge will read it, summing its squares.
+  struct Chunk {
+    size_t range, begin, n;
+  };
+  std::vector<Chunk> work;
+  std::vector<size_t> first(R + 1, 0);
+  for (size_t r = 0; r < R; r++) {
+    first[r] = work.size();
+    const size_t n = fragment.ranges[r].numel;
+    for (size_t b = 0; b < n; b += kMergeChunk) work.push_back({r, b, std::min(kMergeChunk, n - b)});
   }
-  h.range_norms = RangeNorms(fragment, values);
-  return h;
+  first[R] = work.size();
+  std::vector<double> squares(work.size(), 0.0);
+  std::vector<Status> errors(work.size());
+  const HeldDeltaReader reader(fragment, h);
+  RunTasks(pool, work.size(), [&](size_t t, int) {
+    thread_local std::vector<float> scratch;
+    const Chunk& c = work[t];
+    const float* v = nullptr;
+    errors[t] = reader.Read(c.range, c.begin, c.n, &scratch, &v);
+    if (errors[t].ok()) squares[t] = SumSquares(v, c.n);
+  });
+  for (size_t t = 0; t < work.size(); t++)
+    DL_RETURN_IF_ERROR(errors[t].WithContext("tensor " + std::to_string(work[t].range)));
+  h.range_norms.assign(R, 0.0);
+  for (size_t r = 0; r < R; r++) {
+    double sum = 0;
+    for (size_t t = first[r]; t < first[r + 1]; t++) sum += squares[t];
+    h.range_norms[r] = std::sqrt(sum);
+  }
+  *held = std::move(h);
+  return Status::Ok();
 }
 
 Status DecodeHeld(const Fragment& fragment, const HeldDelta& held, std::vector<float>* out) {

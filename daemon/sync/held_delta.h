@@ -29,15 +29,19 @@ struct HeldDelta {
   std::vector<uint8_t> payload;         // range after range (EncodeTensors); empty for fp32
   std::vector<uint64_t> payload_at;     // per range: where its bytes start in payload
   std::vector<float> values;            // fp32: the fragment's packed delta
-  std::vector<double> range_norms;      // |Δ| per range (DeltaNorm of the decoded values)
+  std::vector<double> range_norms;      // |Δ| per range (RangeNorm of the decoded values)
   size_t bytes() const { return payload.size() + values.size() * sizeof(float); }
 };
 
-// Holds a delta whose payload (chunks, tensor_bytes per range of fragment, encoded with codec)
-// decoded to values (fragment.numel): copies the payload (int8 / int4 / bf16) or the values.
-HeldDelta HoldDelta(const Fragment& fragment, const CodecOptions& codec,
-                    std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
-                    std::span<const float> values);
+// Holds an arriving delta: its payload (chunks, tensor_bytes[i] bytes for range i of fragment,
+// encoded with codec) is copied (int8 / int4 / bf16) and decoded a chunk at a time into a small
+// scratch, which checks it as DecodeTensors does (sizes, scales, codes, finite values) and gives
+// |Δ| per range, without a decoded copy of the whole fragment; fp32 and top-k payloads are
+// decoded into held values. An error means the payload is bad (the delta is refused). With a
+// pool the chunks are checked in parallel (the same norms: per chunk, then added in order).
+Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
+                   std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
+                   HeldDelta* held, TaskPool* pool = nullptr);
 // Holds decoded values (fragment.numel) as they are.
 HeldDelta HoldValues(const Fragment& fragment, std::span<const float> values);
 // The whole delta decoded (tests, logs).

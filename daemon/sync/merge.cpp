@@ -41,7 +41,7 @@ class PointerReader final : public DeltaReader {
   }
   double RangeNorm(size_t range) const override {
     const FragmentRange& r = fragment_.ranges[range];
-    return Norm(delta_ + r.packed_offset, r.numel);
+    return diloco::RangeNorm(delta_ + r.packed_offset, r.numel);
   }
 
  private:
@@ -87,6 +87,11 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
 
 double DeltaNorm(const float* x, size_t n) { return Norm(x, n); }
 double SumSquares(const float* x, size_t n) { return SumSquaresOf(x, n); }
+double RangeNorm(const float* x, size_t n) {
+  double sum = 0;
+  for (size_t b = 0; b < n; b += kMergeChunk) sum += SumSquaresOf(x + b, std::min(kMergeChunk, n - b));
+  return std::sqrt(sum);
+}
 
 Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader*>& deltas,
                    const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool) {

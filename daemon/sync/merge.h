@@ -32,6 +32,9 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
 // uses per range and the filter per delta. SumSquares is its square, before the root.
 double DeltaNorm(const float* x, size_t n);
 double SumSquares(const float* x, size_t n);
+// |x| of one range as a merge takes it (RDA's |Δ_m|): SumSquares per kMergeChunk chunk, the chunks
+// added in order, so a delta decoded a chunk at a time gets the same bits.
+double RangeNorm(const float* x, size_t n);
 
 // One contribution's values as a merge reads them: a chunk at a time, so a delta held encoded
 // (held_delta.h) is decoded chunk by chunk into a thread's scratch, never as a whole.
@@ -43,7 +46,7 @@ class DeltaReader {
   // Called from several threads at once, each with its own scratch.
   virtual Status Read(size_t range, size_t begin, size_t n, std::vector<float>* scratch,
                       const float** values) const = 0;
-  // |Δ| over the whole range (DeltaNorm of its values).
+  // |Δ| over the whole range (RangeNorm of its values).
   virtual double RangeNorm(size_t range) const = 0;
 };
 

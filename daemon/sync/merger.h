@@ -45,6 +45,8 @@ class FragmentMerger {
                FragmentGlobal* fg, MergeOutcome* out);
 
   int threads() const { return pool_.threads(); }
+  // The merge's threads, for other work of the syncer's thread between merges (HoldPayload).
+  TaskPool* pool() { return &pool_; }
   const CodecOptions& down_codec() const { return down_codec_; }
 
  private:

@@ -286,7 +286,6 @@ class Syncer::Impl::Loop {
   // rounding of the unquantized trajectory. Not checkpointed: a restarted syncer loses at most
   // that one rounding.
   FragmentMerger merger_;
-  std::vector<float> arrival_values_;  // an arriving delta decoded for its checks (reused)
   uint64_t router_seq_ = 0;
   const uint64_t fragments_digest_;
   static constexpr int kSnapshotMinIntervalMs = 1000;
@@ -498,17 +497,17 @@ void Syncer::Impl::Loop::HandleDelta(int learner, const ParsedMessage& m, SyncTi
   a.c_tokens = d.c_tokens;
   a.learner_step = d.learner_step;
   const Fragment& frag = fragments_[d.fragment];
-  if (Status st = DecodeFragmentPayload(frag, d.payload, m, &arrival_values_); !st.ok()) {
+  // Held encoded, checked chunk by chunk as it is taken in (held_delta.h).
+  std::vector<uint64_t> tensor_bytes;
+  Status st = CheckFragmentPayload(frag, d.payload, &tensor_bytes);
+  if (st.ok())
+    st = HoldPayload(frag, CodecOptions{d.payload.codec, d.payload.block_size, d.payload.topk_fraction},
+                     m.payload_spans(), tensor_bytes, &a.held, merger_.pool());
+  if (!st.ok()) {
     im_.book->Reject(learner, d.fragment, d.base_version, "bad_payload", st.message());
   } else if (im_.options.reject_delta && im_.options.reject_delta(learner, d.fragment)) {
     im_.book->Reject(learner, d.fragment, d.base_version, "test_rejected", "rejected by the test hook");
   } else {
-    // Checked decoded, held encoded (held_delta.h).
-    std::vector<uint64_t> tensor_bytes;
-    for (const auto& t : d.payload.tensors) tensor_bytes.push_back(t.encoded_bytes);
-    a.values = std::span<const float>(arrival_values_.data(), frag.numel);
-    a.held = HoldDelta(frag, CodecOptions{d.payload.codec, d.payload.block_size, d.payload.topk_fraction},
-                       m.payload_spans(), tensor_bytes, a.values);
     im_.book->Admit(std::move(a), state_.fragments[d.fragment].version, now);
   }
   ApplyDrops();

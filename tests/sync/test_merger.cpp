@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "daemon/net/codec.h"
@@ -57,7 +58,7 @@ Round MakeRound(const Fragment& f, CodecKind codec, int learners, uint64_t seed)
     PendingDelta pd;
     pd.learner = m;
     pd.counts = {1000.0 * (m + 1), 10.0 + m};
-    pd.held = HoldDelta(f, opt, std::span(&whole, 1), tensor_bytes, values);
+    REQUIRE(HoldPayload(f, opt, std::span(&whole, 1), tensor_bytes, &pd.held).ok());
     round.pending.push_back(std::move(pd));
     round.decoded.push_back(std::move(values));
   }
@@ -159,6 +160,28 @@ TEST_CASE("merger: held deltas merge to the bits of their decoded values", "[uni
     REQUIRE(MergeContributions(f, &decoded, Weighting::kTokens, MergeRule::kRda, b.data()).ok());
     CHECK(SameBits(a, b));
   }
+}
+
+TEST_CASE("merger: a held payload is checked and measured as it is taken in", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  const Round round = MakeRound(f, CodecKind::kInt8, 1, 41);
+  const HeldDelta& h = round.pending[0].held;
+  REQUIRE(h.range_norms.size() == f.ranges.size());
+  for (size_t r = 0; r < f.ranges.size(); r++)
+    CHECK(h.range_norms[r] == RangeNorm(round.decoded[0].data() + f.ranges[r].packed_offset, f.ranges[r].numel));
+  std::vector<uint64_t> tensor_bytes;
+  for (const FragmentRange& r : f.ranges) tensor_bytes.push_back(EncodedBytes(CodecKind::kInt8, r.numel, 64));
+  HeldDelta out;
+  std::vector<uint8_t> bad = h.payload;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.data() + h.payload_at[1] + 4 * 1000, &nan, sizeof nan);  // a scale deep in tensor 1
+  std::span<const uint8_t> whole(bad);
+  CHECK_FALSE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  whole = std::span<const uint8_t>(h.payload).first(h.payload.size() - 1);
+  CHECK_FALSE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  whole = std::span<const uint8_t>(h.payload);
+  REQUIRE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  CHECK(out.payload == h.payload);
 }
 
 TEST_CASE("task pool: every task runs once per Run", "[unit][sync]") {
