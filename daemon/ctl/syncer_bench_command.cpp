@@ -166,6 +166,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   }
   std::vector<uint64_t> versions(P, 0);
   FragmentMerger merger(sc);
+  HeldDeltaRecycler recycler(P * ((size_t)M + 1));  // as the syncer keeps them
   RoundBookOptions bo;
   bo.learners = M;
   bo.fragments = (int)P;
@@ -207,6 +208,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
         a.c_tokens = 1000 * (uint64_t)(m + 1);
         a.learner_step = 10 * (uint64_t)(round + 1);
         const std::span<const uint8_t> whole(payload);
+        a.held = recycler.Take(up == CodecKind::kFp32 ? 0 : payload.size(), up == CodecKind::kFp32 ? frag.numel : 0);
         if (Status st = HoldPayload(frag, up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool()); !st.ok()) {
           std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
           return 1;
@@ -225,7 +227,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     const auto t0 = BenchClock::now();
     for (size_t p = 0; p < P; p++) {
       const Fragment& frag = fragments[p];
-      const std::vector<PendingDelta> ok = book.TakeForMerge((uint32_t)p, versions[p]);
+      std::vector<PendingDelta> ok = book.TakeForMerge((uint32_t)p, versions[p]);
       FragmentGlobal fg;
       fg.theta.swap(theta[p]);
       fg.momentum.swap(momentum[p]);
@@ -238,6 +240,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
         return 1;
       }
       crc_sink ^= mo.theta_crc32c;
+      for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
       versions[p]++;
     }
     merge_s.push_back(Seconds(t0));

@@ -32,11 +32,17 @@ Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
   const size_t R = fragment.ranges.size();
   if (tensor_bytes.size() != R)
     return Status::Error(std::to_string(tensor_bytes.size()) + " tensors for " + std::to_string(R) + " ranges");
-  HeldDelta h;
+  // Built in *held, in whatever buffers it brings (HeldDeltaRecycler).
+  HeldDelta& h = *held;
+  h.payload.clear();
+  h.payload_at.clear();
+  h.values.clear();
+  h.range_norms.clear();
   if (codec.topk_fraction != 0 || codec.kind == CodecKind::kFp32) {
-    std::vector<float> values(fragment.numel);
-    DL_RETURN_IF_ERROR(DecodeTensors(codec, chunks, FragmentNumels(fragment), tensor_bytes, values));
-    *held = HoldValues(fragment, values);
+    h.codec = CodecOptions{CodecKind::kFp32, codec.block_size, 0};
+    h.values.resize(fragment.numel);
+    DL_RETURN_IF_ERROR(DecodeTensors(codec, chunks, FragmentNumels(fragment), tensor_bytes, h.values));
+    h.range_norms = RangeNorms(fragment, h.values);
     return Status::Ok();
   }
   h.codec = codec;
@@ -92,8 +98,42 @@ Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
     for (size_t t = first[r]; t < first[r + 1]; t++) sum += squares[t];
     h.range_norms[r] = std::sqrt(sum);
   }
-  *held = std::move(h);
   return Status::Ok();
+}
+
+void HeldDeltaRecycler::Give(HeldDelta&& held) {
+  if (held.payload.capacity() > 0 && payloads_.size() < max_kept_) payloads_.push_back(std::move(held.payload));
+  if (held.values.capacity() > 0 && values_.size() < max_kept_) values_.push_back(std::move(held.values));
+  held = HeldDelta();
+}
+
+namespace {
+
+// The kept buffer with room for n (the first such), else the largest; empty when none is kept.
+template <typename T>
+std::vector<T> TakeBuffer(std::vector<std::vector<T>>* kept, size_t n) {
+  if (kept->empty() || n == 0) return {};
+  size_t pick = 0;
+  for (size_t i = 0; i < kept->size(); i++) {
+    if ((*kept)[i].capacity() >= n) {
+      pick = i;
+      break;
+    }
+    if ((*kept)[i].capacity() > (*kept)[pick].capacity()) pick = i;
+  }
+  std::vector<T> out = std::move((*kept)[pick]);
+  (*kept)[pick] = std::move(kept->back());
+  kept->pop_back();
+  return out;
+}
+
+}  // namespace
+
+HeldDelta HeldDeltaRecycler::Take(size_t payload_bytes, size_t values) {
+  HeldDelta h;
+  h.payload = TakeBuffer(&payloads_, payload_bytes);
+  h.values = TakeBuffer(&values_, values);
+  return h;
 }
 
 Status DecodeHeld(const Fragment& fragment, const HeldDelta& held, std::vector<float>* out) {

@@ -42,6 +42,24 @@ struct HeldDelta {
 Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
                    std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
                    HeldDelta* held, TaskPool* pool = nullptr);
+// Buffers of merged deltas, kept for the next arrivals: a fresh fragment-sized allocation has its
+// pages faulted in anew every time. Give after a merge; Take before HoldPayload (which reuses
+// what the HeldDelta brings). At most max_kept buffers of each kind are kept (the syncer: as many
+// as can be pending at once, so what it keeps never exceeds what it held at its peak).
+class HeldDeltaRecycler {
+ public:
+  explicit HeldDeltaRecycler(size_t max_kept) : max_kept_(max_kept) {}
+  void Give(HeldDelta&& held);
+  // An empty HeldDelta with kept buffers for payload_bytes encoded bytes and `values` floats
+  // (those with room when there are: no allocation then).
+  HeldDelta Take(size_t payload_bytes, size_t values);
+
+ private:
+  size_t max_kept_;
+  std::vector<std::vector<uint8_t>> payloads_;
+  std::vector<std::vector<float>> values_;
+};
+
 // Holds decoded values (fragment.numel) as they are.
 HeldDelta HoldValues(const Fragment& fragment, std::span<const float> values);
 // The whole delta decoded (tests, logs).

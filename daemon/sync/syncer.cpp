@@ -286,6 +286,7 @@ class Syncer::Impl::Loop {
   // rounding of the unquantized trajectory. Not checkpointed: a restarted syncer loses at most
   // that one rounding.
   FragmentMerger merger_;
+  HeldDeltaRecycler recycler_;  // the buffers of merged deltas, for the next ones
   uint64_t router_seq_ = 0;
   const uint64_t fragments_digest_;
   static constexpr int kSnapshotMinIntervalMs = 1000;
@@ -310,6 +311,7 @@ Syncer::Impl::Loop::Loop(Syncer& syncer)
       P_(fragments_.size()),
       down_codec_{sc_.codec.down, sc_.codec.block, 0},
       merger_(sc_),
+      recycler_(P_ * ((size_t)std::max(1, sc_.learners) + 1)),
       fragments_digest_(FragmentsDigest(fragments_)) {
   dopt_.mode = sc_.mode;
   dopt_.quorum = EffectiveQuorum(sc_);
@@ -500,6 +502,10 @@ void Syncer::Impl::Loop::HandleDelta(int learner, const ParsedMessage& m, SyncTi
   // Held encoded, checked chunk by chunk as it is taken in (held_delta.h).
   std::vector<uint64_t> tensor_bytes;
   Status st = CheckFragmentPayload(frag, d.payload, &tensor_bytes);
+  if (st.ok()) {
+    const bool as_values = d.payload.topk_fraction != 0 || d.payload.codec == CodecKind::kFp32;
+    a.held = recycler_.Take(as_values ? 0 : m.payload_size(), as_values ? frag.numel : 0);
+  }
   if (st.ok())
     st = HoldPayload(frag, CodecOptions{d.payload.codec, d.payload.block_size, d.payload.topk_fraction},
                      m.payload_spans(), tensor_bytes, &a.held, merger_.pool());
@@ -697,7 +703,7 @@ Status Syncer::Impl::Loop::Merge(size_t p, const std::string& reason, double gra
   FragmentGlobal& fg = state_.fragments[p];
   // Fresh deltas in learner order (not arrival order: the merge's sums, the Global's
   // contributor list and the event are the same whichever delta came first).
-  const std::vector<PendingDelta> ok = im_.book->TakeForMerge((uint32_t)p, fg.version);
+  std::vector<PendingDelta> ok = im_.book->TakeForMerge((uint32_t)p, fg.version);
   ApplyDrops();
   if (ok.empty()) return Status::Ok();
   MergeOutcome mo;
@@ -723,6 +729,7 @@ Status Syncer::Impl::Loop::Merge(size_t p, const std::string& reason, double gra
   ev.delta_norm = mo.delta_norm;
   ev.update_norm = mo.update_norm;
   Credit(ok, mo.weights, &g, &ev);
+  for (PendingDelta& pd : ok) recycler_.Give(std::move(pd.held));
   ev.skipped = std::move(im_.skipped[p]);
   im_.skipped[p].clear();
 
