@@ -120,27 +120,26 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
   }
   first_chunk[R] = chunks.size();
 
-  const int threads = pool ? pool->threads() : 1;
-  std::vector<std::vector<double>> acc(threads);
-  std::vector<std::vector<float>> scratch(threads);
   std::vector<double> s_squared(chunks.size(), 0.0);
   std::vector<Status> errors(chunks.size());
+  // Per thread, kept from merge to merge: the chunk's sums and a reader's decoded values.
+  thread_local std::vector<double> acc;
+  thread_local std::vector<float> scratch;
   // acc = Σ_m coef[m] · Δ_m over the chunk, in learner order, per value.
-  auto accumulate = [&](const Chunk& c, const double* coef, int worker) -> Status {
-    std::vector<double>& a = acc[worker];
-    a.assign(c.n, 0.0);
-    double* __restrict ap = a.data();
+  auto accumulate = [&](const Chunk& c, const double* coef, int) -> Status {
+    acc.assign(c.n, 0.0);
+    double* __restrict ap = acc.data();
     for (size_t m = 0; m < M; m++) {
       const float* v = nullptr;
-      DL_RETURN_IF_ERROR(deltas[m]->Read(c.range, c.begin, c.n, &scratch[worker], &v));
+      DL_RETURN_IF_ERROR(deltas[m]->Read(c.range, c.begin, c.n, &scratch, &v));
       const double k = coef[m];
       for (size_t j = 0; j < c.n; j++) ap[j] += k * v[j];
     }
     return Status::Ok();
   };
-  auto write = [&](const Chunk& c, int worker) {
+  auto write = [&](const Chunk& c, int) {
     float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
-    const double* ap = acc[worker].data();
+    const double* ap = acc.data();
     for (size_t j = 0; j < c.n; j++) o[j] = (float)ap[j];
   };
   // 1. The mean ranges, and s (as float in out) and |s|² per chunk of the RDA ranges.
@@ -150,7 +149,7 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
     errors[t] = accumulate(c, is_rda ? &scales[c.range * M] : weights.data(), worker);
     if (!errors[t].ok()) return;
     if (is_rda) {
-      s_squared[t] = SumSquaresOf(acc[worker].data(), c.n);
+      s_squared[t] = SumSquaresOf(acc.data(), c.n);
     }
     write(c, worker);
   });
