@@ -10,7 +10,7 @@
 // Learner-side work (making and encoding the deltas) is not timed.
 //
 // Figures: merge GB/s = learners × params × 4 bytes (the fp32 deltas merged) / the timed seconds
-// of one round (the median of --rounds); copy GB/s = memcpy of a 256 MiB buffer split over the
+// of one round (the median of --rounds, after one untimed round); copy GB/s = memcpy of a 256 MiB buffer split over the
 // same number of threads (the machine's DRAM copy bandwidth, same process); peak RSS from
 // getrusage, taken before the copy test, and bytes/param = (peak RSS − RSS before the model) / params.
 #include <sys/resource.h>
@@ -184,7 +184,8 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
 
   std::vector<double> round_s, arrive_s, merge_s;
   uint32_t crc_sink = 0;
-  for (int round = 0; round < cmd.rounds; round++) {
+  // Round 0 is not timed: it warms what a running syncer has warm (its recycled buffers, pages).
+  for (int round = 0; round <= cmd.rounds; round++) {
     double timed = 0;
     for (size_t p = 0; p < P; p++) {
       const Fragment& frag = fragments[p];
@@ -222,7 +223,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
         timed += Seconds(t0);
       }
     }
-    arrive_s.push_back(timed);
+    const double arrivals_timed = timed;
     // The merges (Syncer::Merge's maths, as the syncer runs them).
     const auto t0 = BenchClock::now();
     for (size_t p = 0; p < P; p++) {
@@ -243,9 +244,12 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
       for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
       versions[p]++;
     }
-    merge_s.push_back(Seconds(t0));
-    timed += merge_s.back();
+    const double merges_timed = Seconds(t0);
+    timed += merges_timed;
     (void)book.TakeDrops();
+    if (round == 0) continue;
+    arrive_s.push_back(arrivals_timed);
+    merge_s.push_back(merges_timed);
     round_s.push_back(timed);
   }
   std::sort(round_s.begin(), round_s.end());

@@ -14,7 +14,7 @@ params=${PARAMS:-"25000000 100000000"}
 learners=${LEARNERS:-"2 8"}
 codecs=${CODECS:-"int4 fp32"}
 threads=${THREADS:-0}   # 0: sync.merge_threads' default
-rounds=${ROUNDS:-2}
+rounds=${ROUNDS:-3}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for p in $params; do
