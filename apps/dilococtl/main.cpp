@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
   syncer->add_option("--params", bench_syncer.params, "Parameters of the synthetic model")->capture_default_str();
   syncer->add_option("--learners", bench_syncer.learners, "Learners M (one delta each per fragment)")->capture_default_str();
   syncer->add_option("--fragments", bench_syncer.fragments, "Fragments P")->capture_default_str();
+  syncer->add_option("--open-rounds", bench_syncer.open_rounds, "Rounds open at once (0: every fragment's)")->capture_default_str();
   syncer->add_option("--codec", bench_syncer.codec, "Uplink codec: fp32, bf16, int8 or int4")->capture_default_str();
   syncer->add_option("--down-codec", bench_syncer.down_codec, "Downlink codec")->capture_default_str();
   syncer->add_option("--threads", bench_syncer.threads, "Merge threads (0: sync.merge_threads' default)")->capture_default_str();

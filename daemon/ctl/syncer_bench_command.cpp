@@ -1,13 +1,17 @@
 // dilococtl bench syncer: how fast the syncer turns learners' deltas into a new global version.
 //
 // A synthetic GPT-shaped model of --params parameters (an embedding, then blocks of 2-D weights
-// and 1-D biases) is split into --fragments fragments, as the syncer splits a real one. Every
-// fragment's round is open at once (the syncer's worst case: every learner's delta of every
-// fragment pending): for each fragment, each of --learners learners sends a delta encoded with
-// --codec, which goes through what the syncer does with an arriving delta (hold it encoded,
-// checked and measured chunk by chunk; the round book's checks); then each fragment merges (contribution weights, RDA / mean,
-// outer Nesterov, the downlink codec with error feedback, Θ += the decoded update, CRC32C of Θ).
+// and 1-D biases) is split into --fragments fragments, as the syncer splits a real one. By
+// default every fragment's round is open at once (the syncer's worst case: every learner's delta
+// of every fragment pending): for each fragment, each of --learners learners sends a delta
+// encoded with --codec, which goes through what the syncer does with an arriving delta (hold it
+// encoded, checked and measured chunk by chunk; the round book's checks); then each fragment
+// merges (contribution weights, RDA / mean, outer Nesterov, the downlink codec with error
+// feedback, Θ += the decoded update, CRC32C of Θ).
 // Learner-side work (making and encoding the deltas) is not timed.
+//
+// --open-rounds K: only K fragments' rounds open at a time (waves of K: their deltas, then their
+// merges), as on the staggered schedule where a round closes about when the next fragment's opens.
 //
 // Figures: merge GB/s = learners × params × 4 bytes (the fp32 deltas merged) / the timed seconds
 // of one round (the median of --rounds, after one untimed round); copy GB/s = memcpy of a 256 MiB buffer split over the
@@ -133,8 +137,9 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     return 2;
   }
   if (cmd.params < 1000 || cmd.learners < 1 || cmd.fragments < 1 || cmd.rounds < 1 || cmd.threads < 0) {
-    std::fprintf(stderr, "dilococtl bench syncer: --params >= 1000, --learners, --fragments, --rounds >= 1, --threads >= 0"
-                         "\n");
+    std::fprintf(stderr,
+                 "dilococtl bench syncer: --params >= 1000, --learners, --fragments, --rounds >= 1, "
+                 "--threads >= 0\n");
     return 2;
   }
   const double base_rss_mb = CurrentRssMb();  // the process before any model state (libraries)
@@ -185,68 +190,75 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   std::vector<double> round_s, arrive_s, merge_s;
   uint32_t crc_sink = 0;
   // Round 0 is not timed: it warms what a running syncer has warm (its recycled buffers, pages).
+  const size_t open = cmd.open_rounds > 0 ? std::min<size_t>(P, (size_t)cmd.open_rounds) : P;
   for (int round = 0; round <= cmd.rounds; round++) {
-    double timed = 0;
-    for (size_t p = 0; p < P; p++) {
-      const Fragment& frag = fragments[p];
-      const std::vector<uint64_t> numels = FragmentNumels(frag);
-      for (int m = 0; m < M; m++) {
-        // The learner's side (not timed): its delta, encoded.
-        const float scale = 1.0f + 0.1f * (float)((m + round) % 5);
-        for (size_t i = 0; i < frag.numel; i++) delta[i] = scale * source[i + (size_t)m * 7919];
-        if (Status st = EncodeTensors(up_codec, std::span(delta.data(), frag.numel), numels, &payload, &tensor_bytes);
-            !st.ok()) {
+    double timed = 0, arrivals_timed = 0, merges_timed = 0;
+    // Waves of `open` fragments: their deltas arrive, then they merge.
+    for (size_t wave = 0; wave < P; wave += open) {
+      const size_t wave_end = std::min(P, wave + open);
+      for (size_t p = wave; p < wave_end; p++) {
+        const Fragment& frag = fragments[p];
+        const std::vector<uint64_t> numels = FragmentNumels(frag);
+        for (int m = 0; m < M; m++) {
+          // The learner's side (not timed): its delta, encoded.
+          const float scale = 1.0f + 0.1f * (float)((m + round) % 5);
+          for (size_t i = 0; i < frag.numel; i++) delta[i] = scale * source[i + (size_t)m * 7919];
+          if (Status st = EncodeTensors(up_codec, std::span(delta.data(), frag.numel), numels, &payload, &tensor_bytes);
+              !st.ok()) {
+            std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
+            return 1;
+          }
+          // The syncer's side of an arriving delta.
+          const auto t0 = BenchClock::now();
+          DeltaArrival a;
+          a.learner = m;
+          a.fragment = (uint32_t)p;
+          a.base_version = versions[p];
+          a.c_steps = 10;
+          a.c_tokens = 1000 * (uint64_t)(m + 1);
+          a.learner_step = 10 * (uint64_t)(round + 1);
+          const std::span<const uint8_t> whole(payload);
+          a.held = recycler.Take(up == CodecKind::kFp32 ? 0 : payload.size(), up == CodecKind::kFp32 ? frag.numel : 0);
+          if (Status st = HoldPayload(frag, up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool());
+              !st.ok()) {
+            std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
+            return 1;
+          }
+          if (!book.Admit(std::move(a), versions[p], BenchClock::now())) {
+            const std::vector<DeltaDrop> drops = book.TakeDrops();
+            std::fprintf(stderr, "dilococtl bench syncer: a delta was refused: %s %s\n",
+                         drops.empty() ? "" : drops[0].why.c_str(), drops.empty() ? "" : drops[0].detail.c_str());
+            return 1;
+          }
+          timed += Seconds(t0);
+        }
+      }
+      arrivals_timed += timed;
+      timed = 0;
+      // The merges (Syncer::Merge's maths, as the syncer runs them).
+      const auto t0 = BenchClock::now();
+      for (size_t p = wave; p < wave_end; p++) {
+        const Fragment& frag = fragments[p];
+        std::vector<PendingDelta> ok = book.TakeForMerge((uint32_t)p, versions[p]);
+        FragmentGlobal fg;
+        fg.theta.swap(theta[p]);
+        fg.momentum.swap(momentum[p]);
+        MergeOutcome mo;
+        const Status st = merger.Merge(frag, (uint32_t)p, ok, &fg, &mo);
+        fg.theta.swap(theta[p]);
+        fg.momentum.swap(momentum[p]);
+        if (!st.ok()) {
           std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
           return 1;
         }
-        // The syncer's side of an arriving delta.
-        const auto t0 = BenchClock::now();
-        DeltaArrival a;
-        a.learner = m;
-        a.fragment = (uint32_t)p;
-        a.base_version = versions[p];
-        a.c_steps = 10;
-        a.c_tokens = 1000 * (uint64_t)(m + 1);
-        a.learner_step = 10 * (uint64_t)(round + 1);
-        const std::span<const uint8_t> whole(payload);
-        a.held = recycler.Take(up == CodecKind::kFp32 ? 0 : payload.size(), up == CodecKind::kFp32 ? frag.numel : 0);
-        if (Status st = HoldPayload(frag, up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool()); !st.ok()) {
-          std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
-          return 1;
-        }
-        if (!book.Admit(std::move(a), versions[p], BenchClock::now())) {
-          const std::vector<DeltaDrop> drops = book.TakeDrops();
-          std::fprintf(stderr, "dilococtl bench syncer: a delta was refused: %s %s\n",
-                       drops.empty() ? "" : drops[0].why.c_str(), drops.empty() ? "" : drops[0].detail.c_str());
-          return 1;
-        }
-        timed += Seconds(t0);
+        crc_sink ^= mo.theta_crc32c;
+        for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
+        versions[p]++;
       }
+      merges_timed += Seconds(t0);
+      (void)book.TakeDrops();
     }
-    const double arrivals_timed = timed;
-    // The merges (Syncer::Merge's maths, as the syncer runs them).
-    const auto t0 = BenchClock::now();
-    for (size_t p = 0; p < P; p++) {
-      const Fragment& frag = fragments[p];
-      std::vector<PendingDelta> ok = book.TakeForMerge((uint32_t)p, versions[p]);
-      FragmentGlobal fg;
-      fg.theta.swap(theta[p]);
-      fg.momentum.swap(momentum[p]);
-      MergeOutcome mo;
-      const Status st = merger.Merge(frag, (uint32_t)p, ok, &fg, &mo);
-      fg.theta.swap(theta[p]);
-      fg.momentum.swap(momentum[p]);
-      if (!st.ok()) {
-        std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
-        return 1;
-      }
-      crc_sink ^= mo.theta_crc32c;
-      for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
-      versions[p]++;
-    }
-    const double merges_timed = Seconds(t0);
-    timed += merges_timed;
-    (void)book.TakeDrops();
+    timed = arrivals_timed + merges_timed;
     if (round == 0) continue;
     arrive_s.push_back(arrivals_timed);
     merge_s.push_back(merges_timed);
@@ -276,6 +288,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     j["params"] = N;
     j["learners"] = M;
     j["fragments"] = P;
+    j["open_rounds"] = open;
     j["codec"] = cmd.codec;
     j["down_codec"] = cmd.down_codec;
     j["threads"] = threads;
@@ -285,10 +298,12 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     j["crc"] = crc_sink;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("syncer: %zu params, %d learners, %zu fragments, %s up / %s down, %d thread(s): merge %.2f GB/s "
-                "(%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
-                N, M, P, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges, copy_gbps,
-                merge_gbps / copy_gbps, peak_rss_mb, base_rss_mb, bytes_per_param);
+    std::printf(
+        "syncer: %zu params, %d learners, %zu fragments (%zu open at once), %s up / %s down, %d thread(s): "
+        "merge %.2f GB/s (%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), "
+        "peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
+        N, M, P, open, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges,
+        copy_gbps, merge_gbps / copy_gbps, peak_rss_mb, base_rss_mb, bytes_per_param);
   }
   return 0;
 }

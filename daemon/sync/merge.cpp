@@ -266,7 +266,8 @@ Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* c
   for (const Contribution& c : *contributions) {
     counts.push_back(c.counts);
     if (c.reader == nullptr) {
-      if (c.delta == nullptr) return Status::Error("learner " + std::to_string(c.learner) + "'s contribution has no delta");
+      if (c.delta == nullptr)
+        return Status::Error("learner " + std::to_string(c.learner) + "'s contribution has no delta");
       decoded.emplace_back(fragment, c.delta);
     }
   }
