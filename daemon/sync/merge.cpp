@@ -85,7 +85,6 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
   return Status::Ok();
 }
 
-double DeltaNorm(const float* x, size_t n) { return Norm(x, n); }
 double SumSquares(const float* x, size_t n) { return SumSquaresOf(x, n); }
 double RangeNorm(const float* x, size_t n) {
   double sum = 0;

@@ -28,9 +28,8 @@ struct ContributionCounts {
 Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
                            std::vector<double>* weights);
 
-// |x| (L2 in double, over 8 interleaved partial sums joined in order: fixed bits): the norm RDA
-// uses per range and the filter per delta. SumSquares is its square, before the root.
-double DeltaNorm(const float* x, size_t n);
+// Σ x² in double, over 8 interleaved partial sums joined in order (fixed bits; the loop
+// vectorizes): the filter's norm of a delta is its root.
 double SumSquares(const float* x, size_t n);
 // |x| of one range as a merge takes it (RDA's |Δ_m|): SumSquares per kMergeChunk chunk, the chunks
 // added in order, so a delta decoded a chunk at a time gets the same bits.
