@@ -492,8 +492,10 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
 }
 
 // Encode's arithmetic per tensor, the tensors spread over the pool: sum = residual + delta,
-// its encoding in the tensor's place in the payload, decoded, and (once every tensor encoded)
-// residual = sum - decoded. Per value the same operations as the serial path: the same bits.
+// its encoding in the tensor's place in the payload, decoded, and sum - decoded in place of the
+// sum while the tensor is in cache; once every tensor encoded, that buffer becomes the residual
+// (a swap: the old residual is the next call's scratch). Per value the same operations as the
+// serial path: the same bits.
 Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const float> delta,
                                          std::span<const uint64_t> numels, std::vector<uint8_t>* payload,
                                          std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
@@ -527,7 +529,12 @@ Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const floa
     std::span<uint8_t> bytes(payload->data() + byte_at[t], byte_at[t + 1] - byte_at[t]);
     Status st = EncodeDense(opt_.kind, opt_.block_size, std::span<const float>(s, m), bytes);
     if (st.ok()) st = DecodeDense(opt_.kind, opt_.block_size, bytes, std::span(decoded_.data() + b, m));
-    if (!st.ok()) errors[t] = st.WithContext("tensor " + std::to_string(t)).WithContext(context);
+    if (!st.ok()) {
+      errors[t] = st.WithContext("tensor " + std::to_string(t)).WithContext(context);
+      return;
+    }
+    const float* __restrict d = decoded_.data() + b;
+    for (size_t i = 0; i < m; ++i) s[i] = s[i] - d[i];
   });
   for (const Status& st : errors) {
     if (!st.ok()) {
@@ -538,15 +545,7 @@ Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const floa
   }
   tensor_bytes->assign(T, 0);
   for (size_t t = 0; t < T; t++) (*tensor_bytes)[t] = byte_at[t + 1] - byte_at[t];
-  std::vector<float>& r = residual_[fragment];
-  r.resize(n);
-  RunTasks(pool, T, [&](size_t t, int) {
-    const size_t b = value_at[t], m = numels[t];
-    float* __restrict rp = r.data() + b;
-    const float* __restrict s = sum_.data() + b;
-    const float* __restrict d = decoded_.data() + b;
-    for (size_t i = 0; i < m; ++i) rp[i] = s[i] - d[i];
-  });
+  residual_[fragment].swap(sum_);
   return Status::Ok();
 }
 
