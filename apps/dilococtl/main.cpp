@@ -173,6 +173,18 @@ int main(int argc, char** argv) {
   transport->add_flag("--no-curve", bench_transport.no_curve, "Skip the CURVE run");
   transport->add_flag("--json", bench_transport.json, "Print one JSON object on the last line");
 
+  BenchSyncerCommand bench_syncer;
+  CLI::App* syncer = bench->add_subcommand("syncer", "Merge GB/s of the syncer (decode, RDA, Nesterov, downlink) vs memcpy");
+  syncer->add_option("--params", bench_syncer.params, "Parameters of the synthetic model")->capture_default_str();
+  syncer->add_option("--learners", bench_syncer.learners, "Learners M (one delta each per fragment)")->capture_default_str();
+  syncer->add_option("--fragments", bench_syncer.fragments, "Fragments P")->capture_default_str();
+  syncer->add_option("--open-rounds", bench_syncer.open_rounds, "Rounds open at once (0: every fragment's)")->capture_default_str();
+  syncer->add_option("--codec", bench_syncer.codec, "Uplink codec: fp32, bf16, int8 or int4")->capture_default_str();
+  syncer->add_option("--down-codec", bench_syncer.down_codec, "Downlink codec")->capture_default_str();
+  syncer->add_option("--threads", bench_syncer.threads, "Merge threads (0: sync.merge_threads' default)")->capture_default_str();
+  syncer->add_option("--rounds", bench_syncer.rounds, "Timed rounds (median)")->capture_default_str();
+  syncer->add_flag("--json", bench_syncer.json, "Print one JSON object");
+
   KeygenCommand keygen;
   CLI::App* keygen_cmd = app.add_subcommand("keygen", "Write a CURVE key pair (DIR/key.public, DIR/key.secret)");
   keygen_cmd->add_option("--out", keygen.out_dir, "Directory for the key files")->required();
@@ -201,6 +213,7 @@ int main(int argc, char** argv) {
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   if (codec->parsed()) return RunBenchCodecCommand(bench_codec);
   if (transport->parsed()) return RunBenchTransportCommand(bench_transport);
+  if (syncer->parsed()) return RunBenchSyncerCommand(bench_syncer);
   if (keygen_cmd->parsed()) return RunKeygenCommand(keygen);
   return 2;
 }

@@ -186,6 +186,7 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.heartbeat_timeout_ms", &s.heartbeat_timeout_ms},
       {"sync.norm_limit", &s.norm_limit},
       {"sync.checkpoint_every", &s.checkpoint_every},
+      {"sync.merge_threads", &s.merge_threads},
       {"learners", ListField{[c](size_t n) { c->learners.resize(n); }, learner_names}},
       {"placement.syncer", &c->placement.syncer},
       {"placement.learners", StringListField{&c->placement.learners}},
@@ -776,6 +777,8 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
                            s.norm_limit == 0 || s.norm_limit > 1, "0 (off) or > 1"));
   DL_RETURN_IF_ERROR(check("sync.checkpoint_every", s.checkpoint_every, s.checkpoint_every >= 0,
                            ">= 0 (0 = only at the end)"));
+  DL_RETURN_IF_ERROR(check("sync.merge_threads", s.merge_threads, s.merge_threads >= 1 && s.merge_threads <= 64,
+                           "in [1, 64] (threads of one merge)"));
 
   if (c.learners.size() > static_cast<size_t>(s.learners)) {
     return fail("learners",

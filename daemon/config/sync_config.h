@@ -21,6 +21,7 @@
 //     heartbeat_timeout_ms: 3000
 //     norm_limit: 10           # reject deltas whose norm > norm_limit x median; 0 = off
 //     checkpoint_every: 50     # merges between global-state checkpoints; 0 = only at the end
+//     merge_threads: 2         # threads of one merge (split by tensor ranges; same bits for any count)
 //   learners:                  # optional, at most sync.learners entries, by learner index
 //     - {slowdown: 3}          # stretch this learner's step time 3x (a slower site)
 #pragma once
@@ -97,6 +98,7 @@ struct SyncConfig {
   int heartbeat_timeout_ms = 3000;  // a learner silent this long is not waited for
   double norm_limit = 10;           // k of the norm filter; 0 = off
   int checkpoint_every = 50;        // merges; 0 = only at the end
+  int merge_threads = 2;            // the syncer's merge pool, in [1, 64]; results do not depend on it
   bool operator==(const SyncConfig&) const = default;
 };
 

@@ -58,6 +58,19 @@ struct BenchTransportCommand {
 };
 int RunBenchTransportCommand(const BenchTransportCommand& cmd);
 
+struct BenchSyncerCommand {
+  long long params = 25'000'000;  // of the synthetic GPT-shaped model
+  int learners = 8;                // M: one delta of each per fragment
+  int fragments = 24;              // P (the paper's default)
+  int open_rounds = 0;             // fragments whose rounds are open at once (0: all P, the worst case)
+  std::string codec = "int4";      // the uplink codec of the deltas
+  std::string down_codec = "int8";  // the downlink codec of the updates (sync.codec.down's default)
+  int threads = 0;                 // merge threads (0: sync.merge_threads' default)
+  int rounds = 3;                  // timed rounds; the median is reported
+  bool json = false;               // one JSON object: merge_GBps, copy_GBps, peak_rss_mb, ...
+};
+int RunBenchSyncerCommand(const BenchSyncerCommand& cmd);
+
 struct KeygenCommand {
   std::string out_dir;  // writes key.public and key.secret (0600) here
   bool force = false;   // replace an existing pair

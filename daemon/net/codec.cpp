@@ -460,13 +460,16 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
 }
 
 Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, std::span<const uint64_t> numels,
-                             std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes) {
+                             std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
   const size_t n = delta.size();
   const std::string context = "fragment " + std::to_string(fragment);
   auto it = residual_.find(fragment);
   if (it != residual_.end() && it->second.size() != n) {
     return Status::Error(context + " had " + std::to_string(it->second.size()) + " values, now " + std::to_string(n) +
                          "; Reset(fragment) when its layout changes");
+  }
+  if (pool != nullptr && pool->threads() > 1 && opt_.topk_fraction == 0) {
+    return EncodeDenseTensors(fragment, delta, numels, payload, tensor_bytes, pool);
   }
   sum_.resize(n);
   if (it != residual_.end()) {
@@ -485,6 +488,64 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
   const float* __restrict s = sum_.data();
   const float* __restrict d = decoded_.data();
   for (size_t i = 0; i < n; ++i) rp[i] = s[i] - d[i];
+  return Status::Ok();
+}
+
+// Encode's arithmetic per tensor, the tensors spread over the pool: sum = residual + delta,
+// its encoding in the tensor's place in the payload, decoded, and sum - decoded in place of the
+// sum while the tensor is in cache; once every tensor encoded, that buffer becomes the residual
+// (a swap: the old residual is the next call's scratch). Per value the same operations as the
+// serial path: the same bits.
+Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const float> delta,
+                                         std::span<const uint64_t> numels, std::vector<uint8_t>* payload,
+                                         std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
+  const size_t n = delta.size();
+  const std::string context = "fragment " + std::to_string(fragment);
+  DL_RETURN_IF_ERROR(ValidateCodecOptions(opt_).WithContext(context));
+  const size_t T = numels.size();
+  std::vector<size_t> value_at(T + 1, 0), byte_at(T + 1, 0);
+  for (size_t t = 0; t < T; t++) {
+    value_at[t + 1] = value_at[t] + numels[t];
+    byte_at[t + 1] = byte_at[t] + EncodedBytes(opt_.kind, numels[t], opt_.block_size);
+  }
+  if (value_at[T] != n) {
+    return Status::Error(context + ": tensor sizes add up to " + std::to_string(value_at[T]) +
+                         " values but the input has " + std::to_string(n));
+  }
+  auto it = residual_.find(fragment);
+  const float* residual = it == residual_.end() ? nullptr : it->second.data();
+  sum_.resize(n);
+  decoded_.resize(n);
+  payload->resize(byte_at[T]);
+  std::vector<Status> errors(T);
+  RunTasks(pool, T, [&](size_t t, int) {
+    const size_t b = value_at[t], m = numels[t];
+    float* __restrict s = sum_.data() + b;
+    if (residual) {
+      for (size_t i = 0; i < m; ++i) s[i] = residual[b + i] + delta[b + i];
+    } else {
+      std::copy(delta.begin() + b, delta.begin() + b + m, s);
+    }
+    std::span<uint8_t> bytes(payload->data() + byte_at[t], byte_at[t + 1] - byte_at[t]);
+    Status st = EncodeDense(opt_.kind, opt_.block_size, std::span<const float>(s, m), bytes);
+    if (st.ok()) st = DecodeDense(opt_.kind, opt_.block_size, bytes, std::span(decoded_.data() + b, m));
+    if (!st.ok()) {
+      errors[t] = st.WithContext("tensor " + std::to_string(t)).WithContext(context);
+      return;
+    }
+    const float* __restrict d = decoded_.data() + b;
+    for (size_t i = 0; i < m; ++i) s[i] = s[i] - d[i];
+  });
+  for (const Status& st : errors) {
+    if (!st.ok()) {
+      payload->clear();
+      tensor_bytes->clear();
+      return st;
+    }
+  }
+  tensor_bytes->assign(T, 0);
+  for (size_t t = 0; t < T; t++) (*tensor_bytes)[t] = byte_at[t + 1] - byte_at[t];
+  residual_[fragment].swap(sum_);
   return Status::Ok();
 }
 

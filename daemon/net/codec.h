@@ -62,6 +62,7 @@
 
 #include "daemon/net/codec_kind.h"
 #include "daemon/util/status.h"
+#include "daemon/util/task_pool.h"
 #include "kernels/sync_ops.h"
 
 namespace diloco {
@@ -125,9 +126,14 @@ class ErrorFeedback {
 
   // The fragment as one tensor.
   Status Encode(uint32_t fragment, std::span<const float> delta, std::vector<uint8_t>* payload);
-  // The fragment as several tensors (EncodeTensors).
+  // The fragment as several tensors (EncodeTensors). With a pool, dense codecs work on the
+  // tensors in parallel (the same bytes as without).
   Status Encode(uint32_t fragment, std::span<const float> delta, std::span<const uint64_t> numels,
-                std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes);
+                std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, TaskPool* pool = nullptr);
+  // What the last successful Encode's payload decodes to (the receiver's values): decoded once,
+  // here, for the residual; a sender that applies its own update reads it instead of decoding
+  // again. Valid until the next Encode.
+  std::span<const float> decoded() const { return decoded_; }
 
   // The fragment's residual; empty before its first Encode and after Reset.
   std::span<const float> residual(uint32_t fragment) const;
@@ -136,6 +142,9 @@ class ErrorFeedback {
   const CodecOptions& options() const { return opt_; }
 
  private:
+  Status EncodeDenseTensors(uint32_t fragment, std::span<const float> delta, std::span<const uint64_t> numels,
+                            std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, TaskPool* pool);
+
   CodecOptions opt_;
   std::unordered_map<uint32_t, std::vector<float>> residual_;
   std::vector<float> sum_;      // scratch: residual + delta

@@ -13,50 +13,45 @@ namespace {
 // the directions cancel and RDA has no direction to scale.
 constexpr double kMinDirectionNorm = 1e-6;
 
-double Norm(const float* x, size_t n) {
+// Σ x² in double over kLanes interleaved partial sums, joined in a fixed order: the same bits
+// on every machine and run, and a loop the compiler vectorizes (one running sum is bound by the
+// latency of an add).
+constexpr size_t kLanes = 8;
+template <typename T>
+double SumSquaresOf(const T* x, size_t n) {
+  double lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lane[j] += (double)x[i + j] * (double)x[i + j];
+  for (size_t j = 0; i < n; ++i, ++j) lane[j] += (double)x[i] * (double)x[i];
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += (double)x[i] * x[i];
-  return std::sqrt(sum);
+  for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
+  return sum;
 }
 
-void WeightedMean(const std::vector<const float*>& deltas, const std::vector<double>& weights,
-                  size_t begin, size_t n, float* out) {
-  for (size_t i = begin; i < begin + n; ++i) {
-    double sum = 0;
-    for (size_t m = 0; m < deltas.size(); ++m) sum += weights[m] * deltas[m][i];
-    out[i] = (float)sum;
-  }
-}
+double Norm(const float* x, size_t n) { return std::sqrt(SumSquaresOf(x, n)); }
 
-void RadialDirectional(const std::vector<const float*>& deltas, const std::vector<double>& weights,
-                       size_t begin, size_t n, float* out) {
-  const size_t count = deltas.size();
-  // Scale of each direction: w_m / |Δ_m| (a zero delta has no direction).
-  std::vector<double> scale(count, 0.0);
-  double radius = 0;
-  for (size_t m = 0; m < count; ++m) {
-    const double norm = Norm(deltas[m] + begin, n);
-    radius += weights[m] * norm;
-    if (norm > 0) scale[m] = weights[m] / norm;
+// A decoded delta (fragment.numel floats) as a reader.
+class PointerReader final : public DeltaReader {
+ public:
+  PointerReader(const Fragment& fragment, const float* delta) : fragment_(fragment), delta_(delta) {}
+  Status Read(size_t range, size_t begin, size_t, std::vector<float>*, const float** values) const override {
+    *values = delta_ + fragment_.ranges[range].packed_offset + begin;
+    return Status::Ok();
   }
-  double s_squared = 0;
-  for (size_t i = begin; i < begin + n; ++i) {
-    double s = 0;
-    for (size_t m = 0; m < count; ++m) s += scale[m] * deltas[m][i];
-    s_squared += s * s;
+  double RangeNorm(size_t range) const override {
+    const FragmentRange& r = fragment_.ranges[range];
+    return diloco::RangeNorm(delta_ + r.packed_offset, r.numel);
   }
-  const double s_norm = std::sqrt(s_squared);
-  if (s_norm < kMinDirectionNorm) {
-    WeightedMean(deltas, weights, begin, n, out);
-    return;
-  }
-  const double factor = radius / s_norm;
-  for (size_t i = begin; i < begin + n; ++i) {
-    double s = 0;
-    for (size_t m = 0; m < count; ++m) s += scale[m] * deltas[m][i];
-    out[i] = (float)(factor * s);
-  }
-}
+
+ private:
+  const Fragment& fragment_;
+  const float* delta_;
+};
+
+struct Chunk {
+  size_t range = 0, begin = 0, n = 0;
+};
 
 std::string Number(double v) {
   char text[32];
@@ -90,17 +85,111 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
   return Status::Ok();
 }
 
-void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
-                 const std::vector<double>& weights, MergeRule rule, float* out) {
-  DL_CHECK(!deltas.empty() && deltas.size() == weights.size(), "%zu deltas, %zu weights",
-           deltas.size(), weights.size());
-  for (const FragmentRange& r : fragment.ranges) {
-    if (r.embedding || rule == MergeRule::kMean) {
-      WeightedMean(deltas, weights, r.packed_offset, r.numel, out);
-    } else {
-      RadialDirectional(deltas, weights, r.packed_offset, r.numel, out);
+double SumSquares(const float* x, size_t n) { return SumSquaresOf(x, n); }
+double RangeNorm(const float* x, size_t n) {
+  double sum = 0;
+  for (size_t b = 0; b < n; b += kMergeChunk) sum += SumSquaresOf(x + b, std::min(kMergeChunk, n - b));
+  return std::sqrt(sum);
+}
+
+Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader*>& deltas,
+                   const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool) {
+  DL_CHECK(!deltas.empty() && deltas.size() == weights.size(), "%zu deltas, %zu weights", deltas.size(),
+           weights.size());
+  const size_t M = deltas.size(), R = fragment.ranges.size();
+  // Per range: RDA or the mean; for RDA each direction's scale w_m / |Δ_m| (a zero delta has no
+  // direction) and the radius Σ w_m |Δ_m|, in learner order.
+  std::vector<uint8_t> rda(R, 0), fallback(R, 0);
+  std::vector<double> scales(R * M, 0.0), radius(R, 0.0), factor(R, 0.0);
+  for (size_t r = 0; r < R; r++) {
+    rda[r] = !(fragment.ranges[r].embedding || rule == MergeRule::kMean);
+    if (!rda[r]) continue;
+    for (size_t m = 0; m < M; m++) {
+      const double norm = deltas[m]->RangeNorm(r);
+      radius[r] += weights[m] * norm;
+      if (norm > 0) scales[r * M + m] = weights[m] / norm;
     }
   }
+  std::vector<Chunk> chunks;
+  std::vector<size_t> first_chunk(R + 1, 0);
+  for (size_t r = 0; r < R; r++) {
+    first_chunk[r] = chunks.size();
+    const size_t n = fragment.ranges[r].numel;
+    for (size_t b = 0; b < n; b += kMergeChunk) chunks.push_back({r, b, std::min(kMergeChunk, n - b)});
+  }
+  first_chunk[R] = chunks.size();
+
+  std::vector<double> s_squared(chunks.size(), 0.0);
+  std::vector<Status> errors(chunks.size());
+  // Per thread, kept from merge to merge: the chunk's sums and a reader's decoded values.
+  thread_local std::vector<double> acc;
+  thread_local std::vector<float> scratch;
+  // acc = Σ_m coef[m] · Δ_m over the chunk, in learner order, per value.
+  auto accumulate = [&](const Chunk& c, const double* coef, int) -> Status {
+    acc.assign(c.n, 0.0);
+    double* __restrict ap = acc.data();
+    for (size_t m = 0; m < M; m++) {
+      const float* v = nullptr;
+      DL_RETURN_IF_ERROR(deltas[m]->Read(c.range, c.begin, c.n, &scratch, &v));
+      const double k = coef[m];
+      for (size_t j = 0; j < c.n; j++) ap[j] += k * v[j];
+    }
+    return Status::Ok();
+  };
+  auto write = [&](const Chunk& c, int) {
+    float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
+    const double* ap = acc.data();
+    for (size_t j = 0; j < c.n; j++) o[j] = (float)ap[j];
+  };
+  // 1. The mean ranges, and s (as float in out) and |s|² per chunk of the RDA ranges.
+  RunTasks(pool, chunks.size(), [&](size_t t, int worker) {
+    const Chunk& c = chunks[t];
+    const bool is_rda = rda[c.range];
+    errors[t] = accumulate(c, is_rda ? &scales[c.range * M] : weights.data(), worker);
+    if (!errors[t].ok()) return;
+    if (is_rda) {
+      s_squared[t] = SumSquaresOf(acc.data(), c.n);
+    }
+    write(c, worker);
+  });
+  for (const Status& st : errors) DL_RETURN_IF_ERROR(st);
+  // 2. Per RDA range: |s| from its chunks in order; out = radius/|s| · s, or the mean when the
+  // directions cancel.
+  std::vector<size_t> second;
+  for (size_t r = 0; r < R; r++) {
+    if (!rda[r]) continue;
+    double sq = 0;
+    for (size_t t = first_chunk[r]; t < first_chunk[r + 1]; t++) sq += s_squared[t];
+    const double s_norm = std::sqrt(sq);
+    if (s_norm < kMinDirectionNorm) fallback[r] = 1;
+    else factor[r] = radius[r] / s_norm;
+    for (size_t t = first_chunk[r]; t < first_chunk[r + 1]; t++) second.push_back(t);
+  }
+  RunTasks(pool, second.size(), [&](size_t i, int worker) {
+    const size_t t = second[i];
+    const Chunk& c = chunks[t];
+    if (fallback[c.range]) {
+      errors[t] = accumulate(c, weights.data(), worker);
+      if (errors[t].ok()) write(c, worker);
+      return;
+    }
+    float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
+    const double f = factor[c.range];
+    for (size_t j = 0; j < c.n; j++) o[j] = (float)(f * (double)o[j]);
+  });
+  for (const Status& st : errors) DL_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+
+void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
+                 const std::vector<double>& weights, MergeRule rule, float* out) {
+  std::vector<PointerReader> readers;
+  readers.reserve(deltas.size());
+  for (const float* d : deltas) readers.emplace_back(fragment, d);
+  std::vector<const DeltaReader*> pointers;
+  for (const PointerReader& r : readers) pointers.push_back(&r);
+  const Status st = MergeDeltas(fragment, pointers, weights, rule, out, nullptr);
+  DL_CHECK(st.ok(), "merging decoded deltas: %s", st.message().c_str());
 }
 
 const char* ToString(FilterVerdict verdict) {
@@ -132,7 +221,17 @@ FilterResult NormFilter::Check(const float* delta, size_t n, double steps) {
     result.reason = std::to_string(bad) + " of " + std::to_string(n) + " values are NaN or Inf";
     return result;
   }
-  result.norm = Norm(delta, n) / std::max(1.0, steps);
+  return CheckNorm(Norm(delta, n), steps);
+}
+
+FilterResult NormFilter::CheckNorm(double norm, double steps) {
+  FilterResult result;
+  if (!std::isfinite(norm)) {
+    result.verdict = FilterVerdict::kNonFinite;
+    result.reason = "the delta's norm is NaN or Inf";
+    return result;
+  }
+  result.norm = norm / std::max(1.0, steps);
   if (options_.max_rejections_in_a_row > 0 && rejections_in_a_row_ >= options_.max_rejections_in_a_row) {
     norms_.clear();  // the scale moved: start again from this delta
     rejections_in_a_row_ = 0;
@@ -157,18 +256,26 @@ FilterResult NormFilter::Check(const float* delta, size_t n, double steps) {
 }
 
 Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, Weighting weighting,
-                          MergeRule rule, float* out, std::vector<double>* weights) {
+                          MergeRule rule, float* out, std::vector<double>* weights, TaskPool* pool) {
   std::stable_sort(contributions->begin(), contributions->end(),
                    [](const Contribution& a, const Contribution& b) { return a.learner < b.learner; });
   std::vector<ContributionCounts> counts;
-  std::vector<const float*> deltas;
+  std::vector<PointerReader> decoded;
+  decoded.reserve(contributions->size());
   for (const Contribution& c : *contributions) {
     counts.push_back(c.counts);
-    deltas.push_back(c.delta);
+    if (c.reader == nullptr) {
+      if (c.delta == nullptr)
+        return Status::Error("learner " + std::to_string(c.learner) + "'s contribution has no delta");
+      decoded.emplace_back(fragment, c.delta);
+    }
   }
+  std::vector<const DeltaReader*> readers;
+  size_t next_decoded = 0;
+  for (const Contribution& c : *contributions) readers.push_back(c.reader ? c.reader : &decoded[next_decoded++]);
   std::vector<double> w;
   DL_RETURN_IF_ERROR(ContributionWeights(counts, weighting, &w));
-  MergeDeltas(fragment, deltas, w, rule, out);
+  DL_RETURN_IF_ERROR(MergeDeltas(fragment, readers, w, rule, out, pool));
   if (weights) *weights = std::move(w);
   return Status::Ok();
 }

@@ -12,6 +12,7 @@
 #include "daemon/config/sync_config.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/util/status.h"
+#include "daemon/util/task_pool.h"
 
 namespace diloco {
 
@@ -27,6 +28,31 @@ struct ContributionCounts {
 Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
                            std::vector<double>* weights);
 
+// Σ x² in double, over 8 interleaved partial sums joined in order (fixed bits; the loop
+// vectorizes): the filter's norm of a delta is its root.
+double SumSquares(const float* x, size_t n);
+// |x| of one range as a merge takes it (RDA's |Δ_m|): SumSquares per kMergeChunk chunk, the chunks
+// added in order, so a delta decoded a chunk at a time gets the same bits.
+double RangeNorm(const float* x, size_t n);
+
+// One contribution's values as a merge reads them: a chunk at a time, so a delta held encoded
+// (held_delta.h) is decoded chunk by chunk into a thread's scratch, never as a whole.
+class DeltaReader {
+ public:
+  virtual ~DeltaReader() = default;
+  // Values [begin, begin + n) of the fragment's range `range` (offsets inside the range): sets
+  // *values to them, either in the reader's own memory or in *scratch (which it may resize).
+  // Called from several threads at once, each with its own scratch.
+  virtual Status Read(size_t range, size_t begin, size_t n, std::vector<float>* scratch,
+                      const float** values) const = 0;
+  // |Δ| over the whole range (RangeNorm of its values).
+  virtual double RangeNorm(size_t range) const = 0;
+};
+
+// The merge works on chunks of this many values of a range (the last one of a range may be
+// shorter). Fixed, so that the sums per chunk (and so the bits) never depend on the threads.
+inline constexpr size_t kMergeChunk = size_t{1} << 16;
+
 // out (fragment.numel) = the merged delta. Per range of the fragment (a whole
 // tensor, or the rows of a split tensor that this fragment holds, each range
 // on its own: the pieces of one tensor in other fragments merge at other
@@ -35,14 +61,22 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
 // directional averaging: (Σ w_m |Δ_m|) · s/|s| with s = Σ w_m Δ_m/|Δ_m|, so
 // near-orthogonal deltas do not shrink as 1/√M; when |s| vanishes (deltas
 // cancel) it falls back to the weighted mean. weights as above (sum 1).
+// Sums over learners run in double, in the order given, per value; |s|² adds per chunk
+// (kMergeChunk), then the chunks in order; s is kept as float between |s| and the scaling. So the
+// bits depend only on the deltas, their order and the weights: not on the threads of pool (null:
+// the calling thread) nor on which delta a reader decodes when.
+Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader*>& deltas,
+                   const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool = nullptr);
+// The same over decoded deltas (fragment.numel floats each).
 void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
                  const std::vector<double>& weights, MergeRule rule, float* out);
 
-// One learner's contribution to a merge.
+// One learner's contribution to a merge: its decoded delta, or a reader of it.
 struct Contribution {
   int learner = 0;
   ContributionCounts counts;
-  const float* delta = nullptr;  // the fragment's packed delta
+  const float* delta = nullptr;           // the fragment's packed delta, or
+  const DeltaReader* reader = nullptr;    // when delta is null
 };
 
 // The merged delta of a round (ContributionWeights, then MergeDeltas) in LEARNER order, whatever
@@ -50,7 +84,8 @@ struct Contribution {
 // to the same bits on every run and after a restart. Sorts *contributions by learner; weights
 // (may be null) receives their weights in that order.
 Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, Weighting weighting,
-                          MergeRule rule, float* out, std::vector<double>* weights = nullptr);
+                          MergeRule rule, float* out, std::vector<double>* weights = nullptr,
+                          TaskPool* pool = nullptr);
 
 // Rejects deltas with NaN/Inf, or whose L2 norm per inner step (norm /
 // c_steps) exceeds max_ratio × the median of the last `history` accepted ones
@@ -85,6 +120,9 @@ class NormFilter {
   // Checks delta[0..n), the work of `steps` inner steps (< 1 counts as 1); an accepted norm per
   // step joins the history. FilterResult::norm and limit are per step.
   FilterResult Check(const float* delta, size_t n, double steps = 1);
+  // The same for a delta whose norm is known (e.g. from its ranges' norms): a non-finite norm
+  // is a non-finite delta.
+  FilterResult CheckNorm(double norm, double steps = 1);
   double Median() const;  // of the history; 0 when empty
 
  private:

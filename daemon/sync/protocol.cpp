@@ -33,24 +33,29 @@ PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int b
   return info;
 }
 
-Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
-                             const ParsedMessage& message, std::vector<float>* out) {
+Status CheckFragmentPayload(const Fragment& fragment, const PayloadInfo& info, std::vector<uint64_t>* tensor_bytes) {
   if (info.tensors.size() != fragment.ranges.size())
     return Status::Error("payload has " + std::to_string(info.tensors.size()) + " tensors, fragment " +
                          std::to_string(fragment.index) + " has " + std::to_string(fragment.ranges.size()));
-  std::vector<uint64_t> numels, bytes;
+  tensor_bytes->clear();
   for (size_t i = 0; i < info.tensors.size(); i++) {
     const auto& t = info.tensors[i];
     const auto& r = fragment.ranges[i];
     if (t.offset != r.offset || t.numel != r.numel)
       return Status::Error("payload tensor " + std::to_string(i) + " does not match fragment " +
                            std::to_string(fragment.index) + " (" + RangeName(r) + ")");
-    numels.push_back(t.numel);
-    bytes.push_back(t.encoded_bytes);
+    tensor_bytes->push_back(t.encoded_bytes);
   }
+  return Status::Ok();
+}
+
+Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
+                             const ParsedMessage& message, std::vector<float>* out) {
+  std::vector<uint64_t> bytes;
+  DL_RETURN_IF_ERROR(CheckFragmentPayload(fragment, info, &bytes));
   out->resize(fragment.numel);
   CodecOptions opt{info.codec, info.block_size, info.topk_fraction};
-  return DecodeTensors(opt, message.payload_spans(), numels, bytes, *out);
+  return DecodeTensors(opt, message.payload_spans(), FragmentNumels(fragment), bytes, *out);
 }
 
 }  // namespace diloco

@@ -32,6 +32,8 @@ std::vector<uint64_t> FragmentNumels(const Fragment& fragment);
 // The PayloadInfo describing a fragment encoded with EncodeTensors (tensor_bytes from it).
 PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,
                                 const std::vector<uint64_t>& tensor_bytes);
+// Checks that a payload describes exactly the fragment's ranges; *tensor_bytes: their encoded sizes.
+Status CheckFragmentPayload(const Fragment& fragment, const PayloadInfo& info, std::vector<uint64_t>* tensor_bytes);
 // Decodes a payload that must describe exactly the fragment's ranges into out (fragment.numel).
 Status DecodeFragmentPayload(const Fragment& fragment, const PayloadInfo& info,
                              const ParsedMessage& message, std::vector<float>* out);

@@ -1,6 +1,7 @@
 #include "daemon/sync/round_book.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/protocol.h"
@@ -122,7 +123,16 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
          "base " + std::to_string(d.base_version) + ", current " + std::to_string(current_version), false, true);
     return false;
   }
-  const FilterResult fr = filters_[p].Check(d.delta.data(), d.delta.size(), (double)d.c_steps);
+  FilterResult fr;
+  if (!d.held.range_norms.empty()) {
+    // Decoded values are finite (the codecs check); the ranges' norms make the delta's.
+    double sq = 0;
+    for (double r : d.held.range_norms) sq += r * r;
+    fr = filters_[p].CheckNorm(std::sqrt(sq), (double)d.c_steps);
+  } else {
+    const std::span<const float> v = d.values.empty() ? std::span<const float>(d.held.values) : d.values;
+    fr = filters_[p].Check(v.data(), v.size(), (double)d.c_steps);
+  }
   if (!fr.accepted()) {
     Drop(d.learner, p, d.base_version, (double)d.c_tokens,
          fr.verdict == FilterVerdict::kNonFinite ? "non_finite" : "norm_too_large", fr.reason, true, true);
@@ -132,7 +142,7 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
   pd.learner = d.learner;
   pd.base_version = d.base_version;
   pd.counts = {(double)d.c_tokens, (double)d.c_steps};
-  pd.delta = std::move(d.delta);
+  pd.held = std::move(d.held);
   pd.at = now;
   for (PendingDelta& old : pending_[p]) {
     if (old.learner != pd.learner) continue;

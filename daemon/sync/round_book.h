@@ -12,7 +12,7 @@
 //   implausible_counts  CheckCounts, and c_steps no more than its last heartbeat for that base
 //                       showed plus the steps since that heartbeat (counts buy weight);
 //   too_stale / from_the_future  CheckStaleness against the fragment's version;
-//   non_finite / norm_too_large  the fragment's NormFilter;
+//   non_finite / norm_too_large  the fragment's NormFilter (on the held ranges' norms when known);
 //   replaced            an older pending delta of the same learner gives way (not told: the
 //                       learner waits for the newer one, which is pending).
 // At merge time the staleness is checked again (the fragment may have moved on).
@@ -23,11 +23,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "daemon/net/envelope.h"
 #include "daemon/sync/decide.h"
+#include "daemon/sync/held_delta.h"
 #include "daemon/sync/merge.h"
 
 namespace diloco {
@@ -46,21 +48,23 @@ struct RoundBookOptions {
 // filter as the syncer sets them; the caller may tighten count_limits).
 RoundBookOptions RoundBookOptionsFor(const SyncConfig& sync, int fragments);
 
-// A decoded delta, as the book checks and keeps it.
+// A delta as the book checks it (its decoded values) and keeps it (held: held_delta.h).
 struct DeltaArrival {
   int learner = 0;
   uint32_t fragment = 0;
   uint64_t base_version = 0;
   uint64_t c_steps = 0, c_tokens = 0;
   uint64_t learner_step = 0;
-  std::vector<float> delta;
+  std::span<const float> values;  // decoded (the fragment's packed delta): checked, not kept;
+                                  // empty: held.values (a delta held as its fp32 values)
+  HeldDelta held;                 // what stays pending
 };
 
 struct PendingDelta {
   int learner = 0;
   uint64_t base_version = 0;
   ContributionCounts counts;
-  std::vector<float> delta;
+  HeldDelta held;
   SyncTime at;
 };
 

@@ -16,6 +16,7 @@
 #include "daemon/sync/decide.h"
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/merge.h"
+#include "daemon/sync/merger.h"
 #include "daemon/sync/round_book.h"
 #include "daemon/sync/state_writer.h"
 #include "daemon/sync/update_log.h"
@@ -32,11 +33,6 @@ int64_t UnixMs() {
       .count();
 }
 
-double L2(const float* x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-  return std::sqrt(s);
-}
 
 
 }  // namespace
@@ -259,7 +255,6 @@ class Syncer::Impl::Loop {
   Status Reply(const std::string& peer, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload);
   // Merging.
   Status Merge(size_t p, const std::string& reason, double grace_ms);
-  Status Advance(size_t p, const std::vector<float>& update, UpdateRecord* record, std::vector<float>* decoded);
   Status LogUpdate(size_t p, uint32_t theta_crc, UpdateRecord* record);
   std::shared_ptr<std::vector<uint8_t>> GlobalPayload(size_t p, std::vector<uint8_t>&& bytes) const;
   GlobalMsg GlobalOf(size_t p, uint32_t theta_crc, const std::vector<uint64_t>& tensor_bytes) const;
@@ -280,10 +275,12 @@ class Syncer::Impl::Loop {
   const size_t P_;  // fragments
   DecideOptions dopt_;
   const CodecOptions down_codec_;
-  // Error feedback on the downlink too: what the codec drops from one update of a fragment goes
-  // out with its next one, so Θ stays within one message's rounding of the unquantized
-  // trajectory. Not checkpointed: a restarted syncer loses at most that one rounding.
-  ErrorFeedback down_ef_;
+  // The merges (merger.h), with error feedback on the downlink too: what the codec drops from
+  // one update of a fragment goes out with its next one, so Θ stays within one message's
+  // rounding of the unquantized trajectory. Not checkpointed: a restarted syncer loses at most
+  // that one rounding.
+  FragmentMerger merger_;
+  HeldDeltaRecycler recycler_;  // the buffers of merged deltas, for the next ones
   uint64_t router_seq_ = 0;
   const uint64_t fragments_digest_;
   static constexpr int kSnapshotMinIntervalMs = 1000;
@@ -307,7 +304,8 @@ Syncer::Impl::Loop::Loop(Syncer& syncer)
       M_(sc_.learners),
       P_(fragments_.size()),
       down_codec_{sc_.codec.down, sc_.codec.block, 0},
-      down_ef_(down_codec_),
+      merger_(sc_),
+      recycler_(P_ * ((size_t)std::max(1, sc_.learners) + 1)),
       fragments_digest_(FragmentsDigest(fragments_)) {
   dopt_ = DecideOptionsFor(sc_);
   sockets_.push_back(&im_.uplink->socket());
@@ -489,7 +487,18 @@ void Syncer::Impl::Loop::HandleDelta(int learner, const ParsedMessage& m, SyncTi
   a.c_steps = d.c_steps;
   a.c_tokens = d.c_tokens;
   a.learner_step = d.learner_step;
-  if (Status st = DecodeFragmentPayload(fragments_[d.fragment], d.payload, m, &a.delta); !st.ok()) {
+  const Fragment& frag = fragments_[d.fragment];
+  // Held encoded, checked chunk by chunk as it is taken in (held_delta.h).
+  std::vector<uint64_t> tensor_bytes;
+  Status st = CheckFragmentPayload(frag, d.payload, &tensor_bytes);
+  if (st.ok()) {
+    const bool as_values = d.payload.topk_fraction != 0 || d.payload.codec == CodecKind::kFp32;
+    a.held = recycler_.Take(as_values ? 0 : m.payload_size(), as_values ? frag.numel : 0);
+  }
+  if (st.ok())
+    st = HoldPayload(frag, CodecOptions{d.payload.codec, d.payload.block_size, d.payload.topk_fraction},
+                     m.payload_spans(), tensor_bytes, &a.held, merger_.pool());
+  if (!st.ok()) {
     im_.book->Reject(learner, d.fragment, d.base_version, "bad_payload", st.message());
   } else if (im_.options.reject_delta && im_.options.reject_delta(learner, d.fragment)) {
     im_.book->Reject(learner, d.fragment, d.base_version, "test_rejected", "rejected by the test hook");
@@ -683,20 +692,18 @@ Status Syncer::Impl::Loop::Merge(size_t p, const std::string& reason, double gra
   FragmentGlobal& fg = state_.fragments[p];
   // Fresh deltas in learner order (not arrival order: the merge's sums, the Global's
   // contributor list and the event are the same whichever delta came first).
-  const std::vector<PendingDelta> ok = im_.book->TakeForMerge((uint32_t)p, fg.version);
+  std::vector<PendingDelta> ok = im_.book->TakeForMerge((uint32_t)p, fg.version);
   ApplyDrops();
   if (ok.empty()) return Status::Ok();
-  std::vector<Contribution> contributions;
-  for (const auto& pd : ok) contributions.push_back({pd.learner, pd.counts, pd.delta.data()});
-  const Fragment& frag = fragments_[p];
-  const size_t n = frag.numel;
-  std::vector<float> merged(n), update(n), decoded(n);
-  std::vector<double> weights;
-  DL_RETURN_IF_ERROR(MergeContributions(frag, &contributions, sc_.weighting, sc_.merge, merged.data(), &weights));
-  OuterNesterovUpdate(merged.data(), n, sc_.outer.lr, sc_.outer.momentum, fg.momentum.data(), update.data());
+  MergeOutcome mo;
+  DL_RETURN_IF_ERROR(merger_.Merge(fragments_[p], (uint32_t)p, ok, &fg, &mo));
+  fg.version++;
+  result_.versions[p] = fg.version;
+  state_.merges++;
   UpdateRecord record;
-  DL_RETURN_IF_ERROR(Advance(p, update, &record, &decoded));
-  const uint32_t theta_crc = Crc32c(fg.theta.data(), n * sizeof(float));
+  record.payload = std::move(mo.payload);
+  record.tensor_bytes = std::move(mo.tensor_bytes);
+  const uint32_t theta_crc = mo.theta_crc32c;
   DL_RETURN_IF_ERROR(LogUpdate(p, theta_crc, &record));
   const std::vector<uint64_t> tensor_bytes = record.tensor_bytes;
   auto payload = GlobalPayload(p, std::move(record.payload));
@@ -708,9 +715,10 @@ Status Syncer::Impl::Loop::Merge(size_t p, const std::string& reason, double gra
   ev.version = fg.version;
   ev.reason = reason;
   ev.grace_ms = grace_ms;
-  ev.delta_norm = L2(merged.data(), n);
-  ev.update_norm = L2(decoded.data(), n);
-  Credit(ok, weights, &g, &ev);
+  ev.delta_norm = mo.delta_norm;
+  ev.update_norm = mo.update_norm;
+  Credit(ok, mo.weights, &g, &ev);
+  for (PendingDelta& pd : ok) recycler_.Give(std::move(pd.held));
   ev.skipped = std::move(im_.skipped[p]);
   im_.skipped[p].clear();
 
@@ -718,23 +726,6 @@ Status Syncer::Impl::Loop::Merge(size_t p, const std::string& reason, double gra
   if (im_.have_events) DL_RETURN_IF_ERROR(im_.events.Append(ev));
   if (im_.state_writer && sc_.checkpoint_every > 0 && state_.merges % sc_.checkpoint_every == 0) Checkpoint();
   im_.timings.sync_ms.Add(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  return Status::Ok();
-}
-
-// The next version of fragment p: the update goes through the downlink codec (with error
-// feedback) into *record, and Θ_p moves by exactly the decoded update (*decoded), what every
-// learner applies.
-Status Syncer::Impl::Loop::Advance(size_t p, const std::vector<float>& update, UpdateRecord* record,
-                                   std::vector<float>* decoded) {
-  FragmentGlobal& fg = state_.fragments[p];
-  const std::vector<uint64_t> numels = FragmentNumels(fragments_[p]);
-  DL_RETURN_IF_ERROR(down_ef_.Encode((uint32_t)p, update, numels, &record->payload, &record->tensor_bytes)
-                         .WithContext("syncer: encoding the update of fragment " + std::to_string(p)));
-  DL_RETURN_IF_ERROR(DecodeTensors(down_codec_, record->payload, numels, record->tensor_bytes, *decoded));
-  ApplyUpdate(decoded->data(), fragments_[p].numel, fg.theta.data());
-  fg.version++;
-  result_.versions[p] = fg.version;
-  state_.merges++;
   return Status::Ok();
 }
 

@@ -2,13 +2,17 @@
 //
 // It binds a SUB socket (uplink: learners' Delta and Heartbeat) and a PUB socket (downlink:
 // Global), holds the GlobalState (Θ_p, u_p, v_p per fragment), and per fragment:
-//   - decodes each Delta, rejects it through a per-fragment NormFilter (NaN/Inf, norm > k × median)
-//     and the staleness check (base more than max_staleness versions old, or from the future);
+//   - takes each Delta in encoded (HoldPayload, held_delta.h: its payload checked and its norms
+//     measured a chunk at a time, never a decoded copy per learner), rejects it through a
+//     per-fragment NormFilter (NaN/Inf, norm > k × median) and the staleness check (base more
+//     than max_staleness versions old, or from the future);
 //   - asks Decide(now, round, options) whether to close the round (quorum K, every live learner
 //     in, adaptive grace window; lock-step modes wait for every live learner);
-//   - merges: ContributionWeights → MergeDeltas (RDA / mean; embeddings always mean) →
-//     OuterNesterovUpdate → encodes the update with the downlink codec, decodes it and applies
-//     exactly the decoded update to its own Θ_p, so every learner reconstructs the same bits →
+//   - merges (FragmentMerger, merger.h, on sync.merge_threads threads, the same bits for any
+//     count): ContributionWeights → MergeDeltas (RDA / mean; embeddings always mean; each held
+//     delta decoded chunk by chunk in learner order) → OuterNesterovUpdate → encodes the update
+//     with the downlink codec (which decodes it once, for its error feedback) and applies exactly
+//     that decoded update to its own Θ_p, so every learner reconstructs the same bits →
 //     publishes Global{fragment, version, update payload, CRC32C of Θ_p, contributors};
 //   - appends the merge to events.log and checkpoints the GlobalState every N merges.
 // The bookkeeping (who is live, pending deltas, the drop and replace rules, Decide's input) is

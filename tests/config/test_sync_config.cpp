@@ -50,6 +50,7 @@ sync:
   heartbeat_timeout_ms: 1500
   norm_limit: 0
   checkpoint_every: 0
+  merge_threads: 3
 learners:
   - slowdown: 1
   - {slowdown: 3}
@@ -103,6 +104,7 @@ TEST_CASE("every sync key is read and the YAML form round-trips", "[unit][config
   CHECK(s.heartbeat_timeout_ms == 1500);
   CHECK(s.norm_limit == 0);
   CHECK(s.checkpoint_every == 0);
+  CHECK(s.merge_threads == 3);
   // The empty third item keeps its defaults.
   CHECK(config.learners == std::vector<LearnerConfig>{{1.0}, {3.0}, {1.0}});
   CHECK(SlowdownOf(config.learners, 1) == 3.0);
@@ -287,6 +289,8 @@ TEST_CASE("invalid sync values name the key and the limit", "[unit][config]") {
       {{"sync.norm_limit=0.5"}, "sync.norm_limit: must be 0 (off) or > 1, got 0.5"},
       {{"sync.checkpoint_every=-1"},
        "sync.checkpoint_every: must be >= 0 (0 = only at the end), got -1"},
+      {{"sync.merge_threads=0"}, "sync.merge_threads: must be in [1, 64] (threads of one merge), got 0"},
+      {{"sync.merge_threads=65"}, "sync.merge_threads: must be in [1, 64] (threads of one merge), got 65"},
       {{"sync.learners=2", "learners.1.slowdown=0.5"},
        "learners.1.slowdown: must be >= 1 (1 = full speed), got 0.5"},
       {{"learners.1.slowdown=2"},

@@ -155,8 +155,12 @@ inline long LearnerStep(const nlohmann::json& s, int i) {
 }
 
 inline std::vector<uint64_t> Versions(const nlohmann::json& s) {
+  // A syncer role that is (re)starting reports {"phase": "starting"} and no versions yet. (A
+  // const operator[] on a missing key is undefined: it once read a number here.)
   if (!s.contains("syncer") || !s["syncer"].contains("progress")) return {};
-  return s["syncer"]["progress"]["versions"].get<std::vector<uint64_t>>();
+  const nlohmann::json& progress = s["syncer"]["progress"];
+  if (!progress.is_object() || !progress.contains("versions") || !progress["versions"].is_array()) return {};
+  return progress["versions"].get<std::vector<uint64_t>>();
 }
 
 inline bool Completed(const nlohmann::json& s) { return s.value("state", "") == "completed" && s.contains("summary"); }

@@ -9,8 +9,9 @@ diloco_test(kernel_engine_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_sync_ops.cpp
   # The wire codec (framing, top-k, error feedback over kernels/sync_ops.h),
   # compiled in so the tests can check the backends' sync ops against it
-  # (header-only dependencies: codec_kind.h, util/status.h).
+  # (dependencies: codec_kind.h, util/status.h, and util/task_pool for its threaded encode).
   ${PROJECT_SOURCE_DIR}/daemon/net/codec.cpp
+  ${PROJECT_SOURCE_DIR}/daemon/util/task_pool.cpp
 )
 target_link_libraries(kernel_engine_tests PRIVATE diloco_backend Threads::Threads)
 

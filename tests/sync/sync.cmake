@@ -6,6 +6,7 @@ diloco_test(sync_tests
   sync/test_global_state.cpp
   sync/test_goodput.cpp
   sync/test_merge.cpp
+  sync/test_merger.cpp
   sync/test_round_book.cpp
   sync/test_update_log.cpp
 )

@@ -47,7 +47,7 @@ DeltaArrival Delta(int learner, uint32_t fragment, uint64_t base, uint64_t c_ste
   d.c_steps = c_steps;
   d.c_tokens = c_steps * kTokensPerStep;
   d.learner_step = learner_step;
-  d.delta = {1, 1, 1, 1};
+  d.held.values = {1, 1, 1, 1};
   return d;
 }
 
@@ -108,7 +108,7 @@ TEST_CASE("round book: Admit checks counts, then staleness, then the norm filter
     // Three 10-step deltas of norm 10 give fragment 1's filter a median of 1 per step.
     for (uint64_t base : {7, 8, 9}) {
       DeltaArrival warm = Delta(0, 1, base);
-      warm.delta = {10, 0, 0, 0};
+      warm.held.values = {10, 0, 0, 0};
       REQUIRE(book.Admit(std::move(warm), 10, At(0)));
     }
     (void)book.TakeForMerge(1, 10);
@@ -118,7 +118,7 @@ TEST_CASE("round book: Admit checks counts, then staleness, then the norm filter
     d.c_steps = row.c_steps;
     d.c_tokens = row.c_tokens;
     d.learner_step = row.learner_step;
-    d.delta = row.delta;
+    d.held.values = row.delta;
     const bool accepted = book.Admit(std::move(d), 10, At(5));
     const std::vector<DeltaDrop> drops = book.TakeDrops();
     if (row.why.empty()) {
@@ -236,7 +236,7 @@ TEST_CASE("round book: a newer delta of the same learner replaces the older one"
   REQUIRE(book.Admit(Delta(1, 1, 8), 9, At(20)));
   REQUIRE(book.Admit(Delta(2, 0, 8), 9, At(25)));  // another fragment
   DeltaArrival newer = Delta(0, 1, 9, 12);
-  newer.delta = {2, 2, 2, 2};
+  newer.held.values = {2, 2, 2, 2};
   CHECK(book.Admit(std::move(newer), 9, At(30)));
   CHECK(book.PendingCount(1) == 2);
   CHECK(book.PendingCount(0) == 1);
@@ -253,7 +253,7 @@ TEST_CASE("round book: a newer delta of the same learner replaces the older one"
 
   // A refused newer delta replaces nothing: the older one stays pending.
   DeltaArrival bad = Delta(1, 1, 9);
-  bad.delta = {kNaN, 0, 0, 0};
+  bad.held.values = {kNaN, 0, 0, 0};
   CHECK_FALSE(book.Admit(std::move(bad), 9, At(40)));
   CHECK(book.TakeDrops().size() == 1);
 
@@ -263,7 +263,7 @@ TEST_CASE("round book: a newer delta of the same learner replaces the older one"
   CHECK(merged[0].base_version == 9);
   CHECK(merged[0].counts.steps == 12);
   CHECK(merged[0].counts.tokens == 12 * kTokensPerStep);
-  CHECK(merged[0].delta == std::vector<float>{2, 2, 2, 2});
+  CHECK(merged[0].held.values == std::vector<float>{2, 2, 2, 2});
   CHECK(Ms(merged[0].at) == 30);
   CHECK(merged[1].learner == 1);  // untouched by learner 0's replacement and its own bad delta
   CHECK(merged[1].base_version == 8);

@@ -1,0 +1,311 @@
+// dilococtl bench syncer: how fast the syncer turns learners' deltas into a new global version.
+//
+// A synthetic GPT-shaped model of --params parameters (an embedding, then blocks of 2-D weights
+// and 1-D biases) is split into --fragments fragments, as the syncer splits a real one. By
+// default every fragment's round is open at once (the syncer's worst case: every learner's delta
+// of every fragment pending): for each fragment, each of --learners learners sends a delta
+// encoded with --codec, which goes through what the syncer does with an arriving delta (hold it
+// encoded, checked and measured chunk by chunk; the round book's checks); then each fragment
+// merges (contribution weights, RDA / mean, outer Nesterov, the downlink codec with error
+// feedback, Θ += the decoded update, CRC32C of Θ).
+// Learner-side work (making and encoding the deltas) is not timed.
+//
+// --open-rounds K: only K fragments' rounds open at a time (waves of K: their deltas, then their
+// merges), as on the staggered schedule where a round closes about when the next fragment's opens.
+//
+// Figures: merge GB/s = learners × params × 4 bytes (the fp32 deltas merged) / the timed seconds
+// of one round (the median of --rounds, after one untimed round); copy GB/s = memcpy of a 256 MiB buffer split over the
+// same number of threads (the machine's DRAM copy bandwidth, same process); peak RSS from
+// getrusage, taken before the copy test, and bytes/param = (peak RSS − RSS before the model) / params.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/ctl/commands.h"
+#include "daemon/net/codec.h"
+#include "daemon/sync/fragments.h"
+#include "daemon/sync/held_delta.h"
+#include "daemon/sync/merge.h"
+#include "daemon/sync/merger.h"
+#include "daemon/sync/protocol.h"
+#include "daemon/sync/round_book.h"
+#include "daemon/util/crc32c.h"
+#include "kernels/tensor_table.h"
+
+namespace diloco {
+namespace {
+
+using BenchClock = std::chrono::steady_clock;
+
+double Seconds(BenchClock::time_point t0) {
+  return std::chrono::duration<double>(BenchClock::now() - t0).count();
+}
+
+// Resident MB now (/proc/self/statm).
+double CurrentRssMb() {
+  long pages_total = 0, pages_resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+    std::fclose(f);
+  }
+  return (double)pages_resident * 4096.0 / (1024.0 * 1024.0);
+}
+
+double PeakRssMb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_maxrss / 1024.0;  // KiB on Linux
+}
+
+// A GPT-like table of about n parameters: wte [n/16 / 512 rows, 512], then blocks of
+// [512, 2048] and [2048, 512] weights with their biases until n is reached.
+TensorTable SyntheticTable(size_t n) {
+  constexpr int kC = 512;
+  TensorTable t;
+  const int vocab_rows = std::max<int>(1, (int)(n / 16 / kC));
+  t.add("wte", {vocab_rows, kC});
+  for (int layer = 0; t.total_numel() < n; layer++) {
+    const std::string h = "h" + std::to_string(layer) + ".";
+    const size_t left = n - t.total_numel();
+    if (left >= (size_t)2 * kC * 4 * kC + 5 * kC) {
+      t.add(h + "fc.w", {kC, 4 * kC});
+      t.add(h + "fc.b", {4 * kC});
+      t.add(h + "proj.w", {4 * kC, kC});
+      t.add(h + "proj.b", {kC});
+    } else {
+      const int rows = (int)std::max<size_t>(1, left / kC);
+      t.add(h + "rest.w", {rows, kC});
+    }
+  }
+  return t;
+}
+
+// splitmix64-driven N(0, 1) floats (Box-Muller).
+std::vector<float> Gaussian(size_t n, uint64_t seed) {
+  std::vector<float> x(n);
+  uint64_t s = seed;
+  auto next = [&s] {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = 0; i < n; i += 2) {
+    const double u1 = ((double)(next() >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = (double)(next() >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    x[i] = (float)(1e-3 * r * std::cos(2.0 * M_PI * u2));
+    if (i + 1 < n) x[i + 1] = (float)(1e-3 * r * std::sin(2.0 * M_PI * u2));
+  }
+  return x;
+}
+
+// memcpy GB/s (bytes copied / s) of a 256 MiB buffer split over `threads`, best of 5.
+double CopyGBps(int threads) {
+  const size_t bytes = (size_t)256 << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 1e30;
+  for (int r = 0; r < 6; r++) {
+    const auto t0 = BenchClock::now();
+    std::vector<std::thread> pool;
+    const size_t part = bytes / threads;
+    for (int t = 0; t < threads; t++) {
+      const size_t begin = t * part, len = t + 1 == threads ? bytes - begin : part;
+      pool.emplace_back([&, begin, len] { std::memcpy(dst.data() + begin, src.data() + begin, len); });
+    }
+    for (auto& th : pool) th.join();
+    if (r > 0) best = std::min(best, Seconds(t0));
+  }
+  return (double)bytes / best / 1e9;
+}
+
+
+}  // namespace
+
+int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
+  CodecKind up, down;
+  if (!ParseCodecKind(cmd.codec, &up) || !ParseCodecKind(cmd.down_codec, &down)) {
+    std::fprintf(stderr, "dilococtl bench syncer: codecs are fp32, bf16, int8 or int4\n");
+    return 2;
+  }
+  if (cmd.params < 1000 || cmd.learners < 1 || cmd.fragments < 1 || cmd.rounds < 1 || cmd.threads < 0) {
+    std::fprintf(stderr,
+                 "dilococtl bench syncer: --params >= 1000, --learners, --fragments, --rounds >= 1, "
+                 "--threads >= 0\n");
+    return 2;
+  }
+  const double base_rss_mb = CurrentRssMb();  // the process before any model state (libraries)
+  const TensorTable table = SyntheticTable((size_t)cmd.params);
+  std::vector<Fragment> fragments;
+  if (Status st = PartitionFragments(table, cmd.fragments, &fragments); !st.ok()) {
+    std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
+    return 2;
+  }
+  const size_t N = table.total_numel();
+  const int M = cmd.learners;
+  const size_t P = fragments.size();
+  size_t largest = 0;
+  for (const Fragment& f : fragments) largest = std::max(largest, f.numel);
+
+  SyncConfig sc;  // the syncer's defaults: token weights, RDA, outer lr / momentum
+  sc.learners = M;
+  sc.fragments = (int)P;
+  sc.codec.down = down;
+  if (cmd.threads > 0) sc.merge_threads = cmd.threads;
+  const int threads = sc.merge_threads;
+  const CodecOptions up_codec{up, sc.codec.block, 0};
+
+  // The syncer's state: Θ_p, u_p per fragment (Θ from a Gaussian "model").
+  std::vector<std::vector<float>> theta(P), momentum(P);
+  for (size_t p = 0; p < P; p++) {
+    theta[p] = Gaussian(fragments[p].numel, 99 + p);
+    momentum[p].assign(fragments[p].numel, 0.0f);
+  }
+  std::vector<uint64_t> versions(P, 0);
+  FragmentMerger merger(sc);
+  HeldDeltaRecycler recycler(P * ((size_t)M + 1));  // as the syncer keeps them
+  RoundBookOptions bo;
+  bo.learners = M;
+  bo.fragments = (int)P;
+  bo.inner_steps = sc.inner_steps;
+  bo.max_staleness = sc.max_staleness;
+  bo.norm_limit = sc.norm_limit;
+  RoundBook book(bo, BenchClock::now());
+  for (int m = 0; m < M; m++) book.OnHeard(m, 1, BenchClock::now());
+
+  // The learners' deltas come from one Gaussian vector, shifted and scaled per learner.
+  const std::vector<float> source = Gaussian(largest + (size_t)M * 7919, 7);
+  std::vector<float> delta(largest);
+  std::vector<uint8_t> payload;
+  std::vector<uint64_t> tensor_bytes;
+
+  std::vector<double> round_s, arrive_s, merge_s;
+  uint32_t crc_sink = 0;
+  // Round 0 is not timed: it warms what a running syncer has warm (its recycled buffers, pages).
+  const size_t open = cmd.open_rounds > 0 ? std::min<size_t>(P, (size_t)cmd.open_rounds) : P;
+  for (int round = 0; round <= cmd.rounds; round++) {
+    double timed = 0, arrivals_timed = 0, merges_timed = 0;
+    // Waves of `open` fragments: their deltas arrive, then they merge.
+    for (size_t wave = 0; wave < P; wave += open) {
+      const size_t wave_end = std::min(P, wave + open);
+      for (size_t p = wave; p < wave_end; p++) {
+        const Fragment& frag = fragments[p];
+        const std::vector<uint64_t> numels = FragmentNumels(frag);
+        for (int m = 0; m < M; m++) {
+          // The learner's side (not timed): its delta, encoded.
+          const float scale = 1.0f + 0.1f * (float)((m + round) % 5);
+          for (size_t i = 0; i < frag.numel; i++) delta[i] = scale * source[i + (size_t)m * 7919];
+          if (Status st = EncodeTensors(up_codec, std::span(delta.data(), frag.numel), numels, &payload, &tensor_bytes);
+              !st.ok()) {
+            std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
+            return 1;
+          }
+          // The syncer's side of an arriving delta.
+          const auto t0 = BenchClock::now();
+          DeltaArrival a;
+          a.learner = m;
+          a.fragment = (uint32_t)p;
+          a.base_version = versions[p];
+          a.c_steps = 10;
+          a.c_tokens = 1000 * (uint64_t)(m + 1);
+          a.learner_step = 10 * (uint64_t)(round + 1);
+          const std::span<const uint8_t> whole(payload);
+          a.held = recycler.Take(up == CodecKind::kFp32 ? 0 : payload.size(), up == CodecKind::kFp32 ? frag.numel : 0);
+          if (Status st = HoldPayload(frag, up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool());
+              !st.ok()) {
+            std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
+            return 1;
+          }
+          if (!book.Admit(std::move(a), versions[p], BenchClock::now())) {
+            const std::vector<DeltaDrop> drops = book.TakeDrops();
+            std::fprintf(stderr, "dilococtl bench syncer: a delta was refused: %s %s\n",
+                         drops.empty() ? "" : drops[0].why.c_str(), drops.empty() ? "" : drops[0].detail.c_str());
+            return 1;
+          }
+          timed += Seconds(t0);
+        }
+      }
+      arrivals_timed += timed;
+      timed = 0;
+      // The merges (Syncer::Merge's maths, as the syncer runs them).
+      const auto t0 = BenchClock::now();
+      for (size_t p = wave; p < wave_end; p++) {
+        const Fragment& frag = fragments[p];
+        std::vector<PendingDelta> ok = book.TakeForMerge((uint32_t)p, versions[p]);
+        FragmentGlobal fg;
+        fg.theta.swap(theta[p]);
+        fg.momentum.swap(momentum[p]);
+        MergeOutcome mo;
+        const Status st = merger.Merge(frag, (uint32_t)p, ok, &fg, &mo);
+        fg.theta.swap(theta[p]);
+        fg.momentum.swap(momentum[p]);
+        if (!st.ok()) {
+          std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
+          return 1;
+        }
+        crc_sink ^= mo.theta_crc32c;
+        for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
+        versions[p]++;
+      }
+      merges_timed += Seconds(t0);
+      (void)book.TakeDrops();
+    }
+    timed = arrivals_timed + merges_timed;
+    if (round == 0) continue;
+    arrive_s.push_back(arrivals_timed);
+    merge_s.push_back(merges_timed);
+    round_s.push_back(timed);
+  }
+  std::sort(round_s.begin(), round_s.end());
+  std::sort(arrive_s.begin(), arrive_s.end());
+  std::sort(merge_s.begin(), merge_s.end());
+  const double seconds = round_s[round_s.size() / 2];
+  const double arrivals = arrive_s[arrive_s.size() / 2], merges = merge_s[merge_s.size() / 2];
+  const double peak_rss_mb = PeakRssMb();
+  const double merge_gbps = (double)M * (double)N * 4.0 / seconds / 1e9;
+  theta.clear();
+  momentum.clear();
+  const double copy_gbps = CopyGBps(threads);
+  // The syncer's state and buffers: peak RSS above the process's own (the CUDA libraries dilococtl
+  // links alone are ~150 MB).
+  const double bytes_per_param = (peak_rss_mb - base_rss_mb) * 1024 * 1024 / (double)N;
+  if (cmd.json) {
+    nlohmann::ordered_json j;
+    j["merge_GBps"] = merge_gbps;
+    j["copy_GBps"] = copy_gbps;
+    j["ratio"] = merge_gbps / copy_gbps;
+    j["peak_rss_mb"] = peak_rss_mb;
+    j["base_rss_mb"] = base_rss_mb;
+    j["bytes_per_param"] = bytes_per_param;
+    j["params"] = N;
+    j["learners"] = M;
+    j["fragments"] = P;
+    j["open_rounds"] = open;
+    j["codec"] = cmd.codec;
+    j["down_codec"] = cmd.down_codec;
+    j["threads"] = threads;
+    j["round_s"] = seconds;
+    j["arrivals_s"] = arrivals;
+    j["merges_s"] = merges;
+    j["crc"] = crc_sink;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf(
+        "syncer: %zu params, %d learners, %zu fragments (%zu open at once), %s up / %s down, %d thread(s): "
+        "merge %.2f GB/s (%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), "
+        "peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
+        N, M, P, open, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges,
+        copy_gbps, merge_gbps / copy_gbps, peak_rss_mb, base_rss_mb, bytes_per_param);
+  }
+  return 0;
+}
+
+}  // namespace diloco

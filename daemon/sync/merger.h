@@ -1,0 +1,60 @@
+// One merge of a fragment, as the syncer runs it (and `dilococtl bench syncer` measures it):
+// the round's held deltas (held_delta.h) in learner order → ContributionWeights → MergeDeltas
+// (RDA / mean, each held delta decoded chunk by chunk into the sums) → OuterNesterovUpdate →
+// the downlink codec with error feedback (ErrorFeedback, which decodes the update once) →
+// Θ += exactly that decoded update → CRC32C of Θ.
+//
+// Threads: a fixed pool of sync.merge_threads (the caller's thread included) works on chunks of
+// the fragment's ranges (merge.h kMergeChunk) and, for the downlink codec, on its tensors. Every
+// sum has a fixed order whatever the thread count, so the bits of Θ, u and the payload do not
+// depend on it. Buffers (the merged delta, the codec's) are kept and reused from merge to merge:
+// they grow to the largest fragment once.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "daemon/config/sync_config.h"
+#include "daemon/net/codec.h"
+#include "daemon/sync/fragments.h"
+#include "daemon/sync/global_state.h"
+#include "daemon/sync/round_book.h"
+#include "daemon/util/status.h"
+#include "daemon/util/task_pool.h"
+
+namespace diloco {
+
+struct MergeOutcome {
+  std::vector<double> weights;         // per merged delta, in learner order
+  std::vector<uint8_t> payload;        // the update Θ_new − Θ_old, downlink-encoded
+  std::vector<uint64_t> tensor_bytes;  // per range of the fragment
+  uint32_t theta_crc32c = 0;           // of Θ after the update
+  double delta_norm = 0;               // |merged delta|
+  double update_norm = 0;              // |decoded update|
+};
+
+class FragmentMerger {
+ public:
+  // Uses sync.weighting, merge, outer, codec.down / codec.block and merge_threads.
+  explicit FragmentMerger(const SyncConfig& sync);
+
+  // Merges pending (fresh deltas of one round, any order: merged in learner order) into fg:
+  // u and Θ move; fg->version is the caller's to bump. fragment_index keys the downlink error
+  // feedback. On error nothing of Θ has moved (u may have).
+  Status Merge(const Fragment& fragment, uint32_t fragment_index, const std::vector<PendingDelta>& pending,
+               FragmentGlobal* fg, MergeOutcome* out);
+
+  int threads() const { return pool_.threads(); }
+  // The merge's threads, for other work of the syncer's thread between merges (HoldPayload).
+  TaskPool* pool() { return &pool_; }
+  const CodecOptions& down_codec() const { return down_codec_; }
+
+ private:
+  SyncConfig sync_;
+  CodecOptions down_codec_;
+  TaskPool pool_;
+  ErrorFeedback down_ef_;
+  std::vector<float> merged_;  // the merged delta, then (in place) the update
+};
+
+}  // namespace diloco

@@ -1,0 +1,202 @@
+// The syncer's merge (merger.h) over held deltas: the same bits whatever the thread count and
+// the arrival order, and the bits of merging the decoded deltas.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "daemon/net/codec.h"
+#include "daemon/sync/held_delta.h"
+#include "daemon/sync/merge.h"
+#include "daemon/sync/merger.h"
+#include "daemon/sync/protocol.h"
+#include "daemon/util/task_pool.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+namespace {
+
+// Ranges across chunk boundaries (kMergeChunk), odd sizes, an embedding (mean) and RDA ones.
+Fragment TestFragment() {
+  Fragment f;
+  const std::pair<const char*, size_t> tensors[] = {
+      {"wte", 70001}, {"h.0.w", 2 * kMergeChunk + 333}, {"h.0.b", 7}, {"h.1.w", kMergeChunk}, {"h.1.b", 65}};
+  for (const auto& [name, numel] : tensors) {
+    FragmentRange r;
+    r.tensor = name;
+    r.offset = f.numel;
+    r.numel = numel;
+    r.packed_offset = f.numel;
+    r.embedding = IsEmbeddingTensor(name);
+    f.ranges.push_back(r);
+    f.numel += numel;
+  }
+  return f;
+}
+
+struct Round {
+  std::vector<PendingDelta> pending;
+  std::vector<std::vector<float>> decoded;  // what each held delta decodes to
+};
+
+Round MakeRound(const Fragment& f, CodecKind codec, int learners, uint64_t seed) {
+  Rng rng(seed);
+  Round round;
+  const CodecOptions opt{codec, 64, 0};
+  const std::vector<uint64_t> numels = FragmentNumels(f);
+  for (int m = 0; m < learners; m++) {
+    std::vector<float> delta(f.numel);
+    for (float& x : delta) x = (float)(0.01 * (m + 1) * rng.normal());
+    std::vector<uint8_t> payload;
+    std::vector<uint64_t> tensor_bytes;
+    REQUIRE(EncodeTensors(opt, delta, numels, &payload, &tensor_bytes).ok());
+    std::vector<float> values(f.numel);
+    REQUIRE(DecodeTensors(opt, payload, numels, tensor_bytes, values).ok());
+    const std::span<const uint8_t> whole(payload);
+    PendingDelta pd;
+    pd.learner = m;
+    pd.counts = {1000.0 * (m + 1), 10.0 + m};
+    REQUIRE(HoldPayload(f, opt, std::span(&whole, 1), tensor_bytes, &pd.held).ok());
+    round.pending.push_back(std::move(pd));
+    round.decoded.push_back(std::move(values));
+  }
+  return round;
+}
+
+FragmentGlobal Start(const Fragment& f) {
+  Rng rng(5);
+  FragmentGlobal fg;
+  fg.theta.resize(f.numel);
+  for (float& x : fg.theta) x = (float)rng.normal();
+  fg.momentum.assign(f.numel, 0.0f);
+  return fg;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Two merges in a row (the second one carries the downlink's error feedback).
+struct Result {
+  FragmentGlobal fg;
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<uint32_t> crcs;
+};
+
+Result MergeTwice(const Fragment& f, SyncConfig sc, int threads, const std::vector<Round>& rounds,
+                  const std::vector<int>& order) {
+  sc.merge_threads = threads;
+  FragmentMerger merger(sc);
+  REQUIRE(merger.threads() == threads);
+  Result r;
+  r.fg = Start(f);
+  for (const Round& round : rounds) {
+    std::vector<PendingDelta> pending;
+    for (int i : order) pending.push_back(round.pending[i]);
+    MergeOutcome mo;
+    REQUIRE(merger.Merge(f, 3, pending, &r.fg, &mo).ok());
+    r.payloads.push_back(mo.payload);
+    r.crcs.push_back(mo.theta_crc32c);
+  }
+  return r;
+}
+
+TEST_CASE("merger: the same held deltas merge to the same bits with 1 2 and 3 threads", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  for (CodecKind up : {CodecKind::kInt4, CodecKind::kInt8, CodecKind::kBf16, CodecKind::kFp32}) {
+    for (MergeRule rule : {MergeRule::kRda, MergeRule::kMean}) {
+      INFO("codec " << CodecName(up) << " rule " << (int)rule);
+      SyncConfig sc;
+      sc.merge = rule;
+      const std::vector<Round> rounds = {MakeRound(f, up, 5, 11), MakeRound(f, up, 3, 12)};
+      const std::vector<int> order = {0, 1, 2};
+      const Result one = MergeTwice(f, sc, 1, {rounds[0], rounds[1]}, {0, 1, 2});
+      for (int threads : {2, 3}) {
+        const Result many = MergeTwice(f, sc, threads, rounds, order);
+        CHECK(SameBits(many.fg.theta, one.fg.theta));
+        CHECK(SameBits(many.fg.momentum, one.fg.momentum));
+        CHECK(many.payloads == one.payloads);
+        CHECK(many.crcs == one.crcs);
+      }
+    }
+  }
+}
+
+TEST_CASE("merger: the arrival order of held deltas does not change the bits", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  SyncConfig sc;
+  const std::vector<Round> rounds = {MakeRound(f, CodecKind::kInt4, 4, 21)};
+  const Result first = MergeTwice(f, sc, 2, rounds, {0, 1, 2, 3});
+  std::vector<int> order = {0, 1, 2, 3};
+  while (std::next_permutation(order.begin(), order.end())) {
+    const Result other = MergeTwice(f, sc, 2, rounds, order);
+    CHECK(SameBits(other.fg.theta, first.fg.theta));
+    CHECK(SameBits(other.fg.momentum, first.fg.momentum));
+    CHECK(other.payloads == first.payloads);
+  }
+}
+
+TEST_CASE("merger: held deltas merge to the bits of their decoded values", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  for (CodecKind up : {CodecKind::kInt4, CodecKind::kInt8, CodecKind::kBf16}) {
+    INFO("codec " << CodecName(up));
+    const Round round = MakeRound(f, up, 4, 31);
+    std::vector<HeldDeltaReader> readers;
+    for (const PendingDelta& pd : round.pending) readers.emplace_back(f, pd.held);
+    std::vector<Contribution> held, decoded;
+    for (size_t m = 0; m < round.pending.size(); m++) {
+      held.push_back({(int)m, round.pending[m].counts, nullptr, &readers[m]});
+      decoded.push_back({(int)m, round.pending[m].counts, round.decoded[m].data(), nullptr});
+      std::vector<float> back;
+      REQUIRE(DecodeHeld(f, round.pending[m].held, &back).ok());
+      CHECK(SameBits(back, round.decoded[m]));
+      CHECK(round.pending[m].held.bytes() < f.numel * sizeof(float) / 1.9);  // held encoded
+    }
+    std::vector<float> a(f.numel), b(f.numel);
+    TaskPool pool(2);
+    REQUIRE(MergeContributions(f, &held, Weighting::kTokens, MergeRule::kRda, a.data(), nullptr, &pool).ok());
+    REQUIRE(MergeContributions(f, &decoded, Weighting::kTokens, MergeRule::kRda, b.data()).ok());
+    CHECK(SameBits(a, b));
+  }
+}
+
+TEST_CASE("merger: a held payload is checked and measured as it is taken in", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  const Round round = MakeRound(f, CodecKind::kInt8, 1, 41);
+  const HeldDelta& h = round.pending[0].held;
+  REQUIRE(h.range_norms.size() == f.ranges.size());
+  for (size_t r = 0; r < f.ranges.size(); r++)
+    CHECK(h.range_norms[r] == RangeNorm(round.decoded[0].data() + f.ranges[r].packed_offset, f.ranges[r].numel));
+  std::vector<uint64_t> tensor_bytes;
+  for (const FragmentRange& r : f.ranges) tensor_bytes.push_back(EncodedBytes(CodecKind::kInt8, r.numel, 64));
+  HeldDelta out;
+  std::vector<uint8_t> bad = h.payload;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.data() + h.payload_at[1] + 4 * 1000, &nan, sizeof nan);  // a scale deep in tensor 1
+  std::span<const uint8_t> whole(bad);
+  CHECK_FALSE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  whole = std::span<const uint8_t>(h.payload).first(h.payload.size() - 1);
+  CHECK_FALSE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  whole = std::span<const uint8_t>(h.payload);
+  REQUIRE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  CHECK(out.payload == h.payload);
+}
+
+TEST_CASE("task pool: every task runs once per Run", "[unit][sync]") {
+  TaskPool pool(3);
+  for (int run = 0; run < 200; run++) {
+    const size_t tasks = run % 17;
+    std::vector<std::atomic<int>> hits(tasks);
+    pool.Run(tasks, [&](size_t t, int worker) {
+      CHECK(worker >= 0);
+      CHECK(worker < 3);
+      hits[t]++;
+    });
+    for (auto& h : hits) CHECK(h.load() == 1);
+  }
+}
+
+}  // namespace
+}  // namespace diloco
