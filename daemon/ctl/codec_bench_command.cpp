@@ -9,30 +9,11 @@
 #include <vector>
 
 #include "daemon/ctl/commands.h"
+#include "daemon/ctl/gaussian_data.h"
 #include "daemon/net/codec.h"
 
 namespace diloco {
 namespace {
-
-// splitmix64 + Box-Muller: 64 MiB of Gaussian floats in a fraction of a second.
-std::vector<float> GaussianData(size_t n, uint64_t seed) {
-  std::vector<float> x(n);
-  uint64_t s = seed;
-  auto next = [&s] {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (size_t i = 0; i < n; i += 2) {
-    const double u1 = (static_cast<double>(next() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(next() >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    x[i] = static_cast<float>(r * std::cos(2.0 * M_PI * u2));
-    if (i + 1 < n) x[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
-  }
-  return x;
-}
 
 double RelL2(const std::vector<float>& ref, const std::vector<float>& got) {
   double num = 0, den = 0;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "daemon/ctl/commands.h"
+#include "daemon/ctl/gaussian_data.h"
 #include "daemon/net/codec.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/held_delta.h"
@@ -86,26 +87,6 @@ TensorTable SyntheticTable(size_t n) {
     }
   }
   return t;
-}
-
-// splitmix64-driven N(0, 1) floats (Box-Muller).
-std::vector<float> Gaussian(size_t n, uint64_t seed) {
-  std::vector<float> x(n);
-  uint64_t s = seed;
-  auto next = [&s] {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (size_t i = 0; i < n; i += 2) {
-    const double u1 = ((double)(next() >> 11) + 1.0) * 0x1.0p-53;
-    const double u2 = (double)(next() >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    x[i] = (float)(1e-3 * r * std::cos(2.0 * M_PI * u2));
-    if (i + 1 < n) x[i + 1] = (float)(1e-3 * r * std::sin(2.0 * M_PI * u2));
-  }
-  return x;
 }
 
 // memcpy GB/s (bytes copied / s) of a 256 MiB buffer split over `threads`, best of 5.
@@ -166,7 +147,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   // The syncer's state: Θ_p, u_p per fragment (Θ from a Gaussian "model").
   std::vector<std::vector<float>> theta(P), momentum(P);
   for (size_t p = 0; p < P; p++) {
-    theta[p] = Gaussian(fragments[p].numel, 99 + p);
+    theta[p] = GaussianData(fragments[p].numel, 99 + p, 1e-3);
     momentum[p].assign(fragments[p].numel, 0.0f);
   }
   std::vector<uint64_t> versions(P, 0);
@@ -182,7 +163,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   for (int m = 0; m < M; m++) book.OnHeard(m, 1, BenchClock::now());
 
   // The learners' deltas come from one Gaussian vector, shifted and scaled per learner.
-  const std::vector<float> source = Gaussian(largest + (size_t)M * 7919, 7);
+  const std::vector<float> source = GaussianData(largest + (size_t)M * 7919, 7, 1e-3);
   std::vector<float> delta(largest);
   std::vector<uint8_t> payload;
   std::vector<uint64_t> tensor_bytes;
