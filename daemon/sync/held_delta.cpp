@@ -83,8 +83,9 @@ Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
   std::vector<double> squares(work.size(), 0.0);
   std::vector<Status> errors(work.size());
   const HeldDeltaReader reader(fragment, h);
-  RunTasks(pool, work.size(), [&](size_t t, int) {
-    thread_local std::vector<float> scratch;
+  std::vector<std::vector<float>> scratches(pool != nullptr ? pool->threads() : 1);  // per worker
+  RunTasks(pool, work.size(), [&](size_t t, int worker) {
+    std::vector<float>& scratch = scratches[worker];
     const Chunk& c = work[t];
     const float* v = nullptr;
     errors[t] = reader.Read(c.range, c.begin, c.n, &scratch, &v);
@@ -176,8 +177,7 @@ Status HeldDeltaReader::Read(size_t range, size_t begin, size_t n, std::vector<f
   const size_t scale_bytes = blocks * sizeof(float);
   const size_t code_bytes = kind == CodecKind::kInt4 ? (e - a + 1) / 2 : e - a;
   const size_t code_at = (r.numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? a / 2 : a);
-  thread_local std::vector<uint8_t> gathered;
-  gathered.resize(scale_bytes + code_bytes);
+  std::vector<uint8_t> gathered(scale_bytes + code_bytes);
   std::memcpy(gathered.data(), tensor + a / B * sizeof(float), scale_bytes);
   std::memcpy(gathered.data() + scale_bytes, tensor + code_at, code_bytes);
   scratch->resize(e - a);

@@ -121,11 +121,15 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
 
   std::vector<double> s_squared(chunks.size(), 0.0);
   std::vector<Status> errors(chunks.size());
-  // Per thread, kept from merge to merge: the chunk's sums and a reader's decoded values.
-  thread_local std::vector<double> acc;
-  thread_local std::vector<float> scratch;
+  // Per worker: the chunk's sums and a reader's decoded values. (Not thread_local: LeakSanitizer
+  // reported the pool threads' copies as leaked.)
+  const int workers = pool != nullptr ? pool->threads() : 1;
+  std::vector<std::vector<double>> accs(workers);
+  std::vector<std::vector<float>> scratches(workers);
   // acc = Σ_m coef[m] · Δ_m over the chunk, in learner order, per value.
-  auto accumulate = [&](const Chunk& c, const double* coef, int) -> Status {
+  auto accumulate = [&](const Chunk& c, const double* coef, int worker) -> Status {
+    std::vector<double>& acc = accs[worker];
+    std::vector<float>& scratch = scratches[worker];
     acc.assign(c.n, 0.0);
     double* __restrict ap = acc.data();
     for (size_t m = 0; m < M; m++) {
@@ -136,9 +140,9 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
     }
     return Status::Ok();
   };
-  auto write = [&](const Chunk& c, int) {
+  auto write = [&](const Chunk& c, int worker) {
     float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
-    const double* ap = acc.data();
+    const double* ap = accs[worker].data();
     for (size_t j = 0; j < c.n; j++) o[j] = (float)ap[j];
   };
   // 1. The mean ranges, and s (as float in out) and |s|² per chunk of the RDA ranges.
@@ -148,7 +152,7 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
     errors[t] = accumulate(c, is_rda ? &scales[c.range * M] : weights.data(), worker);
     if (!errors[t].ok()) return;
     if (is_rda) {
-      s_squared[t] = SumSquaresOf(acc.data(), c.n);
+      s_squared[t] = SumSquaresOf(accs[worker].data(), c.n);
     }
     write(c, worker);
   });

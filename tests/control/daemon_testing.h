@@ -120,10 +120,12 @@ inline std::string Submit(const testing::TempDir& dir, LocalCluster& c, int step
   return id;
 }
 
-// A 3000-step job whose learners run 8x slower than they can (it trains for minutes; the test
-// stops it), submitted on site-a; its id.
-inline std::string SubmitPaced(const testing::TempDir& dir, LocalCluster& c) {
-  const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: 8}, {slowdown: 8}]\n");
+// A 3000-step job whose learners run `slowdown` times slower than they can (at 8 it trains for
+// minutes; the test stops it), submitted on site-a; its id.
+inline std::string SubmitPaced(const testing::TempDir& dir, LocalCluster& c, int slowdown = 8) {
+  const std::string n = std::to_string(slowdown);
+  const std::string yaml =
+      dir.Write("paced.yaml", JobYaml(3000) + "learners: [{slowdown: " + n + "}, {slowdown: " + n + "}]\n");
   const CtlResult r = Ctl(dir, "submit '" + yaml + "' --socket '" + c.SocketPath("site-a") + "'");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);

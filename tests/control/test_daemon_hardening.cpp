@@ -273,7 +273,8 @@ using namespace testing;
 TEST_CASE("a peer with one site's key cannot speak for a learner placed on another site", "[e2e]") {
   testing::TempDir dir;
   auto c = StartCluster(dir, /*metrics=*/true);
-  const std::string job = SubmitPaced(dir, *c);
+  // Paced 2x: training through the forgeries, and done within the wait below even under ASan.
+  const std::string job = SubmitPaced(dir, *c, 2);
   WaitStatus(*c, "site-a", job, [](const nlohmann::json& s) { return LearnerStep(s, 1) >= 100; }, 40,
              "learner-1 to reach step 100");
 
