@@ -69,24 +69,15 @@ Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
     at += c.size();
   }
   // Decode (and so check) every chunk once, as a merge will read it, summing its squares.
-  struct Chunk {
-    size_t range, begin, n;
-  };
-  std::vector<Chunk> work;
-  std::vector<size_t> first(R + 1, 0);
-  for (size_t r = 0; r < R; r++) {
-    first[r] = work.size();
-    const size_t n = fragment.ranges[r].numel;
-    for (size_t b = 0; b < n; b += kMergeChunk) work.push_back({r, b, std::min(kMergeChunk, n - b)});
-  }
-  first[R] = work.size();
+  std::vector<size_t> first;
+  const std::vector<MergeChunk> work = ChunkFragment(fragment, &first);
   std::vector<double> squares(work.size(), 0.0);
   std::vector<Status> errors(work.size());
   const HeldDeltaReader reader(fragment, h);
   std::vector<std::vector<float>> scratches(pool != nullptr ? pool->threads() : 1);  // per worker
   RunTasks(pool, work.size(), [&](size_t t, int worker) {
     std::vector<float>& scratch = scratches[worker];
-    const Chunk& c = work[t];
+    const MergeChunk& c = work[t];
     const float* v = nullptr;
     errors[t] = reader.Read(c.range, c.begin, c.n, &scratch, &v);
     if (errors[t].ok()) squares[t] = SumSquares(v, c.n);

@@ -49,9 +49,7 @@ class PointerReader final : public DeltaReader {
   const float* delta_;
 };
 
-struct Chunk {
-  size_t range = 0, begin = 0, n = 0;
-};
+using Chunk = MergeChunk;
 
 std::string Number(double v) {
   char text[32];
@@ -60,6 +58,19 @@ std::string Number(double v) {
 }
 
 }  // namespace
+
+std::vector<MergeChunk> ChunkFragment(const Fragment& fragment, std::vector<size_t>* first_of_range) {
+  const size_t R = fragment.ranges.size();
+  std::vector<MergeChunk> chunks;
+  first_of_range->assign(R + 1, 0);
+  for (size_t r = 0; r < R; r++) {
+    (*first_of_range)[r] = chunks.size();
+    const size_t n = fragment.ranges[r].numel;
+    for (size_t b = 0; b < n; b += kMergeChunk) chunks.push_back({r, b, std::min(kMergeChunk, n - b)});
+  }
+  (*first_of_range)[R] = chunks.size();
+  return chunks;
+}
 
 Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
                            std::vector<double>* weights) {
@@ -110,14 +121,8 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
       if (norm > 0) scales[r * M + m] = weights[m] / norm;
     }
   }
-  std::vector<Chunk> chunks;
-  std::vector<size_t> first_chunk(R + 1, 0);
-  for (size_t r = 0; r < R; r++) {
-    first_chunk[r] = chunks.size();
-    const size_t n = fragment.ranges[r].numel;
-    for (size_t b = 0; b < n; b += kMergeChunk) chunks.push_back({r, b, std::min(kMergeChunk, n - b)});
-  }
-  first_chunk[R] = chunks.size();
+  std::vector<size_t> first_chunk;
+  const std::vector<Chunk> chunks = ChunkFragment(fragment, &first_chunk);
 
   std::vector<double> s_squared(chunks.size(), 0.0);
   std::vector<Status> errors(chunks.size());

@@ -53,6 +53,14 @@ class DeltaReader {
 // shorter). Fixed, so that the sums per chunk (and so the bits) never depend on the threads.
 inline constexpr size_t kMergeChunk = size_t{1} << 16;
 
+// The fragment's ranges cut into kMergeChunk pieces, range by range in order: the units a merge
+// (and a held delta's check) works on. first_of_range (R + 1 entries) receives where each
+// range's chunks begin, and the total last.
+struct MergeChunk {
+  size_t range = 0, begin = 0, n = 0;
+};
+std::vector<MergeChunk> ChunkFragment(const Fragment& fragment, std::vector<size_t>* first_of_range);
+
 // out (fragment.numel) = the merged delta. Per range of the fragment (a whole
 // tensor, or the rows of a split tensor that this fragment holds, each range
 // on its own: the pieces of one tensor in other fragments merge at other
