@@ -61,14 +61,16 @@ enum class Ev { kStep, kHeartbeat, kDeltaArrives, kGlobalArrives, kDropNotice, k
 
 struct Event {
   double t;
-  uint64_t seq;  // ties in time go in the order scheduled: the run is deterministic
-  Ev kind;
-  int learner;
-  uint64_t incarnation;
-  int fragment;
+  uint64_t seq = 0;  // ties in time go in the order scheduled: the run is deterministic
+  Ev kind = Ev::kStep;
+  int learner = 0;
+  uint64_t incarnation = 0;
+  int fragment = 0;
   // kDeltaArrives: the delta; kGlobalArrives: the version and when it was merged.
-  uint64_t base_version, c_steps, c_tokens, learner_step;
-  double merged_at;
+  uint64_t base_version = 0, c_steps = 0, c_tokens = 0, learner_step = 0;
+  double merged_at = 0;
+  double restart_after_s = -1;  // kFail, scripted: < 0 never restarted
+  bool stale = false;           // kDropNotice: the delta was too stale (the learner resyncs)
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
@@ -150,7 +152,7 @@ class SyncerSim {
     for (const ChaosEvent& ce : s_.run.chaos.events) {
       if (ce.kind != ChaosEventKind::kKill || ce.at_step >= 0 || ce.learner < 0 || ce.learner >= M_) continue;
       Event k{ce.at_s, 0, Ev::kFail, ce.learner, 0};
-      k.merged_at = ce.restart_after_s;  // < 0: never restarted
+      k.restart_after_s = ce.restart_after_s;
       Push(k);
     }
     while (!queue_.empty()) {
@@ -208,7 +210,7 @@ class SyncerSim {
         return DecideFragment(e.fragment, e.t);
       case Ev::kFail:
         if (e.incarnation == 0 && learners_[e.learner].up && !learners_[e.learner].flushing) {
-          OnFail(e.learner, e.t, e.merged_at);  // scripted: restart after its own delay
+          OnFail(e.learner, e.t, e.restart_after_s);  // scripted: restart after its own delay
         } else if (Current(e) && !learners_[e.learner].flushing) {
           OnFail(e.learner, e.t, s_.detect_s + s_.restart_s + s_.rejoin_s);
         }
@@ -406,7 +408,7 @@ class SyncerSim {
       if (stale) lost_.push_back({t, (int)d.fragment, d.learner, d.tokens, LossCause::kDropped});
       if (!d.tell_learner || !learners_[d.learner].up) continue;
       Event n{t + latency_s_, 0, Ev::kDropNotice, d.learner, learners_[d.learner].incarnation, (int)d.fragment};
-      n.base_version = stale ? 1 : 0;
+      n.stale = stale;
       Push(n);
     }
   }
@@ -415,7 +417,7 @@ class SyncerSim {
     FragmentState& f = learners_[e.learner].frags[e.fragment];
     if (!f.in_flight) return;
     f.in_flight = false;
-    if (e.base_version == 1) {  // stale: a snapshot of the fragment replaces its work
+    if (e.stale) {  // a snapshot of the fragment replaces its work
       f.base = version_[e.fragment];
       f.c_steps = f.c_tokens = 0;
     }
