@@ -3,6 +3,9 @@
 //                                 training steps: tokens/s and MFU
 //   cuda_bench kernels            memory-bound kernels' GB/s against a
 //                                 measured device-to-device copy
+//   cuda_bench breakdown [B]      each op of a GPT-2 124M step timed alone
+//                                 at its shapes, times its count per step:
+//                                 which kernel holds the step back
 // Every result is one line "RESULT <name> <value> <unit> <target>" (the
 // script turns them into its table), after human-readable lines.
 // MFU counts 6 * params + 12 * L * C * T FLOPs per token (PaLM's estimate,
@@ -21,6 +24,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/rng.h"
 
@@ -200,6 +204,121 @@ int bench_kernels() {
   return 0;
 }
 
+
+// One GPT-2 124M training step, op by op: each op timed alone on its own
+// buffers at the step's shapes (median of 10), times the number of calls a
+// step makes. Their sum against the measured step (cuda_bench gpt2) is the
+// time spent between kernels: host work, copies, launch gaps.
+int bench_breakdown(int B) {
+  const int T = 1024, C = 768, NH = 12, L = 12, V = 50304, N = B * T;
+  const size_t P = 124475904;
+  std::printf("gpt2-124M step breakdown on %s, B=%d T=%d\n", device_description(0).c_str(), B, T);
+  Rng rng(5);
+  const size_t big = std::max((size_t)N * V, (size_t)N * 4 * C);
+  std::vector<float> host((size_t)1 << 22);
+  for (float& x : host) x = (float)(rng.normal() * 0.02);
+  DeviceArray<float> seed(host);
+  // bf16 buffers filled by tiling small random data (values do not matter for time).
+  auto random_bf16 = [&](size_t n) {
+    DeviceArray<bf16> a(n);
+    for (size_t off = 0; off < n; off += host.size())
+      float_to_bf16(a.get() + off, seed.get(), std::min(host.size(), n - off), nullptr);
+    return a;
+  };
+  DeviceArray<bf16> inp = random_bf16((size_t)N * 4 * C), pre = random_bf16((size_t)N * 4 * C);
+  DeviceArray<bf16> out = random_bf16(big), w = random_bf16((size_t)V * C), bias = random_bf16(V);
+  DeviceArray<bf16> dinp = random_bf16((size_t)N * 4 * C);
+  DeviceArray<float> dw((size_t)V * C), db(V), mean(N), rstd(N), lse((size_t)B * NH * T), losses(N);
+  size_t scratch_n = std::max(bias_backward_scratch_floats(N, 4 * C), layernorm_backward_scratch_floats(N, C));
+  scratch_n = std::max(scratch_n, attention_backward_scratch_floats(B, T, NH));
+  DeviceArray<float> scratch(scratch_n);
+  dw.fill(0), db.fill(0);
+  Gemm gemm;
+
+  struct Row {
+    std::string name;
+    int count;
+    double ms, flops;  // per call
+  };
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, int count, double flops, const std::function<void()>& fn) {
+    rows.push_back({name, count, time_ms(fn), flops});
+  };
+  const struct {
+    const char* name;
+    int c, oc, count;
+    bool gelu, bias;
+  } linears[] = {{"qkv", C, 3 * C, L, false, true},
+                 {"attproj", C, C, L, false, true},
+                 {"fc+gelu", C, 4 * C, L, true, true},
+                 {"fcproj", 4 * C, C, L, false, true},
+                 {"lm_head", C, V, 1, false, false}};
+  for (const auto& m : linears) {
+    const double f = 2.0 * N * m.c * m.oc;
+    add(std::string("matmul_fwd ") + m.name, m.count, f, [&] {
+      gemm.matmul_forward(out.get(), m.gelu ? pre.get() : nullptr, inp.get(), w.get(), m.bias ? bias.get() : nullptr,
+                          N, m.c, m.oc, nullptr);
+    });
+    add(std::string("matmul_bwd ") + m.name, m.count, 2 * f, [&] {
+      gemm.matmul_backward(dinp.get(), dw.get(), m.bias ? db.get() : nullptr, scratch.get(), out.get(), inp.get(),
+                           w.get(), N, m.c, m.oc, nullptr);
+    });
+  }
+  const double attn_f = 2.0 * B * NH * (double)T * T * (C / NH);  // causal: half of 4 B NH T^2 hs
+  add("attention_fwd", L, attn_f,
+      [&] { attention_forward(out.get(), lse.get(), inp.get(), B, T, C, NH, nullptr); });
+  add("attention_bwd", L, 2.5 * attn_f, [&] {
+    attention_backward(dinp.get(), scratch.get(), out.get(), inp.get(), pre.get(), lse.get(), B, T, C, NH, nullptr);
+  });
+  add("layernorm_fwd (fused add)", 2 * L + 1, 0, [&] {
+    layernorm_forward(pre.get(), out.get(), mean.get(), rstd.get(), inp.get(), dinp.get(), w.get(), bias.get(), N, C,
+                      nullptr);
+  });
+  add("layernorm_bwd", 2 * L + 1, 0, [&] {
+    layernorm_backward(dinp.get(), dw.get(), db.get(), scratch.get(), out.get(), inp.get(), w.get(), mean.get(),
+                       rstd.get(), N, C, true, nullptr);
+  });
+  add("gelu_bwd", L, 0, [&] { gelu_backward(dinp.get(), pre.get(), out.get(), (size_t)N * 4 * C, nullptr); });
+  std::vector<int> tokens(N);
+  for (int& t : tokens) t = (int)rng.below(V);
+  DeviceArray<int> dt(tokens);
+  add("classifier (loss + dlogits)", 1, 0, [&] {
+    classifier_forward_backward(out.get(), losses.get(), out.get(), dt.get(), 1.0f / N, N, V, nullptr);
+  });
+  {
+    const TokenBuckets buckets = build_token_buckets(tokens.data(), N);
+    DeviceArray<int> order(buckets.order), start(buckets.bucket_start), token(buckets.bucket_token);
+    add("encoder_fwd", 1, 0, [&] { encoder_forward(out.get(), dt.get(), w.get(), w.get(), B, T, C, nullptr); });
+    add("encoder_bwd", 1, 0, [&] {
+      encoder_backward(dw.get(), db.get(), inp.get(), order.get(), start.get(), token.get(), buckets.num_buckets(), B,
+                       T, C, nullptr);
+    });
+    add("token buckets (host)", 1, 0, [&] { build_token_buckets(tokens.data(), N); });
+  }
+  {
+    DeviceArray<float> p(P), m(P), v(P), g(P);
+    DeviceArray<bf16> p16(P);
+    p.fill(0), m.fill(0), v.fill(0), g.fill(0);
+    const AdamWArgs args{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1};
+    add("zero grads", 1, 0, [&] { fill_bytes(g.get(), 0, P * sizeof(float)); });
+    add("adamw", 1, 0, [&] { adamw_update(p.get(), p16.get(), m.get(), v.get(), g.get(), P, args, nullptr); });
+    DeviceArray<double> norm_scratch(global_norm_scratch_doubles(P)), norm(1);
+    add("global_norm", 1, 0, [&] { global_norm_squared(norm.get(), norm_scratch.get(), g.get(), P, nullptr); });
+  }
+  double total = 0;
+  for (const Row& r : rows) total += r.ms * r.count;
+  std::printf("%-30s %5s %9s %9s %6s %9s\n", "op", "calls", "ms/call", "ms/step", "share", "TFLOP/s");
+  for (const Row& r : rows) {
+    std::printf("%-30s %5d %9.3f %9.3f %5.1f%%", r.name.c_str(), r.count, r.ms, r.ms * r.count,
+                100 * r.ms * r.count / total);
+    if (r.flops > 0) std::printf(" %9.1f", r.flops / (r.ms / 1e3) / 1e12);
+    std::printf("\n");
+  }
+  std::printf("sum of ops: %.2f ms per step (B=%d)\n", total, B);
+  result("gpt2_ops_sum_ms", total, "ms", "-");
+  return 0;
+}
+
 }  // namespace
 }  // namespace diloco::cuda
 
@@ -213,6 +332,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "gpt2") return bench_gpt2(argc > 2 ? std::atoi(argv[2]) : 32, argc > 3 ? std::atoi(argv[3]) : 10);
   if (mode == "kernels") return bench_kernels();
-  std::fprintf(stderr, "usage: cuda_bench gpt2 [batch] [steps] | cuda_bench kernels\n");
+  if (mode == "breakdown") return bench_breakdown(argc > 2 ? std::atoi(argv[2]) : 32);
+  std::fprintf(stderr, "usage: cuda_bench gpt2 [batch] [steps] | cuda_bench kernels | cuda_bench breakdown [batch]\n");
   return 2;
 }

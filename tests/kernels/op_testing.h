@@ -4,7 +4,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -48,17 +51,28 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
+// With DILOCO_PRINT_MAX_ERROR set, every closeness check prints
+// "max-error WHAT: D" (D = max |a - b| / max |b|) for scripts/gpu-check.sh's table.
+inline void print_max_error(const std::string& what, double worst, double scale) {
+  static const bool on = std::getenv("DILOCO_PRINT_MAX_ERROR") != nullptr;
+  if (on) std::printf("max-error %s: %.3g\n", what.c_str(), scale > 0 ? worst / scale : worst);
+}
+
 // |a - b| <= atol + rtol * |b| elementwise; reports the first failure.
 template <typename A, typename B>
 void require_close(const std::vector<A>& a, const std::vector<B>& b, double rtol, double atol,
                    const std::string& what) {
   REQUIRE(a.size() == b.size());
+  double worst = 0, scale = 0;
   for (size_t i = 0; i < a.size(); i++) {
     const double x = a[i], y = b[i];
     if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) {
       FAIL(what << ": element " << i << " is " << x << ", expected " << y);
     }
+    worst = std::max(worst, std::fabs(x - y));
+    scale = std::max(scale, std::fabs(y));
   }
+  print_max_error(what, worst, scale);
 }
 
 // max |a - b| <= rtol * max |b|: for fast paths against a reference, where
@@ -77,6 +91,7 @@ void require_close_to_scale(const std::vector<A>& a, const std::vector<B>& b, do
       worst_i = i;
     }
   }
+  print_max_error(what, worst, scale);
   if (!(worst <= rtol * scale)) {
     FAIL(what << ": element " << worst_i << " is " << a[worst_i] << ", expected " << b[worst_i]
               << " (max |diff| " << worst << " > " << rtol << " * max |expected| " << scale << ")");
