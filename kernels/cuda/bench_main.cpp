@@ -228,11 +228,12 @@ int bench_breakdown(int B) {
   DeviceArray<bf16> inp = random_bf16((size_t)N * 4 * C), pre = random_bf16((size_t)N * 4 * C);
   DeviceArray<bf16> out = random_bf16(big), w = random_bf16((size_t)V * C), bias = random_bf16(V);
   DeviceArray<bf16> dinp = random_bf16((size_t)N * 4 * C);
-  DeviceArray<float> dw((size_t)V * C), db(V), mean(N), rstd(N), lse((size_t)B * NH * T), losses(N);
+  DeviceArray<float> dw((size_t)V * C), db(V), dwpe((size_t)T * C), mean(N), rstd(N), lse((size_t)B * NH * T),
+      losses(N);
   size_t scratch_n = std::max(bias_backward_scratch_floats(N, 4 * C), layernorm_backward_scratch_floats(N, C));
   scratch_n = std::max(scratch_n, attention_backward_scratch_floats(B, T, NH));
   DeviceArray<float> scratch(scratch_n);
-  dw.fill(0), db.fill(0);
+  dw.fill(0), db.fill(0), dwpe.fill(0);
   Gemm gemm;
 
   struct Row {
@@ -241,8 +242,11 @@ int bench_breakdown(int B) {
     double ms, flops;  // per call
   };
   std::vector<Row> rows;
+  // Each row is printed as it is measured, so a failing op is the one after the last line.
   auto add = [&](const std::string& name, int count, double flops, const std::function<void()>& fn) {
     rows.push_back({name, count, time_ms(fn), flops});
+    std::printf("  %-30s %9.3f ms\n", name.c_str(), rows.back().ms);
+    std::fflush(stdout);
   };
   const struct {
     const char* name;
@@ -290,7 +294,7 @@ int bench_breakdown(int B) {
     DeviceArray<int> order(buckets.order), start(buckets.bucket_start), token(buckets.bucket_token);
     add("encoder_fwd", 1, 0, [&] { encoder_forward(out.get(), dt.get(), w.get(), w.get(), B, T, C, nullptr); });
     add("encoder_bwd", 1, 0, [&] {
-      encoder_backward(dw.get(), db.get(), inp.get(), order.get(), start.get(), token.get(), buckets.num_buckets(), B,
+      encoder_backward(dw.get(), dwpe.get(), inp.get(), order.get(), start.get(), token.get(), buckets.num_buckets(), B,
                        T, C, nullptr);
     });
     add("token buckets (host)", 1, 0, [&] { build_token_buckets(tokens.data(), N); });

@@ -77,11 +77,12 @@ void require_close(const std::vector<A>& a, const std::vector<B>& b, double rtol
 
 // max |a - b| <= rtol * max |b|: for fast paths against a reference, where
 // single elements near zero carry the rounding of much larger terms.
+// min_scale floors max |b| for references that are (near) zero.
 template <typename A, typename B>
 void require_close_to_scale(const std::vector<A>& a, const std::vector<B>& b, double rtol,
-                            const std::string& what) {
+                            const std::string& what, double min_scale = 0) {
   REQUIRE(a.size() == b.size());
-  double scale = 0, worst = 0;
+  double scale = min_scale, worst = 0;
   size_t worst_i = 0;
   for (size_t i = 0; i < a.size(); i++) {
     scale = std::max(scale, std::fabs((double)b[i]));

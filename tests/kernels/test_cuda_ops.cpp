@@ -300,7 +300,11 @@ TEST_CASE("cuda: flash attention forward and backward", "[cuda]") {
     cuda::attention_backward(ddinp.get(), scratch.get(), ddout.get(), dinp_in.get(), dout_buf.get(), lse.get(), B,
                              T, C, NH, nullptr);
     const std::vector<float> got = from_bf16(ddinp.download());
-    // q, k and v gradients have different scales: compare each to its own.
+    // q, k and v gradients have different scales: compare each to its own,
+    // floored at 1e-3 of the whole gradient's (with T = 1, dq and dk are
+    // exactly 0 and the GPU's are rounding noise of ~1e-7).
+    double whole = 0;
+    for (double x : dinp) whole = std::max(whole, std::fabs(x));
     for (int part = 0; part < 3; part++) {
       std::vector<float> g;
       std::vector<double> r;
@@ -309,7 +313,8 @@ TEST_CASE("cuda: flash attention forward and backward", "[cuda]") {
           g.push_back(got[row * 3 * C + part * C + c]);
           r.push_back(dinp[row * 3 * C + part * C + c]);
         }
-      require_close_to_scale(g, r, kBf16Tol, part == 0 ? "attention dq" : part == 1 ? "attention dk" : "attention dv");
+      require_close_to_scale(g, r, kBf16Tol, part == 0 ? "attention dq" : part == 1 ? "attention dk" : "attention dv",
+                             1e-3 * whole);
     }
   }
 }
