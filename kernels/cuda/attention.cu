@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(nv_bf16* ou
   float* row_l = cv.take<float>(kTile);  // running sum
   float* row_a = cv.take<float>(kTile);  // this tile's rescale factor
 
-  const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // Last query tiles (most key tiles under the causal mask) are launched first: less idle tail.
+  const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q0 = qt * kTile;
   const nv_bf16* base = inp + (size_t)b * g.T * g.C3 + (size_t)h * g.hs;
@@ -365,7 +366,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(nv_bf16*
   float* lse_s = cv.take<float>(kTile);
   float* D_s = cv.take<float>(kTile);
 
-  const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // Last query tiles (most key tiles under the causal mask) are launched first: less idle tail.
+  const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q0 = qt * kTile;
   const nv_bf16* base = inp + (size_t)b * g.T * g.C3 + (size_t)h * g.hs;

@@ -376,6 +376,9 @@ double CudaBackend::forward_backward(const int* inputs, const int* targets, int 
   set_device(device_);  // the caller's thread may not have selected it
   DL_CHECK(targets != nullptr, "forward_backward needs targets");
   upload_batch(inputs, targets, B, T);
+  forward(B, T, /*backward_follows=*/true);
+  // The encoder backward's token buckets are built on the host while the
+  // GPU runs the forward (a few ms at B*T = 32k tokens).
   const TokenBuckets buckets = build_token_buckets(inputs, B * T);
   num_buckets_ = buckets.num_buckets();
   copy_to_device(order_.get(), buckets.order.data(), buckets.order.size() * sizeof(int), stream_);
@@ -383,7 +386,6 @@ double CudaBackend::forward_backward(const int* inputs, const int* targets, int 
                  stream_);
   copy_to_device(bucket_token_.get(), buckets.bucket_token.data(), buckets.bucket_token.size() * sizeof(int),
                  stream_);
-  forward(B, T, /*backward_follows=*/true);
   backward(B, T);
   return read_loss();  // waits for the whole step
 }

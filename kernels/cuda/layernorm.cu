@@ -138,18 +138,36 @@ __global__ void layernorm_backward_kernel(nv_bf16* dinp, float* scratch, const n
   }
 }
 
-// dweight[c] += sum over blocks of scratch[block][c], in block order.
+// dweight[c] += sum over blocks of scratch[block][c]. A block owns 32
+// channels; its 32 x 32 threads each sum every 32nd partial of one channel,
+// then the 32 sums of a channel are added in a fixed order: deterministic,
+// and thousands of partials cost a few loads per thread instead of one
+// thread walking all of them.
+constexpr int kReduceLanes = 32;
 __global__ void layernorm_param_reduce_kernel(float* dweight, float* dbias, const float* scratch, int blocks,
                                               int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float sw[kReduceLanes][kReduceLanes + 1], sb[kReduceLanes][kReduceLanes + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int c = blockIdx.x * kReduceLanes + tx;
   float dw = 0.0f, db = 0.0f;
-  for (int k = 0; k < blocks; k++) {
-    dw += scratch[(size_t)k * 2 * C + c];
-    db += scratch[(size_t)k * 2 * C + C + c];
+  if (c < C) {
+    for (int k = ty; k < blocks; k += kReduceLanes) {
+      dw += scratch[(size_t)k * 2 * C + c];
+      db += scratch[(size_t)k * 2 * C + C + c];
+    }
   }
-  dweight[c] += dw;
-  dbias[c] += db;
+  sw[ty][tx] = dw;
+  sb[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    float w = 0.0f, b = 0.0f;
+    for (int k = 0; k < kReduceLanes; k++) {
+      w += sw[k][tx];
+      b += sb[k][tx];
+    }
+    dweight[c] += w;
+    dbias[c] += b;
+  }
 }
 
 }  // namespace
@@ -178,8 +196,8 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
   layernorm_backward_kernel<<<blocks, 256, 0, as_cuda(stream)>>>(as_nv(dinp), scratch, as_nv(dout), as_nv(inp),
                                                                  as_nv(weight), mean, rstd, N, C, accumulate);
   CUDA_CHECK_LAUNCH();
-  layernorm_param_reduce_kernel<<<ceil_div(C, 128), 128, 0, as_cuda(stream)>>>(dweight, dbias, scratch,
-                                                                              (int)blocks, C);
+  layernorm_param_reduce_kernel<<<ceil_div(C, kReduceLanes), dim3(kReduceLanes, kReduceLanes), 0,
+                                  as_cuda(stream)>>>(dweight, dbias, scratch, (int)blocks, C);
   CUDA_CHECK_LAUNCH();
 }
 
