@@ -302,7 +302,11 @@ TEST_CASE("cuda: flash attention forward and backward", "[cuda]") {
     const std::vector<float> got = from_bf16(ddinp.download());
     // q, k and v gradients have different scales: compare each to its own,
     // floored at 1e-3 of the whole gradient's (with T = 1, dq and dk are
-    // exactly 0 and the GPU's are rounding noise of ~1e-7).
+    // exactly 0 and the GPU's are rounding noise of ~1e-7). The tolerance is
+    // twice the forward's: the kernel feeds P and dS = P (dP - D) to the
+    // tensor cores in bf16, as FlashAttention does, and a row of dS sums to
+    // zero, so dq and dk are small differences of rounded terms (seen on the
+    // H200: 1.3% of max |dq| at head size 3, under 0.6% at 64).
     double whole = 0;
     for (double x : dinp) whole = std::max(whole, std::fabs(x));
     for (int part = 0; part < 3; part++) {
@@ -313,8 +317,8 @@ TEST_CASE("cuda: flash attention forward and backward", "[cuda]") {
           g.push_back(got[row * 3 * C + part * C + c]);
           r.push_back(dinp[row * 3 * C + part * C + c]);
         }
-      require_close_to_scale(g, r, kBf16Tol, part == 0 ? "attention dq" : part == 1 ? "attention dk" : "attention dv",
-                             1e-3 * whole);
+      require_close_to_scale(g, r, 2 * kBf16Tol,
+                             part == 0 ? "attention dq" : part == 1 ? "attention dk" : "attention dv", 1e-3 * whole);
     }
   }
 }
