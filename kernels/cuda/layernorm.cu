@@ -11,7 +11,7 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 constexpr int kMaxSharedBytes = 48 * 1024;  // no opt-in needed
-constexpr int kBackwardRowsPerBlock = 32;
+constexpr int kBackwardRowsPerChunk = 256;  // rows per partial of dweight/dbias
 
 int rows_per_block(int C) {
   int rows = kMaxSharedBytes / (C * (int)sizeof(float));
@@ -96,26 +96,57 @@ __global__ void layernorm_forward_kernel(nv_bf16* res_out, nv_bf16* out, float* 
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Block: kBackwardRowsPerBlock rows. Warps compute dinp row by row; then
-// each thread owns channels and sums its rows' parameter gradients in row
-// order into scratch[block] = [dweight (C) | dbias (C)].
-__global__ void layernorm_backward_kernel(nv_bf16* dinp, float* scratch, const nv_bf16* dout, const nv_bf16* inp,
-                                          const nv_bf16* weight, const float* mean, const float* rstd, int N,
-                                          int C, bool accumulate) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const int row0 = blockIdx.x * kBackwardRowsPerBlock;
-  const int row1 = min(N, row0 + kBackwardRowsPerBlock);
-  for (int n = row0 + warp; n < row1; n += warps) {
-    const size_t base = (size_t)n * C;
-    const float m = mean[n], s = rstd[n];
-    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+// dinp, one warp per row (16-byte accesses when vec): two passes over the
+// row, the second mostly from L1/L2.
+__global__ void layernorm_backward_dinp_kernel(nv_bf16* dinp, const nv_bf16* dout, const nv_bf16* inp,
+                                               const nv_bf16* weight, const float* mean, const float* rstd, int N,
+                                               int C, bool accumulate, bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const size_t base = (size_t)n * C;
+  const float m = mean[n], s = rstd[n];
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+  if (vec) {
+    for (int j = lane; j < C / 8; j += 32) {
+      Pack8 w, d, x;
+      w.u = reinterpret_cast<const uint4*>(weight)[j];
+      d.u = reinterpret_cast<const uint4*>(dout + base)[j];
+      x.u = reinterpret_cast<const uint4*>(inp + base)[j];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const float dnorm = to_f(w.h[k]) * to_f(d.h[k]);
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (to_f(x.h[k]) - m) * s;
+      }
+    }
+  } else {
     for (int c = lane; c < C; c += 32) {
       const float dnorm = to_f(weight[c]) * to_f(dout[base + c]);
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * (to_f(inp[base + c]) - m) * s;
     }
-    dnorm_mean = warp_sum(dnorm_mean) / C;
-    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+  }
+  dnorm_mean = warp_sum(dnorm_mean) / C;
+  dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+  if (vec) {
+    for (int j = lane; j < C / 8; j += 32) {
+      Pack8 w, d, x, o, prev;
+      w.u = reinterpret_cast<const uint4*>(weight)[j];
+      d.u = reinterpret_cast<const uint4*>(dout + base)[j];
+      x.u = reinterpret_cast<const uint4*>(inp + base)[j];
+      if (accumulate) prev.u = reinterpret_cast<const uint4*>(dinp + base)[j];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const float norm = (to_f(x.h[k]) - m) * s;
+        const float dnorm = to_f(w.h[k]) * to_f(d.h[k]);
+        float dx = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        if (accumulate) dx += to_f(prev.h[k]);
+        o.h[k] = to_bf(dx);
+      }
+      reinterpret_cast<uint4*>(dinp + base)[j] = o.u;
+    }
+  } else {
     for (int c = lane; c < C; c += 32) {
       const float norm = (to_f(inp[base + c]) - m) * s;
       const float dnorm = to_f(weight[c]) * to_f(dout[base + c]);
@@ -124,17 +155,41 @@ __global__ void layernorm_backward_kernel(nv_bf16* dinp, float* scratch, const n
       dinp[base + c] = to_bf(dx);
     }
   }
-  float* part = scratch + (size_t)blockIdx.x * 2 * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float dw = 0.0f, db = 0.0f;
-    for (int n = row0; n < row1; n++) {
+}
+
+// Parameter gradients of a chunk of kBackwardRowsPerChunk rows: block
+// (32 channels) x (8 row lanes); each thread sums every 8th row of the
+// chunk for its channel, then the 8 sums are added in a fixed order into
+// scratch[chunk] = [dweight (C) | dbias (C)]. Coalesced across channels,
+// and thousands of blocks keep the loads in flight.
+constexpr int kParamChannels = 32, kParamRowLanes = 8;
+__global__ void layernorm_backward_params_kernel(float* scratch, const nv_bf16* dout, const nv_bf16* inp,
+                                                 const float* mean, const float* rstd, int N, int C) {
+  __shared__ float sw[kParamRowLanes][kParamChannels], sb[kParamRowLanes][kParamChannels];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int c = blockIdx.x * kParamChannels + tx, chunk = blockIdx.y;
+  const int row0 = chunk * kBackwardRowsPerChunk, row1 = min(N, row0 + kBackwardRowsPerChunk);
+  float dw = 0.0f, db = 0.0f;
+  if (c < C) {
+    for (int n = row0 + ty; n < row1; n += kParamRowLanes) {
       const size_t i = (size_t)n * C + c;
       const float d = to_f(dout[i]);
       db += d;
       dw += (to_f(inp[i]) - mean[n]) * rstd[n] * d;
     }
-    part[c] = dw;
-    part[C + c] = db;
+  }
+  sw[ty][tx] = dw;
+  sb[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    float w = 0.0f, b = 0.0f;
+    for (int k = 0; k < kParamRowLanes; k++) {
+      w += sw[k][tx];
+      b += sb[k][tx];
+    }
+    float* part = scratch + (size_t)chunk * 2 * C;
+    part[c] = w;
+    part[C + c] = b;
   }
 }
 
@@ -185,19 +240,24 @@ void layernorm_forward(bf16* res_out, bf16* out, float* mean, float* rstd, const
 }
 
 size_t layernorm_backward_scratch_floats(int N, int C) {
-  return (size_t)ceil_div(N, kBackwardRowsPerBlock) * 2 * C;
+  return (size_t)ceil_div(N, kBackwardRowsPerChunk) * 2 * C;
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout,
                         const bf16* inp, const bf16* weight, const float* mean, const float* rstd, int N, int C,
                         bool accumulate, Stream stream) {
   if (N == 0) return;
-  const unsigned blocks = ceil_div(N, kBackwardRowsPerBlock);
-  layernorm_backward_kernel<<<blocks, 256, 0, as_cuda(stream)>>>(as_nv(dinp), scratch, as_nv(dout), as_nv(inp),
-                                                                 as_nv(weight), mean, rstd, N, C, accumulate);
+  const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+  constexpr int kRowsPerBlock = 8;  // warps
+  layernorm_backward_dinp_kernel<<<ceil_div(N, kRowsPerBlock), kRowsPerBlock * 32, 0, as_cuda(stream)>>>(
+      as_nv(dinp), as_nv(dout), as_nv(inp), as_nv(weight), mean, rstd, N, C, accumulate, vec);
+  CUDA_CHECK_LAUNCH();
+  const unsigned chunks = ceil_div(N, kBackwardRowsPerChunk);
+  layernorm_backward_params_kernel<<<dim3(ceil_div(C, kParamChannels), chunks), dim3(kParamChannels, kParamRowLanes),
+                                     0, as_cuda(stream)>>>(scratch, as_nv(dout), as_nv(inp), mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
   layernorm_param_reduce_kernel<<<ceil_div(C, kReduceLanes), dim3(kReduceLanes, kReduceLanes), 0,
-                                  as_cuda(stream)>>>(dweight, dbias, scratch, (int)blocks, C);
+                                  as_cuda(stream)>>>(dweight, dbias, scratch, (int)chunks, C);
   CUDA_CHECK_LAUNCH();
 }
 
