@@ -11,6 +11,9 @@
 // multiple of 16 in shared memory (zeros add nothing to dot products).
 // Softmax statistics, accumulators and the output before rounding are fp32.
 //
+// Head size 64 takes the register-tile kernels of attention_mma.cu instead;
+// these serve every other head size up to 128.
+//
 // Backward without atomics: one kernel per key tile accumulates dk and dv
 // over the query tiles at or after it; another per query tile accumulates
 // dq over the key tiles at or before it. Each recomputes the probabilities
@@ -18,6 +21,7 @@
 #include <mma.h>
 
 #include "kernels/check.h"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/common.cuh"
 
 namespace diloco::cuda {
@@ -425,6 +429,7 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 void attention_forward(bf16* out, float* lse, const bf16* inp, int B, int T, int C, int NH, Stream stream) {
   if (B == 0 || T == 0) return;
+  if (attention_mma_supported(C, NH, {out, inp})) return attention_forward_mma(out, lse, inp, B, T, C, NH, stream);
   const Geometry g = geometry(inp, inp, B, T, C, NH);
   const float scale_log2 = kLog2e / sqrtf((float)g.hs);
   const size_t smem = forward_smem(g);
@@ -446,6 +451,8 @@ void attention_backward(bf16* dinp, float* scratch, const bf16* dout, const bf16
   const size_t rows = (size_t)B * T * NH;
   attention_backward_dot_kernel<<<ceil_div(rows, 8), 256, 0, s>>>(scratch, as_nv(dout), as_nv(out), g, B);
   CUDA_CHECK_LAUNCH();
+  if (attention_mma_supported(C, NH, {dinp, dout, inp}))
+    return attention_backward_mma(dinp, dout, inp, lse, scratch, B, T, C, NH, stream);
   const dim3 grid(ceil_div(T, kTile), NH, B);
   const size_t smem_kv = backward_kv_smem(g), smem_q = backward_q_smem(g);
   allow_smem(attention_backward_kv_kernel, smem_kv);
