@@ -63,14 +63,41 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const nv_bf1
                : "r"(addr));
 }
 
-// Rows [row0, row0 + 64) x 64 columns of a matrix with row stride ld into a
-// shared tile; rows >= T are zero. 16-byte accesses.
+// cp.async: global -> shared without passing through registers, so the
+// next tile loads while this one is used. src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` of this thread's committed groups are in flight.
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+// Starts copying rows [row0, row0 + 64) x 64 columns of a matrix with row
+// stride ld into a shared tile; rows >= T become zeros (their source
+// address is row 0's, never read).
 __device__ void load_tile(nv_bf16* dst, const nv_bf16* src, size_t ld, int row0, int T) {
   for (int i = threadIdx.x; i < kTile * (kHs / 8); i += kThreads) {
     const int r = i / (kHs / 8), c = (i % (kHs / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < T) v = *reinterpret_cast<const uint4*>(src + (size_t)(row0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * kLd + c) = v;
+    const bool valid = row0 + r < T;
+    cp_async16(dst + r * kLd + c, src + (size_t)(valid ? row0 + r : 0) * ld + c, valid);
+  }
+}
+
+// Starts copying lse and D of the 64 rows of a query tile (0 past T).
+__device__ void load_row_stats(float* lse_s, float* D_s, const float* lse, const float* D, int q0, int T) {
+  const int i = threadIdx.x;
+  if (i < kTile) {
+    const bool valid = q0 + i < T;
+    cp_async4(lse_s + i, lse + (valid ? q0 + i : 0), valid);
+    cp_async4(D_s + i, D + (valid ? q0 + i : 0), valid);
   }
 }
 
@@ -141,10 +168,11 @@ __device__ __forceinline__ void store_rows(nv_bf16* dst, size_t ld, const float 
   }
 }
 
-// grid (ceil(T/64), NH, B).
+// grid (ceil(T/64), NH, B). K and V tiles are double-buffered: tile kt + 1
+// loads while tile kt is multiplied.
 __global__ void __launch_bounds__(kThreads) forward_kernel(nv_bf16* out, float* lse, const nv_bf16* inp, int T,
                                                            int C, int NH, float scale_log2) {
-  __shared__ __align__(16) nv_bf16 Qs[kTile * kLd], Ks[kTile * kLd], Vs[kTile * kLd];
+  __shared__ __align__(16) nv_bf16 Qs[kTile * kLd], Kbuf[2][kTile * kLd], Vbuf[2][kTile * kLd];
   const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest tiles first
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q0 = qt * kTile, r_lo = q0 + 16 * warp + lane / 4;  // this thread's rows: r_lo, r_lo + 8
@@ -152,18 +180,26 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(nv_bf16* out, float* 
   const nv_bf16* base = inp + (size_t)b * T * C3 + (size_t)h * kHs;
 
   load_tile(Qs, base, C3, q0, T);
-  __syncthreads();
+  load_tile(Kbuf[0], base + C, C3, 0, T);
+  load_tile(Vbuf[0], base + 2 * C, C3, 0, T);
+  cp_async_commit();
   uint32_t qf[kKSteps][4];
-  load_a(qf, Qs, 16 * warp, lane);
-
   float o[kDTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (log2 units), partial sums
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous K and V
-    load_tile(Ks, base + C, C3, k0, T);
-    load_tile(Vs, base + 2 * C, C3, k0, T);
-    __syncthreads();
+    if (kt < qt) {  // the buffer it fills was released by the barrier that ended kt - 1
+      load_tile(Kbuf[(kt + 1) & 1], base + C, C3, k0 + kTile, T);
+      load_tile(Vbuf[(kt + 1) & 1], base + 2 * C, C3, k0 + kTile, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile kt has landed for every thread
+    if (kt == 0) load_a(qf, Qs, 16 * warp, lane);
+    const nv_bf16* Ks = Kbuf[kt & 1];
+    const nv_bf16* Vs = Vbuf[kt & 1];
     float s[kNTiles][4];
     product_nt(s, qf, Ks, lane);
     const bool diagonal = kt == qt;  // the causal edge, and keys >= T (only in the last tile)
@@ -201,6 +237,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(nv_bf16* out, float* 
       o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
     }
     product_nn(o, s, Vs, lane);
+    __syncthreads();  // every warp is done with buffer kt & 1
   }
   l[0] = quad_sum(l[0]);
   l[1] = quad_sum(l[1]);
@@ -212,23 +249,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(nv_bf16* out, float* 
   }
 }
 
-// lse (log2 units) and D of the 64 rows of a query tile; 0 past T.
-__device__ void load_row_stats(float* lse2_s, float* D_s, const float* lse, const float* D, size_t head_row0, int q0,
-                               int T) {
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    const bool in = q0 + i < T;
-    lse2_s[i] = in ? lse[head_row0 + q0 + i] * kLog2e : 0.0f;
-    D_s[i] = in ? D[head_row0 + q0 + i] : 0.0f;
-  }
-}
-
 // grid (ceil(T/64), NH, B): dk and dv of one key tile. A warp owns 16 keys
 // and works on the transposed products: S^T = K Q^T, P^T, dP^T = V dO^T.
+// Q, dO, lse and D tiles are double-buffered; buffer 1 first carries K and V.
 __global__ void __launch_bounds__(kThreads) backward_kv_kernel(nv_bf16* dinp, const nv_bf16* dout,
                                                                const nv_bf16* inp, const float* lse, const float* D,
                                                                int T, int C, int NH, float scale_log2, float scale) {
-  __shared__ __align__(16) nv_bf16 Qs[kTile * kLd], dOs[kTile * kLd], Ks[kTile * kLd], Vs[kTile * kLd];
-  __shared__ float lse2_s[kTile], D_s[kTile];
+  __shared__ __align__(16) nv_bf16 Qbuf[2][kTile * kLd], dObuf[2][kTile * kLd];
+  __shared__ float lse_buf[2][kTile], D_buf[2][kTile];
   const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // first key tiles see the most queries
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int k0 = kt * kTile, key_lo = k0 + 16 * warp + lane / 4;  // this thread's keys: key_lo, key_lo + 8
@@ -238,21 +266,36 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(nv_bf16* dinp, co
   const size_t head_row0 = ((size_t)b * NH + h) * T;
   const int tiles = (T + kTile - 1) / kTile;
 
-  load_tile(Ks, base + C, C3, k0, T);
-  load_tile(Vs, base + 2 * C, C3, k0, T);
+  load_tile(Qbuf[1], base + C, C3, k0, T);       // K
+  load_tile(dObuf[1], base + 2 * C, C3, k0, T);  // V
+  load_tile(Qbuf[0], base, C3, k0, T);           // query tile kt
+  load_tile(dObuf[0], dbase, C, k0, T);
+  load_row_stats(lse_buf[0], D_buf[0], lse + head_row0, D + head_row0, k0, T);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   uint32_t kf[kKSteps][4], vf[kKSteps][4];
-  load_a(kf, Ks, 16 * warp, lane);
-  load_a(vf, Vs, 16 * warp, lane);
+  load_a(kf, Qbuf[1], 16 * warp, lane);
+  load_a(vf, dObuf[1], 16 * warp, lane);
+  __syncthreads();  // buffer 1 is free for the next query tile
 
   float dk[kDTiles][4] = {}, dv[kDTiles][4] = {};
   for (int qt = kt; qt < tiles; qt++) {
-    const int q0 = qt * kTile;
-    __syncthreads();  // every warp is done with the previous Q and dO
-    load_tile(Qs, base, C3, q0, T);
-    load_tile(dOs, dbase, C, q0, T);
-    load_row_stats(lse2_s, D_s, lse, D, head_row0, q0, T);
-    __syncthreads();
+    const int q0 = qt * kTile, cur = (qt - kt) & 1;
+    if (qt + 1 < tiles) {
+      load_tile(Qbuf[cur ^ 1], base, C3, q0 + kTile, T);
+      load_tile(dObuf[cur ^ 1], dbase, C, q0 + kTile, T);
+      load_row_stats(lse_buf[cur ^ 1], D_buf[cur ^ 1], lse + head_row0, D + head_row0, q0 + kTile, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // query tile qt has landed for every thread
+    const nv_bf16* Qs = Qbuf[cur];
+    const nv_bf16* dOs = dObuf[cur];
+    const float* lse_s = lse_buf[cur];
+    const float* D_s = D_buf[cur];
     float pt[kNTiles][4], dpt[kNTiles][4];
     product_nt(pt, kf, Qs, lane);   // S^T
     product_nt(dpt, vf, dOs, lane);  // dP^T
@@ -261,23 +304,25 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(nv_bf16* dinp, co
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int qc = 8 * nt + (lane % 4) * 2 + (i & 1), q = q0 + qc, key = key_lo + 8 * (i >> 1);
-        const float p = (q >= key && q < T) ? exp2f(pt[nt][i] * scale_log2 - lse2_s[qc]) : 0.0f;
+        const float p = (q >= key && q < T) ? exp2f(pt[nt][i] * scale_log2 - lse_s[qc] * kLog2e) : 0.0f;
         pt[nt][i] = p;
         dpt[nt][i] = p * (dpt[nt][i] - D_s[qc]);  // dS^T
       }
     product_nn(dv, pt, dOs, lane);  // dV += P^T dO
     product_nn(dk, dpt, Qs, lane);  // dK += dS^T Q
+    __syncthreads();  // every warp is done with buffer cur
   }
   nv_bf16* drow = dinp + (size_t)b * T * C3 + (size_t)h * kHs;
   store_rows(drow + C, C3, dk, scale, scale, key_lo, T, lane);
   store_rows(drow + 2 * C, C3, dv, 1.0f, 1.0f, key_lo, T, lane);
 }
 
-// grid (ceil(T/64), NH, B): dq of one query tile.
+// grid (ceil(T/64), NH, B): dq of one query tile. K and V tiles are
+// double-buffered; buffer 1 first carries Q and dO.
 __global__ void __launch_bounds__(kThreads) backward_q_kernel(nv_bf16* dinp, const nv_bf16* dout,
                                                               const nv_bf16* inp, const float* lse, const float* D,
                                                               int T, int C, int NH, float scale_log2, float scale) {
-  __shared__ __align__(16) nv_bf16 Qs[kTile * kLd], dOs[kTile * kLd], Ks[kTile * kLd], Vs[kTile * kLd];
+  __shared__ __align__(16) nv_bf16 Kbuf[2][kTile * kLd], Vbuf[2][kTile * kLd];
   const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest tiles first
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q0 = qt * kTile, r_lo = q0 + 16 * warp + lane / 4;
@@ -286,12 +331,17 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(nv_bf16* dinp, con
   const nv_bf16* dbase = dout + (size_t)b * T * C + (size_t)h * kHs;
   const size_t head_row0 = ((size_t)b * NH + h) * T;
 
-  load_tile(Qs, base, C3, q0, T);
-  load_tile(dOs, dbase, C, q0, T);
+  load_tile(Kbuf[1], base, C3, q0, T);  // Q
+  load_tile(Vbuf[1], dbase, C, q0, T);  // dO
+  load_tile(Kbuf[0], base + C, C3, 0, T);
+  load_tile(Vbuf[0], base + 2 * C, C3, 0, T);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   uint32_t qf[kKSteps][4], dof[kKSteps][4];
-  load_a(qf, Qs, 16 * warp, lane);
-  load_a(dof, dOs, 16 * warp, lane);
+  load_a(qf, Kbuf[1], 16 * warp, lane);
+  load_a(dof, Vbuf[1], 16 * warp, lane);
+  __syncthreads();  // buffer 1 is free for the next key tile
   float lse2[2], Dr[2];
   for (int half = 0; half < 2; half++) {
     const int r = r_lo + 8 * half;
@@ -302,10 +352,17 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(nv_bf16* dinp, con
   float dq[kDTiles][4] = {};
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous K and V
-    load_tile(Ks, base + C, C3, k0, T);
-    load_tile(Vs, base + 2 * C, C3, k0, T);
-    __syncthreads();
+    if (kt < qt) {
+      load_tile(Kbuf[(kt + 1) & 1], base + C, C3, k0 + kTile, T);
+      load_tile(Vbuf[(kt + 1) & 1], base + 2 * C, C3, k0 + kTile, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // key tile kt has landed for every thread
+    const nv_bf16* Ks = Kbuf[kt & 1];
+    const nv_bf16* Vs = Vbuf[kt & 1];
     float p[kNTiles][4], dp[kNTiles][4];
     product_nt(p, qf, Ks, lane);    // S
     product_nt(dp, dof, Vs, lane);  // dP
@@ -318,6 +375,7 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(nv_bf16* dinp, con
         dp[nt][i] = pv * (dp[nt][i] - Dr[i >> 1]);  // dS
       }
     product_nn(dq, dp, Ks, lane);  // dQ += dS K
+    __syncthreads();  // every warp is done with buffer kt & 1
   }
   store_rows(dinp + (size_t)b * T * C3 + (size_t)h * kHs, C3, dq, scale, scale, r_lo, T, lane);
 }
