@@ -143,6 +143,14 @@ __device__ __forceinline__ void product_nn(float (&acc)[kDTiles][4], const float
   }
 }
 
+// 2^x by the hardware's approximation (relative error ~2^-22, subnormal
+// results flushed to 0: probabilities that small vanish in bf16 anyway).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -219,14 +227,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(nv_bf16* out, float* 
     // Key 0 is in the first tile and valid for every row, so the max is finite from then on.
     mx[0] = quad_max(mx[0]);
     mx[1] = quad_max(mx[1]);
-    const float alpha[2] = {exp2f(m[0] - mx[0]), exp2f(m[1] - mx[1])};  // 0 on the first tile
+    const float alpha[2] = {fast_exp2(m[0] - mx[0]), fast_exp2(m[1] - mx[1])};  // 0 on the first tile
     m[0] = mx[0], m[1] = mx[1];
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < kNTiles; nt++)
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        s[nt][i] = exp2f(s[nt][i] - m[i >> 1]);
+        s[nt][i] = fast_exp2(s[nt][i] - m[i >> 1]);
         rs[i >> 1] += s[nt][i];
       }
     l[0] = l[0] * alpha[0] + rs[0];
@@ -296,6 +304,7 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(nv_bf16* dinp, co
     const nv_bf16* dOs = dObuf[cur];
     const float* lse_s = lse_buf[cur];
     const float* D_s = D_buf[cur];
+    const bool edge = qt == kt || q0 + kTile > T;  // the causal diagonal, or queries past T
     float pt[kNTiles][4], dpt[kNTiles][4];
     product_nt(pt, kf, Qs, lane);   // S^T
     product_nt(dpt, vf, dOs, lane);  // dP^T
@@ -304,7 +313,8 @@ __global__ void __launch_bounds__(kThreads) backward_kv_kernel(nv_bf16* dinp, co
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int qc = 8 * nt + (lane % 4) * 2 + (i & 1), q = q0 + qc, key = key_lo + 8 * (i >> 1);
-        const float p = (q >= key && q < T) ? exp2f(pt[nt][i] * scale_log2 - lse_s[qc] * kLog2e) : 0.0f;
+        const bool in = !edge || (q >= key && q < T);
+        const float p = in ? fast_exp2(pt[nt][i] * scale_log2 - lse_s[qc] * kLog2e) : 0.0f;
         pt[nt][i] = p;
         dpt[nt][i] = p * (dpt[nt][i] - D_s[qc]);  // dS^T
       }
@@ -371,7 +381,8 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(nv_bf16* dinp, con
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int key = k0 + 8 * nt + (lane % 4) * 2 + (i & 1), row = r_lo + 8 * (i >> 1);
-        const float pv = (key <= row && key < T) ? exp2f(p[nt][i] * scale_log2 - lse2[i >> 1]) : 0.0f;
+        const bool in = kt < qt || (key <= row && key < T);  // keys >= T only in the diagonal tile
+        const float pv = in ? fast_exp2(p[nt][i] * scale_log2 - lse2[i >> 1]) : 0.0f;
         dp[nt][i] = pv * (dp[nt][i] - Dr[i >> 1]);  // dS
       }
     product_nn(dq, dp, Ks, lane);  // dQ += dS K
