@@ -197,6 +197,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(nv_bf16* ou
       Ps[r * kLdP + lane] = to_bf(p0);
       Ps[r * kLdP + lane + 32] = to_bf(p1);
       const float tile_sum = warp_sum(p0 + p1);
+      __syncwarp();  // every lane has read row_m[r] before lane 0 replaces it (racecheck's WAR warning)
       if (lane == 0) {
         const float alpha = exp2f(m_old - m_new);  // 0 on the first tile
         row_a[r] = alpha;
