@@ -20,8 +20,6 @@
 // dk and dv, one per query tile for dq.
 #include "kernels/cuda/attention_mma.h"
 
-#include <vector>
-
 #include "kernels/cuda/common.cuh"
 
 namespace diloco::cuda {
@@ -395,28 +393,6 @@ __global__ void __launch_bounds__(kThreads) backward_q_kernel(nv_bf16* dinp, con
 
 bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
-// The dq kernel runs on a second stream beside the dk/dv kernel: both only
-// read the same inputs, write disjoint columns of dinp, and each leaves SMs
-// idle in its last wave. One stream per thread and device (backends sharing
-// a GPU may run on different threads), kept for the thread's life.
-struct SideStream {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
-};
-SideStream& side_stream() {
-  thread_local std::vector<SideStream> per_device;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  if ((int)per_device.size() <= device) per_device.resize(device + 1);
-  SideStream& side = per_device[device];
-  if (!side.stream) {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming));
-  }
-  return side;
-}
-
 }  // namespace
 
 bool attention_mma_supported(int C, int NH, std::initializer_list<const void*> pointers) {
@@ -437,18 +413,12 @@ void attention_backward_mma(bf16* dinp, const bf16* dout, const bf16* inp, const
                             int T, int C, int NH, Stream stream) {
   const float scale = 1.0f / sqrtf((float)kHs);
   const dim3 grid(ceil_div(T, kTile), NH, B);
-  cudaStream_t main = as_cuda(stream);
-  SideStream& side = side_stream();
-  CUDA_CHECK(cudaEventRecord(side.fork, main));  // D and the inputs are ready
-  CUDA_CHECK(cudaStreamWaitEvent(side.stream, side.fork, 0));
-  backward_kv_kernel<<<grid, kThreads, 0, main>>>(as_nv(dinp), as_nv(dout), as_nv(inp), lse, D, T, C, NH,
-                                                  kLog2e * scale, scale);
+  backward_kv_kernel<<<grid, kThreads, 0, as_cuda(stream)>>>(as_nv(dinp), as_nv(dout), as_nv(inp), lse, D, T, C, NH,
+                                                             kLog2e * scale, scale);
   CUDA_CHECK_LAUNCH();
-  backward_q_kernel<<<grid, kThreads, 0, side.stream>>>(as_nv(dinp), as_nv(dout), as_nv(inp), lse, D, T, C, NH,
-                                                        kLog2e * scale, scale);
+  backward_q_kernel<<<grid, kThreads, 0, as_cuda(stream)>>>(as_nv(dinp), as_nv(dout), as_nv(inp), lse, D, T, C, NH,
+                                                            kLog2e * scale, scale);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaEventRecord(side.join, side.stream));
-  CUDA_CHECK(cudaStreamWaitEvent(main, side.join, 0));  // later work on the caller's stream sees dq
 }
 
 }  // namespace diloco::cuda
