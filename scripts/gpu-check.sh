@@ -2,11 +2,13 @@
 # The one-command check of the CUDA backend on a GPU machine (issue 6):
 #   1. configure + build with CUDA (build-gpu/, Release, DILOCO_CUDA=ON)
 #   2. every CUDA op against its CPU reference on fresh random shapes
-#      (cuda_tests [cuda]; fp32 <= 1e-5, bf16 <= 1e-2, poisoned outputs)
+#      (cuda_tests [cuda], one process per test case; fp32 <= 1e-5,
+#      bf16 <= 1e-2, poisoned outputs; each row shows the largest error)
 #   3. a full training step against the CPU engine (loss, per-tensor
 #      gradient norms), and a 1-rank NCCL all-reduce
 #   4. benchmarks: GPT-2 124M training tokens/s and MFU; memory-bound
-#      kernels' GB/s against a measured device copy; codec GB/s
+#      kernels' GB/s against a measured device copy; codec GB/s; each op of
+#      a GPT-2 step timed alone (cuda_bench breakdown)
 #   5. dilocod itself on the GPU: `dilococtl train configs/gpt2-124m.yaml
 #      --set train.device=cuda` for TRAIN_STEPS steps on a token corpus made
 #      here (the repo's text as bytes spread over GPT-2's 50257 ids: the loss
@@ -14,8 +16,8 @@
 #      the one GPU (loss falls; tokens/s printed)
 # Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
 # step, summary.txt); a short table is printed last.
-# Budget: about 8 minutes on a 16-core machine with one H100/H200 when it
-# builds; about 4 with --prebuilt.
+# Budget: the build takes a few minutes on a 16-core machine; the checks
+# themselves took 50 s on one H200 (2026-12-04, README "On a GPU").
 #
 #   scripts/gpu-check.sh                   # everything
 #   scripts/gpu-check.sh --prebuilt .gpu-bundle/bundle.tar.xz
