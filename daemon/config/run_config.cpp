@@ -169,6 +169,9 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.quorum", &s.quorum},
       {"sync.grace.gamma", &s.grace.gamma},
       {"sync.grace.cap_ms", &s.grace.cap_ms},
+      {"sync.grace.cap_steps", &s.grace.cap_steps},
+      {"sync.grace.step_time", EnumOf(&s.grace.step_time, kGraceStepTimeNames)},
+      {"sync.grace.forecast", EnumOf(&s.grace.forecast, kBoolNames)},
       {"sync.max_staleness", &s.max_staleness},
       {"sync.weighting", EnumOf(&s.weighting, kWeightingNames)},
       {"sync.merge", EnumOf(&s.merge, kMergeRuleNames)},
@@ -754,6 +757,8 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
                            s.grace.gamma >= 0 && s.grace.gamma <= 1, "in [0, 1]"));
   DL_RETURN_IF_ERROR(check("sync.grace.cap_ms", s.grace.cap_ms, s.grace.cap_ms >= 0,
                            ">= 0 (0 turns the grace window off)"));
+  DL_RETURN_IF_ERROR(check("sync.grace.cap_steps", s.grace.cap_steps, s.grace.cap_steps >= 0,
+                           ">= 0 (inner steps; 0 = sync.grace.cap_ms alone)"));
   DL_RETURN_IF_ERROR(check("sync.max_staleness", s.max_staleness, s.max_staleness >= 0,
                            ">= 0 (0 = only deltas based on the current version)"));
   DL_RETURN_IF_ERROR(check("sync.alpha", s.alpha, s.alpha >= 0 && s.alpha <= 1, "in [0, 1]"));

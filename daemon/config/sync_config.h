@@ -9,7 +9,8 @@
 //     inner_steps: 25          # H
 //     overlap: 2               # tau: inner steps a delta may be in flight
 //     quorum: 1                # K (decoupled; the lock-step modes wait for every live learner)
-//     grace: {gamma: 0.5, cap_ms: 2000}
+//     grace: {gamma: 0.5, cap_ms: 2000}   # also cap_steps: 0 (paper: ~1), step_time: slowest | mean,
+//                                         # forecast: true (wait for learners whose delta is due)
 //     max_staleness: 4         # versions; older deltas are dropped
 //     weighting: tokens        # tokens (c_tok^2 / c_steps) | uniform
 //     merge: rda               # rda | mean
@@ -51,9 +52,24 @@ inline std::string_view ToString(Weighting v) { return kWeightingNames[static_ca
 inline std::string_view ToString(MergeRule v) { return kMergeRuleNames[static_cast<int>(v)]; }
 inline std::string_view ToString(FoldRule v) { return kFoldRuleNames[static_cast<int>(v)]; }
 
+// Where the grace window's ξ_step comes from: the slowest live learner's
+// last reported step time (the paper's: the window is for the slow ones), or
+// the mean of every heartbeat's (an EMA over all learners).
+enum class GraceStepTime { kSlowest, kMean };
+inline constexpr std::array<std::string_view, 2> kGraceStepTimeNames = {"slowest", "mean"};
+inline constexpr std::array<std::string_view, 2> kBoolNames = {"false", "true"};
+inline std::string_view ToString(GraceStepTime v) { return kGraceStepTimeNames[static_cast<int>(v)]; }
+
 struct GraceConfig {
   double gamma = 0.5;  // in [0, 1]: share of the slack the syncer may spend waiting
   int cap_ms = 2000;   // upper bound of the grace window
+  // > 0: the cap is also at most this many of ξ_step (the paper caps the window near one
+  // step); 0: cap_ms alone.
+  double cap_steps = 0;
+  GraceStepTime step_time = GraceStepTime::kSlowest;
+  // Stretch the window (up to the cap) to the forecast arrival of live learners whose delta is
+  // due (from their heartbeats).
+  bool forecast = true;
   bool operator==(const GraceConfig&) const = default;
 };
 

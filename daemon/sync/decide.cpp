@@ -86,15 +86,35 @@ DecideOptions DecideOptionsFor(const SyncConfig& sc) {
   o.overlap_steps = sc.overlap;
   o.grace_gamma = sc.grace.gamma;
   o.grace_cap_ms = sc.grace.cap_ms;
+  o.grace_cap_steps = sc.grace.cap_steps;
+  o.grace_slowest_step = sc.grace.step_time == GraceStepTime::kSlowest;
+  o.grace_forecast = sc.grace.forecast;
   o.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
   return o;
 }
 
-double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options) {
-  const double cap = std::max(0.0, options.grace_cap_ms);
-  if (!timings.step_ms.has_value()) return cap;
-  const double slack = options.overlap_steps * timings.step_ms.value() - timings.quorum_ms.value() -
-                       timings.sync_ms.value();
+std::optional<double> GraceStepMs(SyncTime now, const RoundState& state, const DecideOptions& options) {
+  if (options.grace_slowest_step) {
+    double slowest = 0;
+    for (const LearnerPresence& l : state.learners)
+      if (IsLive(now, l, options)) slowest = std::max(slowest, l.step_ms);
+    if (slowest > 0) return slowest;
+  }
+  if (state.timings.step_ms.has_value()) return state.timings.step_ms.value();
+  return std::nullopt;
+}
+
+double GraceCapMs(std::optional<double> step_ms, const DecideOptions& options) {
+  double cap = std::max(0.0, options.grace_cap_ms);
+  if (options.grace_cap_steps > 0 && step_ms) cap = std::min(cap, options.grace_cap_steps * *step_ms);
+  return cap;
+}
+
+double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options, std::optional<double> step_ms) {
+  if (!step_ms && timings.step_ms.has_value()) step_ms = timings.step_ms.value();
+  const double cap = GraceCapMs(step_ms, options);
+  if (!step_ms) return cap;
+  const double slack = options.overlap_steps * *step_ms - timings.quorum_ms.value() - timings.sync_ms.value();
   return std::clamp(options.grace_gamma * slack, 0.0, cap);
 }
 
@@ -117,7 +137,8 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
   const int wanted =
       decoupled ? std::max(1, options.quorum) : static_cast<int>(state.learners.size());
   d.quorum = std::max(1, std::min(wanted, d.live));
-  d.grace_ms = decoupled ? GraceWindowMs(state.timings, options) : 0;
+  const std::optional<double> step_ms = decoupled ? GraceStepMs(now, state, options) : std::nullopt;
+  d.grace_ms = decoupled ? GraceWindowMs(state.timings, options, step_ms) : 0;
 
   auto finish = [&](DecideAction action, DecideReason reason, SyncTime wait_until) {
     d.action = action;
@@ -140,10 +161,11 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
   // (up to the cap) to the latest forecast arrival of a live learner.
   std::sort(arrivals.begin(), arrivals.end());
   const SyncTime quorum_at = arrivals[d.quorum - 1];
-  const SyncTime cap_end = Later(quorum_at, std::max(0.0, options.grace_cap_ms));
+  const SyncTime cap_end = Later(quorum_at, GraceCapMs(step_ms, options));
   SyncTime grace_end = Later(quorum_at, d.grace_ms);
   bool due_later = false;
   for (const LearnerPresence& l : state.learners) {
+    if (!options.grace_forecast) break;
     if (l.contributed_at || !l.expected_at || !IsLive(now, l, options)) continue;
     if (*l.expected_at > cap_end) continue;  // due too late: not waited for
     d.awaited++;

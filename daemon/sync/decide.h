@@ -64,6 +64,9 @@ struct DecideOptions {
   int overlap_steps = 2;     // τ
   double grace_gamma = 0.5;  // γ
   double grace_cap_ms = 2000;
+  double grace_cap_steps = 0;       // > 0: the cap is at most this many ξ_step
+  bool grace_slowest_step = true;   // ξ_step: the slowest live learner's (else the heartbeats' EMA)
+  bool grace_forecast = true;       // wait (up to the cap) for live learners whose delta is due
   int64_t heartbeat_timeout_ms = 3000;
 };
 
@@ -73,6 +76,7 @@ struct LearnerPresence {
   SyncTime last_heard;                     // last heartbeat or any message
   std::optional<SyncTime> contributed_at;  // its delta for this round arrived then
   std::optional<SyncTime> expected_at;     // forecast arrival of its delta (none: unknown)
+  double step_ms = 0;                      // its last reported inner step time (0: unknown)
 };
 
 struct RoundState {
@@ -111,9 +115,20 @@ struct Decision {
 // What the syncer decides with for a run's sync settings (the daemon and the simulator alike).
 DecideOptions DecideOptionsFor(const SyncConfig& sync);
 
-// clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap); the cap while no step
-// time is known yet (nothing says the wait is too long).
-double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options);
+// ξ_step in force: the slowest live learner's last reported step time (with
+// grace_slowest_step, once one has reported), else the heartbeats' EMA; none
+// while nothing is known.
+std::optional<double> GraceStepMs(SyncTime now, const RoundState& state, const DecideOptions& options);
+
+// The window's cap: grace_cap_ms, and at most grace_cap_steps × ξ_step when
+// both are known.
+double GraceCapMs(std::optional<double> step_ms, const DecideOptions& options);
+
+// clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap), ξ_step = step_ms or, when
+// not given, the timings' EMA; the cap while no step time is known yet
+// (nothing says the wait is too long).
+double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options,
+                     std::optional<double> step_ms = std::nullopt);
 
 Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& options);
 

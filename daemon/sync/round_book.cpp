@@ -179,6 +179,7 @@ RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timing
     if (lb.finished && !lp.contributed_at) continue;  // not waited for any more
     if (lb.finished) lp.last_heard = now;             // its last delta is in: counts as live
     if (!lp.contributed_at) lp.expected_at = ExpectedDeltaAt(l, p);
+    if (lb.beat.have) lp.step_ms = lb.beat.step_ms;
     rs.learners.push_back(lp);
   }
   return rs;

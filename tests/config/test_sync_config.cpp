@@ -158,6 +158,19 @@ TEST_CASE("set reaches nested keys and list items", "[unit][config]") {
               .ok());
   CHECK(config.sync.grace.cap_ms == 0);
   CHECK(config.learners == std::vector<LearnerConfig>{{1.0}, {2.0}});
+  // The grace window's step time, its cap in steps and the forecast: defaults, then set.
+  CHECK(config.sync.grace.step_time == GraceStepTime::kSlowest);
+  CHECK(config.sync.grace.cap_steps == 0);
+  CHECK(config.sync.grace.forecast);
+  REQUIRE(Parse(kFullSync, {"sync.grace.step_time=mean", "sync.grace.cap_steps=1", "sync.grace.forecast=false"},
+                &config)
+              .ok());
+  CHECK(config.sync.grace.step_time == GraceStepTime::kMean);
+  CHECK(config.sync.grace.cap_steps == 1);
+  CHECK_FALSE(config.sync.grace.forecast);
+  const std::string yaml = RunConfigToYaml(config);
+  CHECK_THAT(yaml, Contains("    cap_steps: 1\n    step_time: mean\n    forecast: false\n"));
+  CHECK_THAT(ErrorOf(kMinimal, {"sync.grace.step_time=fastest"}), Contains("slowest, mean"));
 }
 
 TEST_CASE("the mode decides fragments and quorum", "[unit][config]") {
@@ -184,7 +197,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
   const std::string head = std::string(kMinimal) + "sync:\n";  // sync's keys from line 4
   CHECK(ErrorOf(head + "  grace:\n    gama: 1\n") ==
         "run.yaml:5:5: unknown key 'sync.grace.gama'; known keys in 'sync.grace': gamma, "
-        "cap_ms; did you mean 'gamma'?");
+        "cap_ms, cap_steps, step_time, forecast; did you mean 'gamma'?");
   CHECK_THAT(ErrorOf(head + "  quorom: 2\n"),
              StartsWith("run.yaml:4:3: unknown key 'sync.quorom'; known keys in 'sync': mode, "
                         "learners, fragments, inner_steps, overlap, quorum, grace, "));
@@ -273,6 +286,8 @@ TEST_CASE("invalid sync values name the key and the limit", "[unit][config]") {
       {{"sync.grace.gamma=1.5"}, "sync.grace.gamma: must be in [0, 1], got 1.5"},
       {{"sync.grace.cap_ms=-1"},
        "sync.grace.cap_ms: must be >= 0 (0 turns the grace window off), got -1"},
+      {{"sync.grace.cap_steps=-1"},
+       "sync.grace.cap_steps: must be >= 0 (inner steps; 0 = sync.grace.cap_ms alone), got -1"},
       {{"sync.max_staleness=-1"},
        "sync.max_staleness: must be >= 0 (0 = only deltas based on the current version), got -1"},
       {{"sync.alpha=2"}, "sync.alpha: must be in [0, 1], got 2"},

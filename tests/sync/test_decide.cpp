@@ -373,6 +373,56 @@ TEST_CASE("sync: the grace window is gamma (tau step - quorum - sync time) clamp
   CHECK(window(1000, 200, 300) == 0);
 }
 
+TEST_CASE("sync: the grace window takes its step time from the slowest live learner", "[unit][sync]") {
+  DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
+  // The heartbeats' EMA says 1000 ms; learner 1 reports 3000 ms, learner 2 (dead) 9000 ms.
+  RoundState state = StateOf({{10, 10}, {10, kNever}, {5000, kNever}}, {1000.0, 200.0, 300.0});
+  state.learners[0].step_ms = 900;
+  state.learners[1].step_ms = 3000;
+  state.learners[2].step_ms = 9000;
+  CHECK(GraceStepMs(kNow, state, o) == Approx(3000));
+  // 0.5 · (2 · 3000 − 500) = 2750, capped at 2000; the cap in steps (1 × 3000) does not bind.
+  Decision d = Decide(kNow, state, o);
+  CHECK(d.grace_ms == Approx(2000));
+  // The mean instead: the EMA's 1000 ms gives the 750 ms window.
+  o.grace_slowest_step = false;
+  CHECK(GraceStepMs(kNow, state, o) == Approx(1000));
+  CHECK(Decide(kNow, state, o).grace_ms == Approx(750));
+  // No learner has reported a step time: the EMA; nothing at all: no step time, the cap.
+  o.grace_slowest_step = true;
+  for (LearnerPresence& l : state.learners) l.step_ms = 0;
+  CHECK(GraceStepMs(kNow, state, o) == Approx(1000));
+  CHECK_FALSE(GraceStepMs(kNow, StateOf({{10, 10}}, {}), o).has_value());
+}
+
+TEST_CASE("sync: the grace cap in inner steps bounds the window and the forecast wait", "[unit][sync]") {
+  DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
+  o.grace_cap_steps = 1;
+  CHECK(GraceCapMs(1000.0, o) == Approx(1000));
+  CHECK(GraceCapMs(5000.0, o) == Approx(2000));  // cap_ms still bounds it
+  CHECK(GraceCapMs(std::nullopt, o) == Approx(2000));
+  o.grace_cap_steps = 0.25;
+  CHECK(GraceWindowMs(StateOf({}, k750).timings, o) == Approx(250));  // 750 capped at 0.25 × 1000
+  // Learner 1's delta is due in 600 ms: within a 2000 ms cap it is waited for, not within
+  // one step of 500 ms.
+  o.grace_cap_steps = 0;
+  const RoundState state = StateOf({{10, 0}, {10, kNever, 600}}, {500.0, 0.0, 0.0});
+  Decision d = Decide(kNow, state, o);
+  CHECK(d.reason == DecideReason::kAwaitingDue);
+  CHECK(d.awaited == 1);
+  o.grace_cap_steps = 1;
+  d = Decide(kNow, state, o);
+  CHECK(d.reason == DecideReason::kGraceRunning);  // 0.5 · (2 · 500) = 500 ms, not stretched
+  CHECK(d.awaited == 0);
+  // Without the forecast the due learner is not waited for either.
+  o.grace_cap_steps = 0;
+  o.grace_forecast = false;
+  d = Decide(kNow, state, o);
+  CHECK(d.reason == DecideReason::kGraceRunning);
+  CHECK(d.awaited == 0);
+  CHECK(d.grace_ms == Approx(500));
+}
+
 TEST_CASE("sync: Ema takes its first sample as is, then moves by its weight", "[unit][sync]") {
   Ema ema(0.2);
   CHECK_FALSE(ema.has_value());
