@@ -2,6 +2,9 @@
 # Parity table: configs/shakespeare-m4.yaml (M=4 learners, equal tokens) in ddp, diloco,
 # streaming and decoupled mode, one row each: final val loss and its ratio to ddp, tokens, wire
 # bytes (bytes_up + bytes_down) and how many times fewer than ddp, wall time, outer steps.
+# diloco and streaming run their papers' recipes (configs/baselines/*.sets: plain mean,
+# overwrite or mixing, their codecs), with a "diloco int4" row beside diloco; --tuned adds them
+# again with only sync.mode changed (the decoupled config's RDA, token weights, replay, int4).
 # The first seed's runs are overlaid in OUT/report.html (dilococtl report).
 # Rows are means over the seeds. ddp's wire bytes are what a ring all-reduce of fp32 gradients
 # would send (see daemon/train/ddp_run.h); the others count every learner<->syncer message.
@@ -11,13 +14,14 @@
 #   scripts/bench/parity.sh --sweep                  # + decoupled over H and uplink codecs
 #   scripts/bench/parity.sh --modes "ddp decoupled" --set learners.3.slowdown=3
 #   scripts/bench/parity.sh --straggler              # + learner 3 three times slower, equal wall time
+#   scripts/bench/parity.sh --tuned                  # + diloco/streaming with the decoupled settings
 #   scripts/bench/parity.sh --set train.steps=20     # a smoke run of the script itself
 #   scripts/bench/parity.sh --table DIR              # print the table of an earlier run again
 #
 # --straggler: after the modes, ddp, diloco and decoupled again with learners.3.slowdown=3 and
 # train.time_limit_s = the train time of that seed's decoupled run without a straggler (the wall
 # time the job takes when nobody is slow): who gets furthest in the same wall time.
-# Options: --seeds LIST, --modes LIST, --sweep, --straggler, --hs LIST (sweep H, default "10 50
+# Options: --seeds LIST, --modes LIST, --sweep, --straggler, --tuned, --hs LIST (sweep H, default "10 50
 # 100"), --codecs LIST (sweep uplink codecs, default "fp32 int8"), --downs LIST (sweep downlink
 # codecs, default "int8"); the decoupled row itself is the config's (H = 25, int4 both ways in
 # configs/shakespeare-m4.yaml), so the sweeps leave those out. --set K=V (repeatable, passed to
@@ -40,6 +44,7 @@ seeds=""
 modes="ddp diloco streaming decoupled"
 sweep=0
 straggler=0
+tuned=0
 hs="10 50 100"
 codecs="fp32 int8"
 downs="int8"
@@ -47,13 +52,14 @@ sets=()
 out=""
 keep=0
 table_only=""
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --seeds) seeds=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --sweep) sweep=1; shift ;;
     --straggler) straggler=1; shift ;;
+    --tuned) tuned=1; shift ;;
     --hs) hs=$2; shift 2 ;;
     --codecs) codecs=$2; shift 2 ;;
     --downs) downs=$2; shift 2 ;;
@@ -166,12 +172,36 @@ write_report() {
   [[ $keep -eq 1 ]] || rm -rf "${report_runs[@]}"
 }
 
+# recipe NAME: the --set overrides of configs/baselines/NAME.sets (one KEY=VALUE a line), NUL-separated.
+recipe() {
+  local line
+  while IFS= read -r line; do
+    [[ -z $line || $line == \#* ]] || printf '%s\0%s\0' --set "$line"
+  done < "configs/baselines/$1.sets"
+}
+# mode_args MODE: a mode's run arguments: its paper's recipe for diloco and streaming, else the
+# config with sync.mode set.
+mode_args() {
+  case $1 in
+    diloco | streaming | diloco-int4) recipe "$1" ;;
+    *) printf '%s\0%s\0' --set "sync.mode=$1" ;;
+  esac
+}
+
 read -r report_seed _ <<< "$seeds"
 report_runs=()
 report_labels=()
 for seed in $seeds; do
   for mode in $modes; do
-    run "$mode" "$seed" --set "sync.mode=$mode"
+    mapfile -d '' -t args < <(mode_args "$mode")
+    run "$mode" "$seed" "${args[@]}"
+    if [[ $mode == diloco ]]; then
+      mapfile -d '' -t args < <(mode_args diloco-int4)
+      run "diloco int4" "$seed" "${args[@]}"
+    fi
+    if [[ $tuned -eq 1 && ( $mode == diloco || $mode == streaming ) ]]; then
+      run "$mode, decoupled's settings" "$seed" --set "sync.mode=$mode"
+    fi
   done
   if [[ $straggler -eq 1 ]]; then
     budget=$(jq -r --argjson seed "$seed" 'select(.row == "decoupled" and .seed == $seed and .ok) | .summary.train_s' \
@@ -186,7 +216,8 @@ for seed in $seeds; do
     else
       echo "parity.sh: straggler rows, seed $seed: wall-time budget ${budget} s" >&2
       for mode in ddp diloco decoupled; do
-        run "$mode, 1 learner 3x slow, equal wall" "$seed" --set "sync.mode=$mode" --set learners.3.slowdown=3 \
+        mapfile -d '' -t args < <(mode_args "$mode")
+        run "$mode, 1 learner 3x slow, equal wall" "$seed" "${args[@]}" --set learners.3.slowdown=3 \
           --set "train.time_limit_s=$budget"
       done
     fi
