@@ -114,7 +114,8 @@ Status WriteJobReport(const nlohmann::json& status, const std::string& path);
 
 struct SimulateCommand {
   std::string scenario;
-  std::vector<std::string> overrides;  // run config keys, after the scenario's `set`
+  std::vector<std::string> overrides;  // run config keys, after the scenario's `set` (or scenario keys)
+  std::string merge_bench;             // a `bench syncer --json` output: the merge throughput
   std::vector<std::string> modes;      // empty: the run config's sync.mode
   std::vector<int> learners;           // empty: sync.learners
   std::vector<double> chips;           // empty: the scenario's

@@ -115,7 +115,10 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   simulate_cmd->add_option("--plot", simulate.plot, "Write goodput against chips as an SVG file");
   simulate_cmd->add_option("--hours", simulate.hours, "Simulated hours (instead of the scenario's)");
-  simulate_cmd->add_option("--set", simulate.overrides, "Override a run config key (repeatable)");
+  simulate_cmd->add_option("--set", simulate.overrides,
+                           "Override a run config key, or a scenario key: balanced_fragments=false (repeatable)");
+  simulate_cmd->add_option("--merge-bench", simulate.merge_bench,
+                           "Take the merge throughput from a `dilococtl bench syncer --json` output (its merge_GBps)");
   simulate_cmd->add_flag("--json", simulate.json, "One JSON object per mode and learner count");
 
   EvalCommand eval;

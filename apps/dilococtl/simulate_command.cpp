@@ -58,6 +58,7 @@ Status WritePlot(const std::string& path, const std::vector<SimResult>& results)
 
 int RunSimulateCommand(const SimulateCommand& cmd) {
   std::vector<std::string> overrides = cmd.overrides;
+  if (!cmd.merge_bench.empty()) overrides.push_back("merge_bench=" + cmd.merge_bench);
   Scenario scenario;
   if (Status st = LoadScenario(cmd.scenario, overrides, &scenario); !st.ok()) {
     std::fprintf(stderr, "dilococtl simulate: %s\n", st.message().c_str());
@@ -79,6 +80,8 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
   std::vector<int> learner_counts = cmd.learners;
   if (learner_counts.empty()) learner_counts.push_back(scenario.run.sync.learners);
   if (!cmd.json) {
+    std::printf("merge %.2f GB/s (%s), %s fragments\n", scenario.merge_gbps, scenario.merge_gbps_source.c_str(),
+                scenario.balanced_fragments ? "balanced" : "whole-tensor (unbalanced)");
     std::printf("%-12s %8s %10s %8s %7s %10s %6s %9s %8s %9s %9s %8s\n", "mode", "learners", "chips", "goodput",
                 "uptime", "merges/h", "contr", "stale", "failures", "peak Gb/s", "mean Gb/s", "sim s");
   }

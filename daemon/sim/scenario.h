@@ -23,12 +23,20 @@
 //   elastic_slices: 64              # elastic ddp: the job shrinks by one slice per failure
 //   reconfigure_s: 30               # elastic ddp: everyone pauses this long when it shrinks or grows
 //   merge_gbps: 10                  # syncer merge throughput, GB/s of fp32 deltas (bench syncer)
+//   merge_bench: PATH               # instead: the merge_GBps of a `dilococtl bench syncer --json`
+//                                   # output (relative to the scenario file; no default)
 //   wan_gbps: 100                   # a learner's WAN link, when the run config's sync.link has none
 //   wan_latency_ms: 50
 //   heartbeat_s: 1                  # a learner's heartbeat period
+//   wan_window_s: 60                # peak_wan_gbps: the busiest window of this length on the
+//                                   # busiest link; 0: one fragment interval (H x step_s / P)
+//   balanced_fragments: true        # false: the whole-tensor partition, never cut into row
+//                                   # pieces (PartitionRule::kWholeTensors), to compare
 //
-// Every key but `run` has the default shown. Unknown keys and bad values are errors naming the
-// file and key.
+// Every key but `run` and `merge_bench` has the default shown. Unknown keys and bad values are
+// errors naming the file and key. A scenario key can also be given as an override, `--set
+// merge_bench=bench.json` (a path there is relative to the working directory); it replaces the
+// file's, and merge_gbps and merge_bench replace each other.
 #pragma once
 
 #include <string>
@@ -60,9 +68,20 @@ struct Scenario {
   double wan_gbps = 100;
   double wan_latency_ms = 50;
   double heartbeat_s = 1;
+  double wan_window_s = 60;
+  bool balanced_fragments = true;
+  // Where merge_gbps came from: "default", "scenario" (the file's merge_gbps), "--set" or the
+  // merge_bench file's path.
+  std::string merge_gbps_source = "default";
 };
 
-// Loads path; run_overrides apply to the run config after the file's `set`.
+// Loads path; run_overrides (key=value) apply to the run config after the file's `set`, except
+// those whose key is a scenario key (no dots: `hours=6`, `balanced_fragments=false`), which apply
+// to the scenario after the file's keys.
 Status LoadScenario(const std::string& path, const std::vector<std::string>& run_overrides, Scenario* out);
+
+// The merge throughput of a `dilococtl bench syncer --json` output: its merge_GBps (> 0).
+// Errors name the file and the field.
+Status ReadMergeBench(const std::string& path, double* merge_gbps);
 
 }  // namespace diloco

@@ -18,7 +18,6 @@ namespace diloco {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kBandwidthBucketS = 60;  // peak WAN bandwidth: the busiest minute
 
 // Virtual time: seconds since the run's start, as the SyncTime the syncer's rules take.
 SyncTime At(double t) {
@@ -26,10 +25,11 @@ SyncTime At(double t) {
 }
 
 // A learner's WAN link: messages queue behind each other at its bandwidth. Bytes are counted
-// per minute for the peak.
+// per window of window_s (from when they start) for the peak.
 class Link {
  public:
-  Link(double gbps, double latency_s) : bytes_per_s_(gbps * 1e9 / 8), latency_s_(latency_s) {}
+  Link(double gbps, double latency_s, double window_s)
+      : bytes_per_s_(gbps * 1e9 / 8), latency_s_(latency_s), window_s_(window_s) {}
   // When a message of bytes sent at t arrives.
   double Send(double t, double bytes) {
     const double start = std::max(t, free_at_);
@@ -39,19 +39,19 @@ class Link {
   }
   double PeakGbps() const {
     double peak = 0;
-    for (double b : buckets_) peak = std::max(peak, b * 8 / kBandwidthBucketS / 1e9);
+    for (double b : buckets_) peak = std::max(peak, b * 8 / window_s_ / 1e9);
     return peak;
   }
   double total_bytes() const { return total_; }
 
  private:
   void Count(double t, double bytes) {
-    const size_t b = (size_t)(t / kBandwidthBucketS);
+    const size_t b = (size_t)(t / window_s_);
     if (buckets_.size() <= b) buckets_.resize(b + 1, 0);
     buckets_[b] += bytes;
     total_ += bytes;
   }
-  double bytes_per_s_, latency_s_;
+  double bytes_per_s_, latency_s_, window_s_;
   double free_at_ = 0;
   double total_ = 0;
   std::vector<double> buckets_;
@@ -128,13 +128,16 @@ class SyncerSim {
     const double gbps = sync_.link.bandwidth_mbps > 0 ? sync_.link.bandwidth_mbps / 1e3 : s.wan_gbps;
     const double latency_s = (sync_.link.bandwidth_mbps > 0 ? sync_.link.latency_ms : s.wan_latency_ms) / 1e3;
     latency_s_ = latency_s;
+    // wan_window_s 0: one fragment interval, the time between two fragments' sends.
+    const double window_s = s.wan_window_s > 0 ? s.wan_window_s : H_ * s.step_s / P_;
+    out_->wan_window_s = window_s;
     learners_.resize(M_);
     for (int l = 0; l < M_; l++) {
       learners_[l].frags.assign(P_, FragmentState());
       learners_[l].factor =
           (l >= M_ - s.stragglers ? s.straggler_factor : 1) * SlowdownOf(s.run.learners, l);
-      up_links_.emplace_back(gbps, latency_s);
-      down_links_.emplace_back(gbps, latency_s);
+      up_links_.emplace_back(gbps, latency_s, window_s);
+      down_links_.emplace_back(gbps, latency_s, window_s);
     }
     version_.assign(P_, 0);
     wake_at_.assign(P_, kInf);
@@ -702,6 +705,9 @@ Status Simulate(const Scenario& s, SimMode mode, SimResult* out) {
   out->mode = mode;
   out->chips = s.chips;
   out->hours = s.hours;
+  out->merge_gbps = s.merge_gbps;
+  out->merge_gbps_source = s.merge_gbps_source;
+  out->balanced_fragments = s.balanced_fragments;
   if (mode == SimMode::kDdp || mode == SimMode::kElasticDdp) {
     if (s.hours <= 0) return Status::Error(std::string(ToString(mode)) + " needs hours > 0 (a time-limited run)");
     out->learners = mode == SimMode::kDdp ? 1 : s.elastic_slices;
@@ -713,7 +719,11 @@ Status Simulate(const Scenario& s, SimMode mode, SimResult* out) {
                                                   : SyncMode::kDecoupled;
     std::vector<Fragment> fragments;
     DL_RETURN_IF_ERROR(PartitionFragments(gpt_tensor_table(GptConfigOf(run.model)), EffectiveFragments(run.sync),
-                                          &fragments));
+                                          &fragments,
+                                          s.balanced_fragments ? PartitionRule::kBalanced
+                                                               : PartitionRule::kWholeTensors));
+    out->fragments = (int)fragments.size();
+    out->fragment_imbalance = FragmentImbalance(fragments);
     out->learners = run.sync.learners;
     Scenario scenario = s;
     scenario.run = run;
@@ -738,6 +748,12 @@ nlohmann::json SimResultToJson(const SimResult& r) {
   j["dropped_deltas"] = r.dropped_deltas;
   j["peak_wan_gbps"] = r.peak_wan_gbps;
   j["mean_wan_gbps"] = r.mean_wan_gbps;
+  j["wan_window_s"] = r.wan_window_s;
+  j["fragments"] = r.fragments;
+  j["fragment_imbalance"] = r.fragment_imbalance;
+  j["balanced_fragments"] = r.balanced_fragments;
+  j["merge_gbps"] = r.merge_gbps;
+  j["merge_gbps_source"] = r.merge_gbps_source;
   j["events"] = r.events;
   j["runtime_s"] = r.runtime_s;
   return j;

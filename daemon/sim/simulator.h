@@ -53,8 +53,14 @@ struct SimResult {
   std::vector<uint64_t> staleness;  // staleness[s]: merged deltas s versions behind
   uint64_t failures = 0;
   uint64_t dropped_deltas = 0;  // dropped or refused by the round book (not "replaced")
-  double peak_wan_gbps = 0;     // busiest link, busiest minute (uplink and downlink)
+  double peak_wan_gbps = 0;     // busiest link, busiest window (uplink and downlink)
   double mean_wan_gbps = 0;     // mean over links and the whole run
+  double wan_window_s = 0;      // the peak's window (scenario wan_window_s; the DiLoCo modes)
+  int fragments = 0;            // P (the DiLoCo modes)
+  double fragment_imbalance = 0;  // largest fragment / mean (FragmentImbalance)
+  bool balanced_fragments = true;  // the partition rule (scenario balanced_fragments)
+  double merge_gbps = 0;        // the syncer's merge throughput used
+  std::string merge_gbps_source;  // Scenario::merge_gbps_source
   uint64_t events = 0;
   double runtime_s = 0;  // the simulation's own time
 
@@ -65,7 +71,8 @@ Status Simulate(const Scenario& scenario, SimMode mode, SimResult* out);
 
 // {"mode", "learners", "chips", "hours", "goodput", "uptime", "waste": {...}, "merges",
 //  "merges_per_hour", "contributors_mean", "staleness": [...], "failures", "dropped_deltas",
-//  "peak_wan_gbps", "mean_wan_gbps", "events", "runtime_s"}
+//  "peak_wan_gbps", "mean_wan_gbps", "wan_window_s", "fragments", "fragment_imbalance",
+//  "balanced_fragments", "merge_gbps", "merge_gbps_source", "events", "runtime_s"}
 nlohmann::json SimResultToJson(const SimResult& r);
 
 }  // namespace diloco

@@ -159,7 +159,8 @@ int MaxFragments(const TensorTable& table) {
   return embeddings > 0 ? tensors - embeddings + 1 : tensors;
 }
 
-Status PartitionFragments(const TensorTable& table, int num_fragments, std::vector<Fragment>* out) {
+Status PartitionFragments(const TensorTable& table, int num_fragments, std::vector<Fragment>* out,
+                          PartitionRule rule) {
   const int max_fragments = MaxFragments(table);
   if (num_fragments < 1) {
     return Status::Error("cannot split the model into " + std::to_string(num_fragments) +
@@ -186,7 +187,8 @@ Status PartitionFragments(const TensorTable& table, int num_fragments, std::vect
     // mean keep LPT's largest fragment <= 5/4 of the mean, unless one row is
     // larger than that.
     const size_t mean_up = (total + num_fragments - 1) / num_fragments;
-    for (size_t divisor = 1; divisor <= 4 && !balanced(fragments); divisor *= 2) {
+    for (size_t divisor = 1; rule == PartitionRule::kBalanced && divisor <= 4 && !balanced(fragments);
+         divisor *= 2) {
       const size_t cap = std::max<size_t>(1, (mean_up + divisor - 1) / divisor);
       std::vector<Fragment> split = RowSplitPartition(table, num_fragments, cap);
       if (LargestNumel(split) < LargestNumel(fragments)) fragments = std::move(split);

@@ -76,7 +76,14 @@ inline constexpr double kFragmentBalance = 4.0 / 3.0;
 // each range on its own (merge.h), so that changes nothing for either.
 // Deterministic: the same table and P give the same fragments everywhere.
 // Errors when P < 1 or P > MaxFragments(table).
-Status PartitionFragments(const TensorTable& table, int num_fragments, std::vector<Fragment>* out);
+//
+// rule kWholeTensors stops after step 1 whatever its balance: the unbalanced
+// partition tensors would get without row pieces. No daemon role uses it
+// (peers must agree on one rule); `dilococtl simulate` compares the two
+// (its scenario key balanced_fragments: false).
+enum class PartitionRule { kBalanced, kWholeTensors };
+Status PartitionFragments(const TensorTable& table, int num_fragments, std::vector<Fragment>* out,
+                          PartitionRule rule = PartitionRule::kBalanced);
 
 // The largest P that PartitionFragments accepts for table: one fragment per
 // tensor, the embeddings counting as one (the whole-tensor partition's limit;

@@ -7,7 +7,14 @@
 #   scripts/bench/simulate.sh                         # both shipped scenarios, 24 simulated hours
 #   scripts/bench/simulate.sh --hours 6 --out DIR     # shorter; results in DIR
 #   scripts/bench/simulate.sh --scenarios "configs/simulate/paper-1.2m.yaml"
+#   scripts/bench/simulate.sh --bench-syncer          # merge rate: this machine's `bench syncer --json`
+#   scripts/bench/simulate.sh --merge-bench FILE.json # merge rate: a saved `bench syncer --json` output
+#   scripts/bench/simulate.sh --wan                   # peak WAN: balanced against whole-tensor fragments
 #
+# --wan (about 10 s): GPT-2 124M and 12B (configs/simulate/{gpt2-124m,model-12b}-wan.yaml) at
+# P = 8, 24, 48 (and 96 for 12B), each partition rule, as a markdown table: the mean rate of a
+# link ("optimal": a perfectly even schedule sends it all the time), the peak over one fragment
+# interval and over the busiest minute, each against the mean.
 # Scenarios (configs/simulate/): paper-1.2m.yaml takes its per-chip failure rate from a
 # published source (Llama 3); paper-1.2m-dp-matched.yaml sets that one rate so that ddp matches
 # the paper at 1.2M chips, and the other rows are predictions. The "sim s" column is the
@@ -24,7 +31,10 @@ chips="150000 300000 600000 1200000 2400000"
 learners="1 2 4 8 16"
 hours=""
 out=""
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+wan=0
+merge_bench=""
+bench_syncer=0
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --scenarios) scenarios=$2; shift 2 ;;
@@ -32,6 +42,9 @@ while [[ $# -gt 0 ]]; do
     --learners) learners=$2; shift 2 ;;
     --hours) hours=$2; shift 2 ;;
     --out) out=$(abspath "$2"); shift 2 ;;
+    --wan) wan=1; shift ;;
+    --merge-bench) merge_bench=$(abspath "$2"); shift 2 ;;
+    --bench-syncer) bench_syncer=1; shift ;;
     -h|--help) usage ;;
     *) echo "simulate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -39,7 +52,48 @@ done
 [[ -x $bin ]] || { echo "simulate.sh: $bin not found: build dilococtl, or set DILOCOCTL" >&2; exit 2; }
 if [[ -z $out ]]; then out=$(mktemp -d /tmp/simulate-XXXXXX); fi
 mkdir -p "$out"
+
+if [[ $wan = 1 ]]; then
+  for model in gpt2-124m model-12b; do
+    ps="8 24 48"
+    [[ $model = model-12b ]] && ps="8 24 48 96"
+    for p in $ps; do
+      for balanced in true false; do
+        for window in 0 60; do
+          "$bin" simulate "configs/simulate/$model-wan.yaml" --set "sync.fragments=$p" \
+            --set "balanced_fragments=$balanced" --set "wan_window_s=$window" --json |
+            sed "s/^{/{\"model\":\"$model\",/"
+        done
+      done
+    done
+  done > "$out/wan.jsonl"
+  /usr/bin/env python3 - "$out/wan.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+# (model, P, balanced) -> {window: row}; window 60 is the busiest minute, the other one interval.
+by = {}
+for r in rows:
+    by.setdefault((r["model"], r["fragments"], r["balanced_fragments"]), {})[60 if r["wan_window_s"] == 60 else 0] = r
+print("| model | P | fragments | largest / mean fragment | mean Gb/s (optimal) | peak Gb/s, one interval | peak / optimal | peak Gb/s, busiest minute | peak / optimal |")
+print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for (model, p, balanced), w in by.items():
+    a, m = w[0], w[60]
+    print(f"| {model} | {p} | {'balanced' if balanced else 'whole tensors'} | {a['fragment_imbalance']:.3f} | "
+          f"{a['mean_wan_gbps']:.3f} | {a['peak_wan_gbps']:.3f} ({a['wan_window_s']:g} s) | "
+          f"{a['peak_wan_gbps'] / a['mean_wan_gbps']:.2f} | {m['peak_wan_gbps']:.3f} | "
+          f"{m['peak_wan_gbps'] / m['mean_wan_gbps']:.2f} |")
+PY
+  echo "simulate.sh: rows in $out/wan.jsonl" >&2
+  exit 0
+fi
+
+if [[ $bench_syncer = 1 ]]; then
+  merge_bench=$out/bench-syncer.json
+  echo "simulate.sh: dilococtl bench syncer (20M params, 4 learners, int4)" >&2
+  "$bin" bench syncer --params 20000000 --learners 4 --codec int4 --json > "$merge_bench"
+fi
 args=()
+[[ -z $merge_bench ]] || args+=(--merge-bench "$merge_bench")
 for c in $chips; do args+=(--chips "$c"); done
 for m in $learners; do args+=(--learners "$m"); done
 [[ -z $hours ]] || args+=(--hours "$hours")
@@ -60,7 +114,8 @@ paper = {("ddp", 1, 1200000): 0.27, ("elastic-ddp", 64, 1200000): 0.58, ("decoup
 for scenario in scenarios:
     name = os.path.basename(scenario)[:-5]
     rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
-    print(f"\n{name} ({rows[0]['hours']:g} simulated hours)")
+    print(f"\n{name} ({rows[0]['hours']:g} simulated hours; merge {rows[0]['merge_gbps']:.2f} GB/s from "
+          f"{rows[0]['merge_gbps_source']})")
     hdr = f"{'mode':12} {'M':>3} {'chips':>9} {'goodput':>8} {'paper':>6} {'diff':>6} {'uptime':>7} {'merges/h':>9} {'contr':>6} {'failures':>8} {'peak Gb/s':>9} {'sim s':>6}"
     print(hdr)
     print("-" * len(hdr))

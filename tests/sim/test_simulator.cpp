@@ -112,4 +112,121 @@ TEST_CASE("simulate: failures cost ddp more as the job grows and decoupled learn
   }
 }
 
+TEST_CASE("simulate: whole-tensor fragments of a model with one huge tensor peak higher on the WAN", "[sim]") {
+  TempDir dir;
+  // wte (4096 x 64) is ~70% of the model: alone in fragment 0 it is ~3x the mean fragment.
+  dir.Write("corpus.txt", "not read by the simulator\n");
+  dir.Write("run.yaml",
+            "model: {n_layer: 2, n_embd: 64, n_head: 4, block_size: 64, vocab_size: 4096}\n"
+            "data: {corpus: corpus.txt, format: tokens}\n"
+            "train: {batch_size: 8, steps: 200}\n"
+            "sync: {learners: 2, fragments: 4, inner_steps: 8, quorum: 2, codec: {up: int4, down: int4}}\n");
+  // No failures, no jitter, the peak over one fragment interval (8 x 1 s / 4): each window
+  // holds one fragment's send per link, so peak / mean is the largest fragment / the mean (the
+  // mean is over uplinks and downlinks: one codec both ways).
+  const std::string path =
+      dir.Write("sim.yaml", "run: run.yaml\nchips: 2\nhours: 0.25\nchip_mtbf_h: 0\nstep_s: 1\nstep_jitter: 0\n"
+                            "wan_window_s: 0\n");
+  const SimResult balanced = Run(path, SimMode::kDecoupled);
+  Scenario s;
+  REQUIRE(LoadScenario(path, {"balanced_fragments=false"}, &s).ok());
+  CHECK_FALSE(s.balanced_fragments);
+  SimResult whole;
+  REQUIRE(Simulate(s, SimMode::kDecoupled, &whole).ok());
+  INFO("balanced: peak " << balanced.peak_wan_gbps << " mean " << balanced.mean_wan_gbps << " imbalance "
+                         << balanced.fragment_imbalance << "; whole tensors: peak " << whole.peak_wan_gbps
+                         << " mean " << whole.mean_wan_gbps << " imbalance " << whole.fragment_imbalance);
+  CHECK(balanced.wan_window_s == Approx(2.0));
+  CHECK(balanced.fragments == 4);
+  CHECK(balanced.fragment_imbalance <= 4.0 / 3.0);
+  CHECK(whole.fragment_imbalance > 2.5);
+  // The same bytes in all, only spread differently.
+  CHECK(whole.mean_wan_gbps == Approx(balanced.mean_wan_gbps).epsilon(0.01));
+  CHECK(whole.peak_wan_gbps > 2 * balanced.peak_wan_gbps);
+  CHECK(balanced.peak_wan_gbps / balanced.mean_wan_gbps <= 4.0 / 3.0 * 1.05);
+  CHECK(whole.peak_wan_gbps / whole.mean_wan_gbps == Approx(whole.fragment_imbalance).epsilon(0.05));
+  // The goodput does not depend on how the model is cut.
+  CHECK(whole.goodput.goodput == Approx(balanced.goodput.goodput).epsilon(0.02));
+  const nlohmann::json j = SimResultToJson(whole);
+  CHECK(j["balanced_fragments"] == false);
+  CHECK(j["fragment_imbalance"].get<double>() == Approx(whole.fragment_imbalance));
+}
+
+TEST_CASE("simulate: the merge throughput can come from a bench syncer output", "[sim]") {
+  TempDir dir;
+  const std::string plain = WriteScenario(dir, "learners: 2", "chips: 8\n");
+  Scenario s;
+  REQUIRE(LoadScenario(plain, {}, &s).ok());
+  CHECK(s.merge_gbps == 10);
+  CHECK(s.merge_gbps_source == "default");
+  REQUIRE(LoadScenario(WriteScenario(dir, "learners: 2", "merge_gbps: 4\n"), {}, &s).ok());
+  CHECK(s.merge_gbps_source == "scenario");
+
+  dir.Write("bench.json", R"({"merge_GBps":2.5,"copy_GBps":9.0,"peak_rss_mb":120})" "\n");
+  const std::string path = WriteScenario(dir, "learners: 2, fragments: 2, inner_steps: 10",
+                                         "chips: 8\nhours: 0.1\nchip_mtbf_h: 0\nmerge_bench: bench.json\n");
+  REQUIRE(LoadScenario(path, {}, &s).ok());
+  CHECK(s.merge_gbps == 2.5);
+  CHECK(s.merge_gbps_source == dir.file("bench.json"));
+  SimResult r;
+  REQUIRE(Simulate(s, SimMode::kDecoupled, &r).ok());
+  const nlohmann::json j = SimResultToJson(r);
+  CHECK(j["merge_gbps"].get<double>() == 2.5);
+  CHECK(j["merge_gbps_source"] == dir.file("bench.json"));
+  // The command line's merge_bench or merge_gbps replaces the file's.
+  dir.Write("other.json", R"({"merge_GBps":7})");
+  REQUIRE(LoadScenario(plain, {"merge_bench=" + dir.file("other.json")}, &s).ok());
+  CHECK(s.merge_gbps == 7);
+  CHECK(s.merge_gbps_source == dir.file("other.json"));
+  REQUIRE(LoadScenario(path, {"merge_gbps=3"}, &s).ok());
+  CHECK(s.merge_gbps == 3);
+  CHECK(s.merge_gbps_source == "--set");
+
+  // Bad files: each error names the file, and the field where it is the problem.
+  dir.Write("nofield.json", R"({"copy_GBps":9.0})");
+  dir.Write("zero.json", R"({"merge_GBps":0})");
+  dir.Write("text.json", R"({"merge_GBps":"fast"})");
+  dir.Write("garbage.json", "syncer: 1000 params, merge 2.5 GB/s\n");
+  struct Bad {
+    std::string file, says;
+  };
+  for (const Bad& bad : {Bad{"nofield.json", "has no field merge_GBps"},
+                         Bad{"zero.json", "merge_GBps must be a number > 0"},
+                         Bad{"text.json", "merge_GBps must be a number > 0"},
+                         Bad{"garbage.json", "not one JSON object"}, Bad{"missing.json", "cannot be read"}}) {
+    INFO(bad.file);
+    const Status st = LoadScenario(WriteScenario(dir, "learners: 2", "merge_bench: " + bad.file + "\n"), {}, &s);
+    CHECK_THAT(st.message(), Catch::Contains("sim.yaml:2") && Catch::Contains(dir.file(bad.file)) &&
+                                 Catch::Contains(bad.says));
+  }
+  Status st = LoadScenario(WriteScenario(dir, "learners: 2", "merge_gbps: 4\nmerge_bench: bench.json\n"), {}, &s);
+  CHECK_THAT(st.message(), Catch::Contains("merge_gbps or merge_bench, not both"));
+  WriteScenario(dir, "learners: 2", "chips: 8\n");  // plain again
+  st = LoadScenario(plain, {"merge_bench=" + dir.file("zero.json")}, &s);
+  CHECK_THAT(st.message(), Catch::Contains("--set merge_bench=") && Catch::Contains("merge_GBps must be"));
+  st = LoadScenario(plain, {"balanced_fragments=maybe"}, &s);
+  CHECK_THAT(st.message(), Catch::Contains("balanced_fragments must be true or false"));
+}
+
+TEST_CASE("simulate: dilococtl simulate --merge-bench takes a bench syncer --json output", "[sim]") {
+  TempDir dir;
+  const std::string path = WriteScenario(dir, "learners: 2, fragments: 2, inner_steps: 10",
+                                         "chips: 8\nhours: 0.1\nchip_mtbf_h: 0\n");
+  REQUIRE(Shell(dir.path(),
+                "(" + kDilococtl +
+                    " bench syncer --params 100000 --learners 2 --fragments 2 --rounds 2 --json > bench.json)",
+                "bench") == 0);
+  const int rc = Shell(dir.path(), kDilococtl + " simulate " + path + " --merge-bench bench.json --json", "sim");
+  INFO(ReadFile(dir.file("sim.err")));
+  REQUIRE(rc == 0);
+  const nlohmann::json bench = nlohmann::json::parse(ReadFile(dir.file("bench.json")));
+  const nlohmann::json row = nlohmann::json::parse(ReadFile(dir.file("sim.out")));
+  CHECK(row["merge_gbps"].get<double>() == Approx(bench["merge_GBps"].get<double>()));
+  CHECK(row["merge_gbps_source"] == "bench.json");
+  // A bad file is a bad option (exit 2) that names it.
+  dir.Write("empty.json", "{}");
+  CHECK(Shell(dir.path(), kDilococtl + " simulate " + path + " --merge-bench empty.json", "bad") == 2);
+  CHECK_THAT(ReadFile(dir.file("bad.err")), Catch::Contains("empty.json") && Catch::Contains("merge_GBps"));
+}
+
 }  // namespace diloco

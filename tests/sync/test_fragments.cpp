@@ -213,6 +213,23 @@ TEST_CASE("sync: fragments of GPT-2 124M are balanced by cutting wte into row pi
   }
 }
 
+TEST_CASE("sync: fragments: the whole-tensor rule never cuts a tensor", "[unit][sync]") {
+  const TensorTable table = Gpt2Table();
+  std::vector<Fragment> whole;
+  REQUIRE(PartitionFragments(table, 24, &whole, PartitionRule::kWholeTensors).ok());
+  CheckCoversOnce(table, whole);
+  CHECK(PieceCount(whole) == 0);
+  // The partition of before pieces: wte and wpe alone in fragment 0, 7.6x the mean.
+  CHECK(FragmentsDigest(whole) == 0xde366a81d582d2f3ULL);
+  CHECK(FragmentImbalance(whole) == Approx(7.6).margin(0.05));
+  CHECK(FragmentImbalance(Partition(table, 24)) <= kFragmentBalance);
+  // Where the whole-tensor partition is balanced (P = 4: 1.27), both rules give it.
+  std::vector<Fragment> balanced, unbalanced;
+  REQUIRE(PartitionFragments(table, 4, &balanced).ok());
+  REQUIRE(PartitionFragments(table, 4, &unbalanced, PartitionRule::kWholeTensors).ok());
+  CHECK(FragmentsDigest(balanced) == FragmentsDigest(unbalanced));
+}
+
 TEST_CASE("sync: fragments of the GPT are balanced and deterministic", "[unit][sync]") {
   const TensorTable table = SmallGptTable();
   for (int p : {1, 2, 3, 4, 7, 24, MaxFragments(table)}) {
