@@ -342,7 +342,6 @@ class SyncerSim {
       return Status::Ok();
     }
     std::vector<PendingDelta> taken = book_->TakeForMerge((uint32_t)p, version_[p]);
-    if (getenv("SIMDBG")) { fprintf(stderr, "%.2f/%d/", t, p); for (auto& x : taken) fprintf(stderr, "%d", x.learner); fprintf(stderr, " "); }
     TakeDrops(t);
     if (taken.empty()) return Status::Ok();
     const double done = t + merge_s_per_delta_[p] * taken.size();
