@@ -44,7 +44,8 @@ int RunBenchTransportCommand(const BenchTransportCommand& cmd) {
                 f.senders == 1 ? "" : "s", std::max(1, cmd.stream_depth), f.io_threads, f.io_threads == 1 ? "" : "s");
   }
   for (const auto& p : paths) {
-    std::printf("%-10s aggregate: stack %6.2f GB/s (%5.2f per sender)  raw zmq %6.2f GB/s (%5.2f per sender)  ratio %.2f\n",
+    std::printf("%-10s aggregate: stack %6.2f GB/s (%5.2f per sender)  raw zmq %6.2f GB/s (%5.2f per sender)"
+                "  ratio %.2f\n",
                 p.name.c_str(), p.aggregate_GBps, p.per_sender_GBps, p.raw_aggregate_GBps, p.raw_per_sender_GBps,
                 p.aggregate_ratio);
   }

@@ -335,7 +335,8 @@ class PathBench {
     parsed_->payload_owner.reset();
     if (sender) {
       const auto it = sender_index_.find(r.meta.sender);
-      if (it == sender_index_.end()) return Status::Error(name_ + ": a delta from unknown sender '" + r.meta.sender + "'");
+      if (it == sender_index_.end())
+        return Status::Error(name_ + ": a delta from unknown sender '" + r.meta.sender + "'");
       *sender = it->second;
     }
     return Status::Ok();
