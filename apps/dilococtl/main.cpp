@@ -172,7 +172,12 @@ int main(int argc, char** argv) {
   CLI::App* transport = bench->add_subcommand("transport", "A delta through the full stack vs raw ZeroMQ (tcp, ipc, CURVE)");
   transport->add_option("--mib", bench_transport.size_mib, "MiB of fp32 delta payload")->capture_default_str();
   transport->add_option("--transfers", bench_transport.transfers, "Timed runs (median)")->capture_default_str();
-  transport->add_option("--stream", bench_transport.stream_depth, "Deltas back to back (0: skip)")->capture_default_str();
+  transport->add_option("--stream", bench_transport.stream_depth, "Deltas back to back (0: skip); per sender in the aggregate (>= 1)")->capture_default_str();
+  transport->add_option("--senders", bench_transport.senders, "Senders at once into one receiving socket (aggregate)")
+      ->capture_default_str();
+  transport->add_option("--io-threads", bench_transport.io_threads,
+                        "Receiving context's ZeroMQ I/O threads (0: as the daemon, min(4, cores))")
+      ->capture_default_str();
   transport->add_flag("--no-curve", bench_transport.no_curve, "Skip the CURVE run");
   transport->add_flag("--json", bench_transport.json, "Print one JSON object on the last line");
 

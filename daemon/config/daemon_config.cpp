@@ -128,6 +128,8 @@ class Section {
   std::vector<std::string> keys_;
 };
 
+constexpr int kMaxIoThreads = 64;
+
 const std::vector<std::string> kEndpointKeys = {"control", "uplink", "downlink", "snapshot"};
 
 Status ReadEndpoints(const Section& s, DaemonEndpoints* out) {
@@ -242,7 +244,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   const Section top(root, "", source_name,
                     {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
                      "metrics_port", "devices", "chaos", "submitters", "data_roots", "max_jobs",
-                     "max_job_spec_bytes", "metrics_keep_finished_s"});
+                     "max_job_spec_bytes", "metrics_keep_finished_s", "net"});
   DL_RETURN_IF_ERROR(top.CheckKeys());
   DL_RETURN_IF_ERROR(top.String("site", &c.site));
   DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
@@ -260,6 +262,15 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   if (c.metrics_keep_finished_s < 0)
     return Status::Error(top.WhereOf("metrics_keep_finished_s") + ": metrics_keep_finished_s: must be >= 0");
   DL_RETURN_IF_ERROR(ReadDevices(top, &c.devices));
+  const Section net(top.Get("net"), "net", source_name, {"io_threads"});
+  DL_RETURN_IF_ERROR(net.CheckKeys());
+  DL_RETURN_IF_ERROR(net.Int("io_threads", &c.net_io_threads));
+  if (c.net_io_threads < 0 || c.net_io_threads > kMaxIoThreads) {
+    return Status::Error(net.WhereOf("io_threads") + ": net.io_threads: " + std::to_string(c.net_io_threads) +
+                         " is out of range; must be in [0, " + std::to_string(kMaxIoThreads) +
+                         "]: ZeroMQ I/O threads, about one per learner whose CURVE uplink this site's syncer "
+                         "takes at once (0 = min(4, cores))");
+  }
   const Section listen(top.Get("listen"), "listen", source_name, kEndpointKeys);
   DL_RETURN_IF_ERROR(listen.CheckKeys());
   DL_RETURN_IF_ERROR(ReadEndpoints(listen, &c.listen));

@@ -1323,7 +1323,9 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     if (!p.public_key.empty())
       DL_RETURN_IF_ERROR(net::ValidateZ85Key(p.public_key, ("public key of peer " + p.site).c_str()).WithContext(config.source));
   }
-  DL_RETURN_IF_ERROR(net::NetContext::Create({}, &im.context));
+  net::NetContextOptions context_options;
+  context_options.io_threads = config.net_io_threads > 0 ? config.net_io_threads : net::DefaultIoThreads();
+  DL_RETURN_IF_ERROR(net::NetContext::Create(context_options, &im.context).WithContext(config.source + ": net.io_threads"));
   if (im.keys) {
     std::vector<std::string> allow = {im.keys->public_z85};  // this site's own learners
     for (const PeerConfig& p : config.peers)
@@ -1379,7 +1381,8 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     im.Log("metrics on " + im.metrics_server->url());
   }
   im.Log("listening on ipc://" + config.control_socket +
-         (config.listen.control.empty() ? "" : " and " + config.listen.control) + (im.keys ? " (CURVE)" : " (plaintext)"));
+         (config.listen.control.empty() ? "" : " and " + config.listen.control) + (im.keys ? " (CURVE)" : " (plaintext)") +
+         ", " + std::to_string(context_options.io_threads) + " ZeroMQ I/O threads");
   im.ResumeJobs();
   *out = std::move(d);
   return Status::Ok();

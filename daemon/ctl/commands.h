@@ -52,7 +52,9 @@ int RunBenchCodecCommand(const BenchCodecCommand& cmd);
 struct BenchTransportCommand {
   int size_mib = 64;     // payload of the fp32 delta
   int transfers = 5;     // timed runs per figure; the median is reported
-  int stream_depth = 4;  // deltas back to back in the streaming figure (0: skip it)
+  int stream_depth = 4;  // deltas back to back in the streaming figure (0: skip it); per sender in the aggregate
+  int senders = 1;       // senders at once into one receiving socket in the aggregate figure
+  int io_threads = 0;    // the receiving context's ZeroMQ I/O threads; 0: as the daemon (net.io_threads' default)
   bool no_curve = false;
   bool json = false;     // last stdout line: {"tcp": {"stack_GBps": ...}, "ipc": ..., "curve_tcp": ...}
 };

@@ -1,6 +1,14 @@
 #include "daemon/net/context.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace diloco::net {
+
+int DefaultIoThreads() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());  // 0: unknown
+  return std::clamp(cores, 1, 4);
+}
 
 NetContext::NetContext(const NetContextOptions& options) : context_(options.io_threads, options.max_sockets) {}
 

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <latch>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -35,8 +37,20 @@ struct Keys {
   CurveKeyPair server, client;
 };
 
-// One path (tcp, ipc or curve_tcp): a learner side and a syncer side, each with its own context
-// (as two processes would have), the stack sockets and the raw sockets.
+// One learner: its own context (one I/O thread, as a learner process has for its uplink), a PUB
+// for the stack path and a PUSH for the raw one.
+struct Sender {
+  std::unique_ptr<NetContext> ctx;  // declared first: destroyed last
+  std::unique_ptr<PubChannel> pub;
+  std::unique_ptr<Socket> push;
+  EnvelopeHeader header;
+  OutgoingMessage raw_template;  // the raw path sends the same frames: this header, then the chunks
+  uint64_t seq = 0;
+};
+
+// One path (tcp, ipc or curve_tcp): `senders` learner sides and a syncer side, each with its own
+// context (as separate processes would have), the stack sockets and the raw sockets. Sender 0
+// alone makes the one-at-a-time and stream figures.
 class PathBench {
  public:
   PathBench(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8_t>> payload)
@@ -45,8 +59,7 @@ class PathBench {
   Status Setup(const std::string& name, const std::string& stack_bind, const std::string& raw_bind, const Keys* keys) {
     name_ = name;
     NetContextOptions co;
-    co.io_threads = std::max(1, o_.io_threads / 2);
-    DL_RETURN_IF_ERROR(NetContext::Create(co, &send_ctx_));
+    co.io_threads = io_threads();
     DL_RETURN_IF_ERROR(NetContext::Create(co, &recv_ctx_));
 
     SocketOptions recv_opts, send_opts;
@@ -81,12 +94,8 @@ class PathBench {
     DL_RETURN_IF_ERROR(SubChannel::Create(*recv_ctx_, recv_opts, ro, &sub_));
     DL_RETURN_IF_ERROR(sub_->Bind(stack_bind));
     DL_RETURN_IF_ERROR(sub_->Subscribe("bench"));
-    DL_RETURN_IF_ERROR(PubChannel::Create(*send_ctx_, send_opts, &pub_));
-    DL_RETURN_IF_ERROR(pub_->Connect(sub_->endpoint()));
     DL_RETURN_IF_ERROR(Socket::Create(*recv_ctx_, SocketType::kPull, recv_opts, &pull_));
     DL_RETURN_IF_ERROR(pull_->Bind(raw_bind));
-    DL_RETURN_IF_ERROR(Socket::Create(*send_ctx_, SocketType::kPush, send_opts, &push_));
-    DL_RETURN_IF_ERROR(push_->Connect(pull_->endpoint()));
 
     // The message every run sends: one fp32 tensor over the whole payload.
     delta_.fragment = 0;
@@ -95,25 +104,48 @@ class PathBench {
     delta_.c_tokens = 24 * 4096;
     delta_.payload.codec = CodecKind::kFp32;
     delta_.payload.tensors = {{"all", 0, payload_->size() / 4, payload_->size()}};
-    header_.job_id = "bench";
-    header_.sender = "learner-0";
-    header_.incarnation = 1;
-    // The raw path sends the same frames: a header of the same size, then the chunks.
-    DL_RETURN_IF_ERROR(Build(&raw_template_));
 
-    // PUB/SUB joins asynchronously: heartbeats until one arrives.
+    NetContextOptions sender_co;
+    sender_co.io_threads = 1;
+    for (int i = 0; i < o_.senders; ++i) {
+      auto s = std::make_unique<Sender>();
+      DL_RETURN_IF_ERROR(NetContext::Create(sender_co, &s->ctx));
+      DL_RETURN_IF_ERROR(PubChannel::Create(*s->ctx, send_opts, &s->pub));
+      DL_RETURN_IF_ERROR(s->pub->Connect(sub_->endpoint()));
+      DL_RETURN_IF_ERROR(Socket::Create(*s->ctx, SocketType::kPush, send_opts, &s->push));
+      DL_RETURN_IF_ERROR(s->push->Connect(pull_->endpoint()));
+      s->header.job_id = "bench";
+      s->header.sender = "learner-" + std::to_string(i);
+      s->header.incarnation = 1;
+      DL_RETURN_IF_ERROR(Build(*s, &s->raw_template));
+      sender_index_[s->header.sender] = i;
+      senders_.push_back(std::move(s));
+    }
+
+    // PUB/SUB joins asynchronously: heartbeats from each sender until one of its arrives.
+    std::vector<bool> joined(senders_.size(), false);
+    size_t joined_count = 0;
     const auto deadline = Clock::now() + std::chrono::seconds(10);
-    for (;;) {
-      HeartbeatMsg hb;
-      OutgoingMessage out;
-      EnvelopeHeader h = header_;
-      h.seq = ++seq_;
-      DL_RETURN_IF_ERROR(BuildMessage(h, hb, {}, &out));
-      Message m = ToMessage(std::move(out), nullptr);
-      pub_->Publish("bench", m);
+    while (joined_count < senders_.size()) {
+      for (size_t i = 0; i < senders_.size(); ++i) {
+        if (joined[i]) continue;
+        HeartbeatMsg hb;
+        OutgoingMessage out;
+        EnvelopeHeader h = senders_[i]->header;
+        h.seq = ++senders_[i]->seq;
+        DL_RETURN_IF_ERROR(BuildMessage(h, hb, {}, &out));
+        Message m = ToMessage(std::move(out), nullptr);
+        senders_[i]->pub->Publish("bench", m);
+      }
       Received r;
-      if (sub_->Receive(&r, 20) == RecvResult::kMessage) break;
-      if (Clock::now() > deadline) return Status::Error(name + ": the subscriber never joined");
+      while (sub_->Receive(&r, 20) == RecvResult::kMessage) {
+        const auto it = sender_index_.find(r.meta.sender);
+        if (it != sender_index_.end() && !joined[it->second]) {
+          joined[it->second] = true;
+          ++joined_count;
+        }
+      }
+      if (Clock::now() > deadline) return Status::Error(name + ": a subscriber never joined");
     }
     // Heartbeats still on the way (several go out while the subscription lands) would be taken
     // for the first delta: drain them.
@@ -123,51 +155,57 @@ class PathBench {
     return Status::Ok();
   }
 
+  int io_threads() const { return o_.io_threads > 0 ? o_.io_threads : DefaultIoThreads(); }
+  int aggregate_depth() const { return std::max(1, o_.stream_depth); }
+
   // One delta, build to parsed. Returns seconds.
   Status StackOnce(double* seconds, double* build_s, double* parse_s) {
+    Sender& s = *senders_[0];
     const auto t0 = Clock::now();
     OutgoingMessage out;
-    DL_RETURN_IF_ERROR(Build(&out));
+    DL_RETURN_IF_ERROR(Build(s, &out));
     *build_s = Seconds(t0, Clock::now());
     Message m = ToMessage(std::move(out), payload_);
-    if (pub_->Publish("bench", m) != SendResult::kSent) return Status::Error(name_ + ": publish failed");
-    DL_RETURN_IF_ERROR(ReceiveDelta());
+    if (s.pub->Publish("bench", m) != SendResult::kSent) return Status::Error(name_ + ": publish failed");
+    DL_RETURN_IF_ERROR(ReceiveDelta(nullptr));
     *seconds = Seconds(t0, Clock::now());
     *parse_s = last_parse_s_;
     return Status::Ok();
   }
 
   Status RawOnce(double* seconds) {
+    Sender& s = *senders_[0];
     const auto t0 = Clock::now();
-    Message m = RawMessage();
-    if (push_->Send(m, 10000) != SendResult::kSent) return Status::Error(name_ + ": raw send failed");
-    DL_RETURN_IF_ERROR(ReceiveRaw());
+    Message m = RawMessage(s);
+    if (s.push->Send(m, 10000) != SendResult::kSent) return Status::Error(name_ + ": raw send failed");
+    DL_RETURN_IF_ERROR(ReceiveRaw(nullptr));
     *seconds = Seconds(t0, Clock::now());
     return Status::Ok();
   }
 
   // depth messages back to back: a sender thread builds and sends, this thread receives.
   Status StackStream(double* seconds) {
+    Sender& s = *senders_[0];
     const int depth = o_.stream_depth;
     Status send_status;
     const auto t0 = Clock::now();
     std::thread sender([&] {
       for (int i = 0; i < depth; ++i) {
         OutgoingMessage out;
-        Status st = Build(&out);
+        Status st = Build(s, &out);
         if (!st.ok()) {
           send_status = st;
           return;
         }
         Message m = ToMessage(std::move(out), payload_);
-        if (pub_->Publish("bench", m) != SendResult::kSent) {
+        if (s.pub->Publish("bench", m) != SendResult::kSent) {
           send_status = Status::Error(name_ + ": publish failed");
           return;
         }
       }
     });
     Status st;
-    for (int i = 0; i < depth && st.ok(); ++i) st = ReceiveDelta();
+    for (int i = 0; i < depth && st.ok(); ++i) st = ReceiveDelta(nullptr);
     sender.join();
     DL_RETURN_IF_ERROR(send_status);
     DL_RETURN_IF_ERROR(st);
@@ -176,17 +214,18 @@ class PathBench {
   }
 
   Status RawStream(double* seconds) {
+    Sender& s = *senders_[0];
     const int depth = o_.stream_depth;
     bool send_ok = true;
     const auto t0 = Clock::now();
     std::thread sender([&] {
       for (int i = 0; i < depth && send_ok; ++i) {
-        Message m = RawMessage();
-        send_ok = push_->Send(m, 10000) == SendResult::kSent;
+        Message m = RawMessage(s);
+        send_ok = s.push->Send(m, 10000) == SendResult::kSent;
       }
     });
     Status st;
-    for (int i = 0; i < depth && st.ok(); ++i) st = ReceiveRaw();
+    for (int i = 0; i < depth && st.ok(); ++i) st = ReceiveRaw(nullptr);
     sender.join();
     if (!send_ok) return Status::Error(name_ + ": raw send failed");
     DL_RETURN_IF_ERROR(st);
@@ -194,30 +233,96 @@ class PathBench {
     return Status::Ok();
   }
 
+  // Every sender at once, aggregate_depth() deltas each (built beforehand: that is the learners'
+  // work, on their machines), into the one SUB; from the start signal to the last delta parsed.
+  Status StackAggregate(double* seconds) {
+    std::vector<std::vector<Message>> msgs(senders_.size());
+    for (size_t i = 0; i < senders_.size(); ++i) {
+      for (int k = 0; k < aggregate_depth(); ++k) {
+        OutgoingMessage out;
+        DL_RETURN_IF_ERROR(Build(*senders_[i], &out));
+        msgs[i].push_back(ToMessage(std::move(out), payload_));
+      }
+    }
+    return Aggregate(seconds, [&](size_t i) {
+      for (Message& m : msgs[i])
+        if (senders_[i]->pub->Publish("bench", m) != SendResult::kSent) return false;
+      return true;
+    }, [&](int* sender) { return ReceiveDelta(sender); });
+  }
+
+  Status RawAggregate(double* seconds) {
+    return Aggregate(seconds, [&](size_t i) {
+      for (int k = 0; k < aggregate_depth(); ++k) {
+        Message m = RawMessage(*senders_[i]);
+        if (senders_[i]->push->Send(m, 10000) != SendResult::kSent) return false;
+      }
+      return true;
+    }, [&](int* sender) { return ReceiveRaw(sender); });
+  }
+
   ~PathBench() {
+    senders_.clear();
     sub_.reset();
-    pub_.reset();
     pull_.reset();
-    push_.reset();
   }
 
  private:
-  // Called from one thread at a time (the sender thread owns seq_ while streaming).
-  Status Build(OutgoingMessage* out) {
-    EnvelopeHeader h = header_;
-    h.seq = ++seq_;
-    delta_.learner_step = h.seq;
-    return BuildMessage(h, delta_, *payload_, out);
+  // Runs send(i) on one thread per sender, all released at once, and receive() on this thread
+  // until every sender's aggregate_depth() messages arrived.
+  template <class Send, class Receive>
+  Status Aggregate(double* seconds, Send send, Receive receive) {
+    const size_t n = senders_.size();
+    std::latch start(1);
+    std::unique_ptr<bool[]> send_ok(new bool[n]);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        start.wait();
+        send_ok[i] = send(i);
+      });
+    }
+    const auto t0 = Clock::now();
+    start.count_down();
+    std::vector<int> got(n, 0);
+    Status st;
+    for (size_t k = 0; k < n * aggregate_depth() && st.ok(); ++k) {
+      int sender = -1;
+      st = receive(&sender);
+      if (st.ok()) ++got[sender];
+    }
+    const double s = Seconds(t0, Clock::now());
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < n; ++i)
+      if (!send_ok[i]) return Status::Error(name_ + ": sender " + std::to_string(i) + " could not send");
+    DL_RETURN_IF_ERROR(st);
+    for (size_t i = 0; i < n; ++i) {
+      if (got[i] != aggregate_depth())
+        return Status::Error(name_ + ": sender " + std::to_string(i) + " delivered " + std::to_string(got[i]) +
+                             " of " + std::to_string(aggregate_depth()) + " messages");
+    }
+    *seconds = s;
+    return Status::Ok();
   }
 
-  Message RawMessage() {
+  // Called from one thread at a time per sender (its thread owns seq while streaming).
+  Status Build(Sender& s, OutgoingMessage* out) {
+    EnvelopeHeader h = s.header;
+    h.seq = ++s.seq;
+    DeltaMsg delta = delta_;
+    delta.learner_step = h.seq;
+    return BuildMessage(h, delta, *payload_, out);
+  }
+
+  Message RawMessage(const Sender& s) {
     Message m;
-    m.AddCopy(raw_template_.header.data(), raw_template_.header.size());
-    for (const auto& c : raw_template_.chunks) m.AddShared(payload_, c.data(), c.size());
+    m.AddCopy(s.raw_template.header.data(), s.raw_template.header.size());
+    for (const auto& c : s.raw_template.chunks) m.AddShared(payload_, c.data(), c.size());
     return m;
   }
 
-  Status ReceiveDelta() {
+  // *sender (when given): the index of the sender, from the envelope.
+  Status ReceiveDelta(int* sender) {
     Received r;
     const RecvResult rr = sub_->Receive(&r, 30000);
     if (rr != RecvResult::kMessage) return Status::Error(name_ + ": no delta received (" + ToString(rr) + ")");
@@ -228,29 +333,42 @@ class PathBench {
     // buffer is reused): frames held across the next transfer would make it allocate fresh memory.
     parsed_->payload_chunks.clear();
     parsed_->payload_owner.reset();
+    if (sender) {
+      const auto it = sender_index_.find(r.meta.sender);
+      if (it == sender_index_.end())
+        return Status::Error(name_ + ": a delta from unknown sender '" + r.meta.sender + "'");
+      *sender = it->second;
+    }
     return Status::Ok();
   }
 
-  Status ReceiveRaw() {
+  // *sender (when given): the index of the sender whose header frame 0 is.
+  Status ReceiveRaw(int* sender) {
     Message got;
     const RecvResult rr = pull_->Receive(&got, 30000);
     if (rr != RecvResult::kMessage) return Status::Error(name_ + ": no raw message received (" + ToString(rr) + ")");
-    if (got.bytes() != raw_template_.wire_bytes()) return Status::Error(name_ + ": raw message has the wrong size");
-    return Status::Ok();
+    for (size_t i = 0; i < senders_.size(); ++i) {
+      const OutgoingMessage& t = senders_[i]->raw_template;
+      const std::span<const uint8_t> f0 = got.frame(0);
+      if (got.bytes() == t.wire_bytes() && f0.size() == t.header.size() &&
+          std::memcmp(f0.data(), t.header.data(), f0.size()) == 0) {
+        if (sender) *sender = static_cast<int>(i);
+        return Status::Ok();
+      }
+    }
+    return Status::Error(name_ + ": raw message of the wrong size or from no sender");
   }
 
   const TransportBenchOptions& o_;
   std::shared_ptr<std::vector<uint8_t>> payload_;
   std::string name_;
-  std::unique_ptr<NetContext> send_ctx_, recv_ctx_;  // declared first: destroyed last
-  std::unique_ptr<PubChannel> pub_;
+  std::unique_ptr<NetContext> recv_ctx_;  // declared first: destroyed last
   std::unique_ptr<SubChannel> sub_;
-  std::unique_ptr<Socket> push_, pull_;
+  std::unique_ptr<Socket> pull_;
+  std::vector<std::unique_ptr<Sender>> senders_;
+  std::map<std::string, int> sender_index_;
   std::shared_ptr<ParsedMessage> parsed_;
-  EnvelopeHeader header_;
   DeltaMsg delta_;
-  OutgoingMessage raw_template_;
-  uint64_t seq_ = 0;
   double last_parse_s_ = 0;
 };
 
@@ -262,7 +380,7 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
   // One at a time first, then streams, each interleaved (alternating which goes first) so drift
   // hits stack and raw alike; the warm-up lets the allocator settle on reusing freed buffers.
   for (int i = 0; i < o.warmup + o.transfers; ++i) {
-    double s, r, bs, ps;
+    double s = 0, r = 0, bs = 0, ps = 0;
     if (i % 2) {
       DL_RETURN_IF_ERROR(b.RawOnce(&r));
       DL_RETURN_IF_ERROR(b.StackOnce(&s, &bs, &ps));
@@ -277,7 +395,7 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
     parse.push_back(ps);
   }
   for (int i = 0; o.stream_depth > 0 && i < std::min(o.warmup, 1) + o.transfers; ++i) {
-    double ss, rs;
+    double ss = 0, rs = 0;
     if (i % 2) {
       DL_RETURN_IF_ERROR(b.RawStream(&rs));
       DL_RETURN_IF_ERROR(b.StackStream(&ss));
@@ -288,6 +406,20 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
     if (i < std::min(o.warmup, 1)) continue;
     stack_stream.push_back(ss);
     raw_stream.push_back(rs);
+  }
+  std::vector<double> stack_agg, raw_agg;
+  for (int i = 0; i < std::min(o.warmup, 1) + o.transfers; ++i) {
+    double sa = 0, ra = 0;
+    if (i % 2) {
+      DL_RETURN_IF_ERROR(b.RawAggregate(&ra));
+      DL_RETURN_IF_ERROR(b.StackAggregate(&sa));
+    } else {
+      DL_RETURN_IF_ERROR(b.StackAggregate(&sa));
+      DL_RETURN_IF_ERROR(b.RawAggregate(&ra));
+    }
+    if (i < std::min(o.warmup, 1)) continue;
+    stack_agg.push_back(sa);
+    raw_agg.push_back(ra);
   }
   const double bytes = static_cast<double>(payload->size());
   row->name = name;
@@ -303,6 +435,14 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
     row->raw_stream_GBps = bytes * o.stream_depth / Median(raw_stream) / 1e9;
     row->stream_ratio = row->stack_stream_GBps / row->raw_stream_GBps;
   }
+  const double agg_bytes = bytes * o.senders * b.aggregate_depth();
+  row->senders = o.senders;
+  row->io_threads = b.io_threads();
+  row->aggregate_GBps = agg_bytes / Median(stack_agg) / 1e9;
+  row->raw_aggregate_GBps = agg_bytes / Median(raw_agg) / 1e9;
+  row->aggregate_ratio = row->aggregate_GBps / row->raw_aggregate_GBps;
+  row->per_sender_GBps = row->aggregate_GBps / o.senders;
+  row->raw_per_sender_GBps = row->raw_aggregate_GBps / o.senders;
   return Status::Ok();
 }
 
@@ -314,6 +454,11 @@ Status RunTransportBench(const TransportBenchOptions& o, std::vector<TransportBe
   }
   if (o.transfers < 1 || o.warmup < 0 || o.stream_depth < 0) {
     return Status::Error("transfers must be >= 1, warmup and stream_depth >= 0");
+  }
+  if (o.stream_depth > 64) return Status::Error("stream_depth must be <= 64 (the sockets' high-water mark)");
+  if (o.senders < 1 || o.senders > 64) return Status::Error("senders must be in [1, 64]");
+  if (o.io_threads < 0 || o.io_threads > 64) {
+    return Status::Error("io_threads must be in [0, 64] (0: as the daemon, DefaultIoThreads())");
   }
   auto payload = std::make_shared<std::vector<uint8_t>>(o.payload_bytes);
   std::mt19937 rng(1);
@@ -352,15 +497,18 @@ Status RunTransportBench(const TransportBenchOptions& o, std::vector<TransportBe
 
 std::string TransportBenchJson(const std::vector<TransportBenchPath>& paths) {
   std::string s = "{";
-  char buf[512];
+  char buf[1024];
   for (size_t i = 0; i < paths.size(); ++i) {
     const TransportBenchPath& p = paths[i];
     std::snprintf(buf, sizeof buf,
                   "%s\"%s\": {\"stack_GBps\": %.3f, \"raw_zmq_GBps\": %.3f, \"ratio\": %.3f, \"stack_ms\": %.2f, "
                   "\"raw_ms\": %.2f, \"build_ms\": %.2f, \"parse_ms\": %.2f, \"stack_stream_GBps\": %.3f, "
-                  "\"raw_stream_GBps\": %.3f, \"stream_ratio\": %.3f}",
+                  "\"raw_stream_GBps\": %.3f, \"stream_ratio\": %.3f, \"senders\": %d, \"io_threads\": %d, "
+                  "\"aggregate_GBps\": %.3f, \"raw_aggregate_GBps\": %.3f, \"aggregate_ratio\": %.3f, "
+                  "\"per_sender_GBps\": %.3f, \"raw_per_sender_GBps\": %.3f}",
                   i ? ", " : "", p.name.c_str(), p.stack_GBps, p.raw_zmq_GBps, p.ratio, p.stack_ms, p.raw_ms, p.build_ms,
-                  p.parse_ms, p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio);
+                  p.parse_ms, p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio, p.senders, p.io_threads,
+                  p.aggregate_GBps, p.raw_aggregate_GBps, p.aggregate_ratio, p.per_sender_GBps, p.raw_per_sender_GBps);
     s += buf;
   }
   return s + "}";

@@ -206,6 +206,29 @@ TEST_CASE("dilococtl train reports bad input clearly", "[e2e]") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("dilococtl bench transport --senders 2 reports the aggregate figures", "[e2e]") {
+  const fs::path dir = MakeWorkDir("bench_transport");
+  const Result r = Dilococtl(dir, "bench transport --senders 2 --io-threads 2 --mib 1 --transfers 1 --stream 2 --json");
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("2 senders at once into one socket") && Catch::Contains("2 I/O threads"));
+  const nlohmann::json j = LastLineJson(r.out);
+  for (const char* name : {"tcp", "ipc", "curve_tcp"}) {
+    INFO(name);
+    REQUIRE(j.contains(name));
+    CHECK(j[name]["senders"] == 2);
+    CHECK(j[name]["io_threads"] == 2);
+    CHECK(j[name]["aggregate_GBps"].get<double>() > 0);
+    CHECK(j[name]["raw_aggregate_GBps"].get<double>() > 0);
+    CHECK(j[name]["per_sender_GBps"].get<double>() > 0);
+    CHECK(j[name]["stack_GBps"].get<double>() > 0);
+  }
+  const Result bad = Dilococtl(dir, "bench transport --senders 0");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--senders"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("dilococtl eval and export take a run directory or a checkpoint without a daemon", "[e2e]") {
   const fs::path dir = MakeWorkDir("eval_export");
   const Result train = Dilococtl(dir, "train run.yaml --out run --json");

@@ -115,6 +115,39 @@ TEST_CASE("submitters, data_roots and the limits: defaults refuse peers' jobs an
   CHECK(c.max_jobs == 3);
 }
 
+TEST_CASE("net.io_threads sets the daemon's ZeroMQ I/O threads: 0 or absent is the default", "[unit]") {
+  DaemonConfig c;
+  REQUIRE(Parse("site: a\nstate_dir: s\nallow_plaintext: true\n", &c).ok());
+  CHECK(c.net_io_threads == 0);
+  REQUIRE(Parse("site: a\nstate_dir: s\nallow_plaintext: true\nnet: {io_threads: 4}\n", &c).ok());
+  CHECK(c.net_io_threads == 4);
+  REQUIRE(Parse("site: a\nstate_dir: s\nallow_plaintext: true\nnet:\n  io_threads: 0\n", &c).ok());
+  CHECK(c.net_io_threads == 0);
+
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nnet:\n  io_threads: -1\n"),
+             Catch::Contains("d.yaml:5:15") && Catch::Contains("net.io_threads: -1 is out of range") &&
+                 Catch::Contains("[0, 64]"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nnet: {io_threads: 65}\n"),
+             Catch::Contains("d.yaml:4:") && Catch::Contains("net.io_threads: 65 is out of range"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nnet: {io_threads: many}\n"),
+             Catch::Contains("d.yaml:4:") && Catch::Contains("net.io_threads: expected an integer"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nnet: {io_thread: 2}\n"),
+             Catch::Contains("unknown key 'net.io_thread'") && Catch::Contains("did you mean 'io_threads'"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nnet: 4\n"),
+             Catch::Contains("net: expected a mapping of keys (io_threads)"));
+}
+
+TEST_CASE("the example WAN site configs parse", "[unit]") {
+  for (const char* site : {"site-a", "site-b", "site-c", "site-s"}) {
+    const std::string path = std::string(DILOCO_SOURCE_DIR) + "/configs/wan-example/" + site + ".yaml";
+    DaemonConfig c;
+    const Status st = LoadDaemonConfig(path, &c);
+    INFO(st.message());
+    CHECK(st.ok());
+    if (std::string(site) == "site-s") CHECK(c.net_io_threads == 4);  // the syncer's site
+  }
+}
+
 TEST_CASE("a peer's public key can come from a file", "[unit]") {
   testing::TempDir dir;
   dir.Write("peer.public", std::string(kKey) + "\n");

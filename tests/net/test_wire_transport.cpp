@@ -283,7 +283,47 @@ TEST_CASE("Transport bench runs end to end on a small payload", "[net][bench]") 
     CHECK(j[name]["stack_GBps"].get<double>() > 0);
     CHECK(j[name]["raw_zmq_GBps"].get<double>() > 0);
     CHECK(j[name]["ratio"].get<double>() > 0);
+    CHECK(j[name]["senders"].get<int>() == 1);
+    CHECK(j[name]["io_threads"].get<int>() == DefaultIoThreads());
+    CHECK(j[name]["aggregate_GBps"].get<double>() > 0);
   }
+}
+
+TEST_CASE("Transport bench: several senders at once into one receiving socket", "[net][bench]") {
+  TransportBenchOptions o;
+  o.payload_bytes = 5 << 20;  // two chunks
+  o.transfers = 1;
+  o.warmup = 0;
+  o.stream_depth = 2;
+  o.senders = 3;
+  o.io_threads = 2;
+  std::vector<TransportBenchPath> paths;
+  const Status st = RunTransportBench(o, &paths);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  REQUIRE(paths.size() == 3);
+  const auto j = nlohmann::json::parse(TransportBenchJson(paths));
+  for (const char* name : {"tcp", "ipc", "curve_tcp"}) {
+    INFO(name);
+    REQUIRE(j.contains(name));
+    CHECK(j[name]["senders"].get<int>() == 3);
+    CHECK(j[name]["io_threads"].get<int>() == 2);
+    const double agg = j[name]["aggregate_GBps"].get<double>();
+    CHECK(agg > 0);
+    CHECK(j[name]["raw_aggregate_GBps"].get<double>() > 0);
+    CHECK(j[name]["per_sender_GBps"].get<double>() == Approx(agg / 3).margin(0.002));
+    CHECK(j[name]["stack_GBps"].get<double>() > 0);  // the single-sender figures are still there
+  }
+}
+
+TEST_CASE("Transport bench refuses bad sender and I/O thread counts", "[net][bench]") {
+  std::vector<TransportBenchPath> paths;
+  TransportBenchOptions o;
+  o.senders = 0;
+  CHECK_THAT(RunTransportBench(o, &paths).message(), Catch::Contains("senders"));
+  o.senders = 1;
+  o.io_threads = -1;
+  CHECK_THAT(RunTransportBench(o, &paths).message(), Catch::Contains("io_threads"));
 }
 
 }  // namespace
