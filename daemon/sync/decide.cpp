@@ -165,8 +165,7 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
   SyncTime grace_end = Later(quorum_at, d.grace_ms);
   bool due_later = false;
   for (const LearnerPresence& l : state.learners) {
-    if (!options.grace_forecast) break;
-    if (l.contributed_at || !l.expected_at || !IsLive(now, l, options)) continue;
+    if (!options.grace_forecast || l.contributed_at || !l.expected_at || !IsLive(now, l, options)) continue;
     if (*l.expected_at > cap_end) continue;  // due too late: not waited for
     d.awaited++;
     if (*l.expected_at > grace_end) {

@@ -24,6 +24,7 @@
 #include "daemon/train/trainer.h"
 #include "daemon/util/atomic_file.h"
 #include "kernels/gpt.h"
+#include "tests/export/tiny_run.h"
 #include "tests/temp_dir.h"
 #include "tests/text_corpus.h"
 
@@ -37,25 +38,13 @@ std::string WriteCorpus(const fs::path& dir) {
 }
 
 TrainOptions TinyRun(const TempDir& tmp, int learners, const std::string& run) {
-  TrainOptions o;
+  TrainOptions o = testing::TinyRunOptions(tmp, learners, run);
   RunConfig& c = o.config;
   c.model = {.n_layer = 2, .n_embd = 16, .n_head = 2, .block_size = 8};
   c.data.corpus = WriteCorpus(tmp.path());
   c.train.batch_size = 2;
   c.train.steps = learners > 1 ? 12 : 3;
-  c.train.warmup_steps = 1;
-  c.train.threads = 1;
   c.eval.batches = 1;
-  c.sync.learners = learners;
-  if (learners > 1) {
-    c.sync.mode = SyncMode::kDecoupled;
-    c.sync.fragments = 2;
-    c.sync.inner_steps = 4;
-    c.sync.quorum = 2;
-    c.sync.grace.cap_ms = 100;
-  }
-  o.run_dir = (tmp.path() / run).string();
-  o.quiet = true;
   return o;
 }
 

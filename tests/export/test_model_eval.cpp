@@ -14,6 +14,7 @@
 #include "daemon/export/model_source.h"
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/trainer.h"
+#include "tests/export/tiny_run.h"
 #include "tests/temp_dir.h"
 #include "tests/text_corpus.h"
 
@@ -23,25 +24,13 @@ namespace fs = std::filesystem;
 using diloco::testing::TempDir;
 
 TrainOptions TinyRun(const TempDir& tmp, int learners, const std::string& run) {
-  TrainOptions o;
+  TrainOptions o = testing::TinyRunOptions(tmp, learners, run);
   RunConfig& c = o.config;
   c.model = {.n_layer = 1, .n_embd = 16, .n_head = 2, .block_size = 8};
   c.data.corpus = testing::WriteShuffledCorpus(tmp.path(), {"all the world's a stage.\n", "and all the men "}, 6000, 3);
   c.train.batch_size = 3;
   c.train.steps = learners > 1 ? 12 : 6;
-  c.train.warmup_steps = 1;
-  c.train.threads = 1;
   c.eval.batches = 3;
-  c.sync.learners = learners;
-  if (learners > 1) {
-    c.sync.mode = SyncMode::kDecoupled;
-    c.sync.fragments = 2;
-    c.sync.inner_steps = 4;
-    c.sync.quorum = 2;
-    c.sync.grace.cap_ms = 100;
-  }
-  o.run_dir = (tmp.path() / run).string();
-  o.quiet = true;
   return o;
 }
 
