@@ -275,10 +275,12 @@ TEST_CASE("dilococtl chaos kills, slows and partitions a daemon job's learners a
   // Paced (each step stretched 2x) so the learners are still training through the faults, and
   // the job still completes within the waits below under ASan on a busy machine.
   // Its own chaos: section (played from site-s, sent to site-b) cuts learner-1 off once it
-  // reaches step 600.
+  // reaches step 1800: well after the kill below, which lands a few hundred steps past 200 (at
+  // step 600 the partition could fire while learner-1 was down, and site-s would log "no running
+  // role matches" instead), and 1200 steps before the end, so the heal comes while it trains.
   const std::string yaml = dir.Write("paced.yaml", JobYaml(3000) +
                                                         "learners: [{slowdown: 2}, {slowdown: 2}]\n"
-                                                        "chaos: {events: [{at_step: 600, partition: {learner: 1, duration_s: 1}}]}\n");
+                                                        "chaos: {events: [{at_step: 1800, partition: {learner: 1, duration_s: 1}}]}\n");
   const std::string sock = " --socket '" + c->SocketPath("site-a") + "'";
   CtlResult r = Ctl(dir, "submit '" + yaml + "'" + sock);
   REQUIRE(r.exit_code == 0);
