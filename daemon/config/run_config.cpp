@@ -90,7 +90,7 @@ EnumField CodecOf(CodecKind* field) {
 }
 
 // The keys of one learners[i] item, relative to it.
-std::vector<Key> LearnerKeysOf(LearnerConfig* l) { return {{"slowdown", &l->slowdown}}; }
+std::vector<Key> LearnerKeysOf(LearnerConfig* l) { return {{"slowdown", &l->slowdown}, {"jitter", &l->jitter}}; }
 
 // The keys of one chaos.events item, relative to it: the two triggers, then a section per action
 // (an event has one trigger and one action: ReadChaosEvents checks). The actions' keys share
@@ -177,11 +177,16 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.merge", EnumOf(&s.merge, kMergeRuleNames)},
       {"sync.fold", EnumOf(&s.fold, kFoldRuleNames)},
       {"sync.alpha", &s.alpha},
+      {"sync.age_power", &s.age_power},
+      {"sync.anchor", EnumOf(&s.anchor, kAnchorNames)},
+      {"sync.partial", EnumOf(&s.partial, kPartialRoundNames)},
+      {"sync.lr_clock", EnumOf(&s.lr_clock, kLrClockNames)},
       {"sync.codec.up", CodecOf(&s.codec.up)},
       {"sync.codec.down", CodecOf(&s.codec.down)},
       {"sync.codec.block", &s.codec.block},
       {"sync.outer.lr", &s.outer.lr},
       {"sync.outer.momentum", &s.outer.momentum},
+      {"sync.outer.restart_every", &s.outer.restart_every},
       {"sync.link.bandwidth_mbps", &s.link.bandwidth_mbps},
       {"sync.link.latency_ms", &s.link.latency_ms},
       {"sync.link.jitter_ms", &s.link.jitter_ms},
@@ -762,6 +767,10 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
   DL_RETURN_IF_ERROR(check("sync.max_staleness", s.max_staleness, s.max_staleness >= 0,
                            ">= 0 (0 = only deltas based on the current version)"));
   DL_RETURN_IF_ERROR(check("sync.alpha", s.alpha, s.alpha >= 0 && s.alpha <= 1, "in [0, 1]"));
+  DL_RETURN_IF_ERROR(check("sync.age_power", s.age_power, s.age_power >= 0 && s.age_power <= 8,
+                           "in [0, 8] (0 = no age-aware scaling)"));
+  DL_RETURN_IF_ERROR(check("sync.outer.restart_every", s.outer.restart_every, s.outer.restart_every >= 0,
+                           ">= 0 (merges of a fragment between momentum restarts; 0 = never)"));
   DL_RETURN_IF_ERROR(check("sync.codec.block", s.codec.block,
                            s.codec.block >= 2 && s.codec.block <= 65536 && s.codec.block % 2 == 0,
                            "even, in [2, 65536] (values per scale; int4 packs two per byte)"));
@@ -792,9 +801,11 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
                 {"learners", "sync.learners"});
   }
   for (size_t i = 0; i < c.learners.size(); ++i) {
-    const std::string key = "learners." + std::to_string(i) + ".slowdown";
-    const double slowdown = c.learners[i].slowdown;
-    DL_RETURN_IF_ERROR(check(key, slowdown, slowdown >= 1, ">= 1 (1 = full speed)"));
+    const std::string item = "learners." + std::to_string(i);
+    const LearnerConfig& l = c.learners[i];
+    DL_RETURN_IF_ERROR(check(item + ".slowdown", l.slowdown, l.slowdown >= 1, ">= 1 (1 = full speed)"));
+    DL_RETURN_IF_ERROR(check(item + ".jitter", l.jitter, l.jitter >= 0 && l.jitter <= 10,
+                             "in [0, 10] (mean extra fraction of a step; 0 = no noise)"));
   }
   return ValidatePlacement(c, origins);
 }

@@ -16,8 +16,12 @@
 //     merge: rda               # rda | mean
 //     fold: overwrite          # overwrite | replay | mix
 //     alpha: 0.5               # fold: mix keeps alpha of the local fragment
+//     age_power: 0             # weight x (1 + versions behind)^-age_power; 0 = off
+//     anchor: base             # base | current (re-anchor: Δ + Θ_current − Θ_base)
+//     partial: full            # full | share (a round of k of M deltas moves Θ by k/M of its merge)
+//     lr_clock: local          # local | global (inner LR schedule follows the fleet's progress)
 //     codec: {up: int4, down: int8, block: 64}
-//     outer: {lr: 0.7, momentum: 0.9}
+//     outer: {lr: 0.7, momentum: 0.9}   # also restart_every: N (zero u every N-th merge)
 //     link: {bandwidth_mbps: 0, latency_ms: 0, jitter_ms: 0, loss: 0}   # 0 = unlimited / none
 //     heartbeat_timeout_ms: 3000
 //     norm_limit: 10           # reject deltas whose norm > norm_limit x median; 0 = off
@@ -25,6 +29,7 @@
 //     merge_threads: 2         # threads of one merge (split by tensor ranges; same bits for any count)
 //   learners:                  # optional, at most sync.learners entries, by learner index
 //     - {slowdown: 3}          # stretch this learner's step time 3x (a slower site)
+//     - {jitter: 0.1}          # and each step by 1 + e, e exponential with mean 0.1 (noise)
 #pragma once
 
 #include <array>
@@ -39,6 +44,15 @@ enum class SyncMode { kDdp, kDiloco, kStreaming, kDecoupled };
 enum class Weighting { kTokens, kUniform };
 enum class MergeRule { kRda, kMean };
 enum class FoldRule { kOverwrite, kReplay, kMix };
+// Where a delta is anchored at the merge: the learner's base version (Δ as sent), or the
+// fragment's current version (Δ + Θ_current − Θ_base: the paper's outer gradient).
+enum class Anchor { kBase, kCurrent };
+// The clock of a learner's inner LR schedule: its own step count, or the fleet's progress (the
+// mean steps per learner merged into the global model, as the downlink reports them).
+enum class LrClock { kLocal, kGlobal };
+// How far a round of k of the M learners' deltas moves Θ: its whole merged delta (full), or k/M of
+// it (share: as if the learners not in it sent zero; their deltas move Θ in a later round).
+enum class PartialRound { kFull, kShare };
 
 // Config spellings, indexed by the enum's value.
 inline constexpr std::array<std::string_view, 4> kSyncModeNames = {"ddp", "diloco", "streaming",
@@ -46,11 +60,17 @@ inline constexpr std::array<std::string_view, 4> kSyncModeNames = {"ddp", "diloc
 inline constexpr std::array<std::string_view, 2> kWeightingNames = {"tokens", "uniform"};
 inline constexpr std::array<std::string_view, 2> kMergeRuleNames = {"rda", "mean"};
 inline constexpr std::array<std::string_view, 3> kFoldRuleNames = {"overwrite", "replay", "mix"};
+inline constexpr std::array<std::string_view, 2> kAnchorNames = {"base", "current"};
+inline constexpr std::array<std::string_view, 2> kLrClockNames = {"local", "global"};
+inline constexpr std::array<std::string_view, 2> kPartialRoundNames = {"full", "share"};
 
 inline std::string_view ToString(SyncMode v) { return kSyncModeNames[static_cast<int>(v)]; }
 inline std::string_view ToString(Weighting v) { return kWeightingNames[static_cast<int>(v)]; }
 inline std::string_view ToString(MergeRule v) { return kMergeRuleNames[static_cast<int>(v)]; }
 inline std::string_view ToString(FoldRule v) { return kFoldRuleNames[static_cast<int>(v)]; }
+inline std::string_view ToString(Anchor v) { return kAnchorNames[static_cast<int>(v)]; }
+inline std::string_view ToString(LrClock v) { return kLrClockNames[static_cast<int>(v)]; }
+inline std::string_view ToString(PartialRound v) { return kPartialRoundNames[static_cast<int>(v)]; }
 
 // Where the grace window's ξ_step comes from: the slowest live learner's
 // last reported step time (the paper's: the window is for the slow ones), or
@@ -83,6 +103,7 @@ struct CodecConfig {
 struct OuterConfig {
   double lr = 0.7;        // outer Nesterov learning rate eta
   double momentum = 0.9;  // mu, in [0, 1)
+  int restart_every = 0;  // > 0: u_p is zeroed before every restart_every-th merge of p; 0 = never
   bool operator==(const OuterConfig&) const = default;
 };
 
@@ -108,6 +129,13 @@ struct SyncConfig {
   MergeRule merge = MergeRule::kRda;
   FoldRule fold = FoldRule::kOverwrite;
   double alpha = 0.5;
+  // Age-aware scaling: a delta whose base is s versions behind the fragment's current version
+  // enters the merge with its weight times (1 + s)^-age_power (not renormalized, so a round of
+  // stale deltas moves Θ less); 0 = off.
+  double age_power = 0;
+  Anchor anchor = Anchor::kBase;
+  PartialRound partial = PartialRound::kFull;
+  LrClock lr_clock = LrClock::kLocal;
   CodecConfig codec;
   OuterConfig outer;
   LinkConfig link;
@@ -120,6 +148,7 @@ struct SyncConfig {
 
 struct LearnerConfig {
   double slowdown = 1.0;  // >= 1: factor on this learner's step time
+  double jitter = 0.0;    // >= 0: mean of the exponential extra fraction on each step (noise)
   bool operator==(const LearnerConfig&) const = default;
 };
 
@@ -136,6 +165,9 @@ inline bool UsesGraceWindow(SyncMode mode) { return mode == SyncMode::kDecoupled
 // Learner i's slowdown: its entry in `learners`, else 1.
 inline double SlowdownOf(const std::vector<LearnerConfig>& learners, int i) {
   return i >= 0 && static_cast<size_t>(i) < learners.size() ? learners[i].slowdown : 1.0;
+}
+inline double JitterOf(const std::vector<LearnerConfig>& learners, int i) {
+  return i >= 0 && static_cast<size_t>(i) < learners.size() ? learners[i].jitter : 0.0;
 }
 
 }  // namespace diloco

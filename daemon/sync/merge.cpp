@@ -72,19 +72,20 @@ std::vector<MergeChunk> ChunkFragment(const Fragment& fragment, std::vector<size
   return chunks;
 }
 
-Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
+Status ContributionWeights(const std::vector<ContributionCounts>& counts, WeightRule rule,
                            std::vector<double>* weights) {
   if (counts.empty()) return Status::Error("no contributions to weigh");
   std::vector<double> w(counts.size());
   double total = 0;
   for (size_t m = 0; m < counts.size(); ++m) {
     const ContributionCounts& c = counts[m];
-    if (!std::isfinite(c.tokens) || !std::isfinite(c.steps) || c.steps <= 0 || c.tokens < 0) {
-      return Status::Error("contribution " + std::to_string(m) + " has c_tokens " +
-                           Number(c.tokens) + " and c_steps " + Number(c.steps) +
-                           ": a delta needs steps > 0 and tokens >= 0");
+    if (!std::isfinite(c.tokens) || !std::isfinite(c.steps) || c.steps <= 0 || c.tokens < 0 ||
+        !std::isfinite(c.age) || c.age < 0) {
+      return Status::Error("contribution " + std::to_string(m) + " has c_tokens " + Number(c.tokens) +
+                           ", c_steps " + Number(c.steps) + " and age " + Number(c.age) +
+                           ": a delta needs steps > 0, tokens >= 0 and age >= 0");
     }
-    w[m] = weighting == Weighting::kUniform ? 1.0 : c.tokens * c.tokens / c.steps;
+    w[m] = rule.weighting == Weighting::kUniform ? 1.0 : c.tokens * c.tokens / c.steps;
     total += w[m];
   }
   if (!(total > 0) || !std::isfinite(total)) {
@@ -92,6 +93,10 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
                          ": every contribution has 0 tokens");
   }
   for (double& x : w) x /= total;
+  if (rule.age_power > 0)
+    for (size_t m = 0; m < w.size(); ++m) w[m] *= std::pow(1.0 + counts[m].age, -rule.age_power);
+  if (rule.round_share != 1)
+    for (double& x : w) x *= rule.round_share;
   *weights = std::move(w);
   return Status::Ok();
 }
@@ -264,7 +269,7 @@ FilterResult NormFilter::CheckNorm(double norm, double steps) {
   return result;
 }
 
-Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, Weighting weighting,
+Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weighting,
                           MergeRule rule, float* out, std::vector<double>* weights, TaskPool* pool) {
   std::stable_sort(contributions->begin(), contributions->end(),
                    [](const Contribution& a, const Contribution& b) { return a.learner < b.learner; });

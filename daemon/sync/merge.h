@@ -20,12 +20,26 @@ namespace diloco {
 struct ContributionCounts {
   double tokens = 0;  // c_tokens
   double steps = 0;   // c_steps
+  double age = 0;     // versions between its base and the version it merges into
+};
+
+// How contributions are weighed: sync.weighting, sync.age_power's age-aware scaling, and the
+// factor sync.partial: share puts on a partial round (k/M; 1 = the whole merged delta).
+struct WeightRule {
+  WeightRule(Weighting w, double age_power = 0, double round_share = 1)
+      : weighting(w), age_power(age_power), round_share(round_share) {}
+  Weighting weighting;
+  double age_power;
+  double round_share;
 };
 
 // Normalized weights (sum 1): w_m ∝ c_tok²/c_steps (quantity × efficiency:
-// tokens per step) for kTokens, equal for kUniform. Errors on an empty list,
-// steps <= 0, tokens < 0 or non-finite counts, or when every weight is 0.
-Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weighting weighting,
+// tokens per step) for kTokens, equal for kUniform; then, when age_power > 0, each times
+// (1 + age)^-age_power, and each times round_share, after the normalization (so the sum is
+// below 1 when some are stale or the round is partial).
+// Errors on an empty list, steps <= 0, tokens < 0, age < 0 or non-finite counts, or when every
+// weight is 0.
+Status ContributionWeights(const std::vector<ContributionCounts>& counts, WeightRule rule,
                            std::vector<double>* weights);
 
 // Σ x² in double, over 8 interleaved partial sums joined in order (fixed bits; the loop
@@ -91,7 +105,7 @@ struct Contribution {
 // order the deltas arrived in: float sums depend on their order, so the same deltas must merge
 // to the same bits on every run and after a restart. Sorts *contributions by learner; weights
 // (may be null) receives their weights in that order.
-Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, Weighting weighting,
+Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weighting,
                           MergeRule rule, float* out, std::vector<double>* weights = nullptr,
                           TaskPool* pool = nullptr);
 

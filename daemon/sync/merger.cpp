@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "daemon/sync/held_delta.h"
 #include "daemon/sync/merge.h"
@@ -9,6 +10,56 @@
 #include "daemon/util/crc32c.h"
 
 namespace diloco {
+
+namespace {
+
+// A delta re-anchored at the current version: Δ + shift, shift = Θ_current − Θ_base (packed).
+class AnchoredReader final : public DeltaReader {
+ public:
+  AnchoredReader(const Fragment& fragment, const DeltaReader& inner, std::vector<float> shift)
+      : fragment_(fragment), inner_(inner), shift_(std::move(shift)) {}
+
+  // |Δ + shift| per range, as RangeNorm sums it (per kMergeChunk chunk, in order).
+  Status ComputeNorms() {
+    std::vector<float> scratch;
+    for (size_t r = 0; r < fragment_.ranges.size(); r++) {
+      double sq = 0;
+      for (size_t b = 0; b < fragment_.ranges[r].numel; b += kMergeChunk) {
+        const size_t n = std::min(kMergeChunk, fragment_.ranges[r].numel - b);
+        const float* v = nullptr;
+        DL_RETURN_IF_ERROR(Read(r, b, n, &scratch, &v));
+        sq += SumSquares(v, n);
+      }
+      norms_.push_back(std::sqrt(sq));
+    }
+    return Status::Ok();
+  }
+
+  Status Read(size_t range, size_t begin, size_t n, std::vector<float>* scratch,
+              const float** values) const override {
+    const float* v = nullptr;
+    DL_RETURN_IF_ERROR(inner_.Read(range, begin, n, scratch, &v));
+    if (!scratch->empty() && v >= scratch->data() && v < scratch->data() + scratch->size()) {
+      std::memmove(scratch->data(), v, n * sizeof(float));
+      scratch->resize(n);
+    } else {
+      scratch->assign(v, v + n);
+    }
+    const float* shift = shift_.data() + fragment_.ranges[range].packed_offset + begin;
+    for (size_t i = 0; i < n; i++) (*scratch)[i] += shift[i];
+    *values = scratch->data();
+    return Status::Ok();
+  }
+  double RangeNorm(size_t range) const override { return norms_[range]; }
+
+ private:
+  const Fragment& fragment_;
+  const DeltaReader& inner_;
+  std::vector<float> shift_;
+  std::vector<double> norms_;
+};
+
+}  // namespace
 
 FragmentMerger::FragmentMerger(const SyncConfig& sync)
     : sync_(sync),
@@ -22,17 +73,40 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
   const size_t n = fragment.numel;
   if (fg->theta.size() != n || fg->momentum.size() != n)
     return Status::Error("fragment " + std::to_string(fragment_index) + " state does not fit its layout");
+  // Θ_p at the current version joins the history re-anchoring reads from.
+  auto& history = history_[fragment_index];
+  if (sync_.anchor == Anchor::kCurrent && (history.empty() || history.back().first != fg->version)) {
+    history.emplace_back(fg->version, fg->theta);
+    while (history.size() > (size_t)sync_.max_staleness + 1) history.pop_front();
+  }
   std::vector<HeldDeltaReader> readers;
+  std::deque<AnchoredReader> anchored;
   readers.reserve(pending.size());
   std::vector<Contribution> contributions;
   for (const PendingDelta& pd : pending) {
     readers.emplace_back(fragment, pd.held);
-    contributions.push_back({pd.learner, pd.counts, nullptr, &readers.back()});
+    ContributionCounts counts = pd.counts;
+    counts.age = fg->version > pd.base_version ? (double)(fg->version - pd.base_version) : 0.0;
+    const DeltaReader* reader = &readers.back();
+    for (const auto& [version, theta] : history) {
+      if (version != pd.base_version || version == fg->version) continue;
+      std::vector<float> shift(n);
+      for (size_t i = 0; i < n; i++) shift[i] = fg->theta[i] - theta[i];
+      anchored.emplace_back(fragment, *reader, std::move(shift));
+      DL_RETURN_IF_ERROR(anchored.back().ComputeNorms());
+      reader = &anchored.back();
+    }
+    contributions.push_back({pd.learner, counts, nullptr, reader});
   }
   if (merged_.size() < n) merged_.resize(n);
   float* merged = merged_.data();
-  DL_RETURN_IF_ERROR(MergeContributions(fragment, &contributions, sync_.weighting, sync_.merge, merged,
-                                        &out->weights, &pool_));
+  const double share = sync_.partial == PartialRound::kShare
+                           ? std::min(1.0, (double)pending.size() / std::max(1, sync_.learners))
+                           : 1.0;
+  DL_RETURN_IF_ERROR(MergeContributions(fragment, &contributions, {sync_.weighting, sync_.age_power, share},
+                                        sync_.merge, merged, &out->weights, &pool_));
+  if (sync_.outer.restart_every > 0 && fg->version > 0 && fg->version % sync_.outer.restart_every == 0)
+    std::fill(fg->momentum.begin(), fg->momentum.end(), 0.0f);
 
   // |merged| per chunk, then u and the update (in place of the merged delta).
   const size_t chunks = (n + kMergeChunk - 1) / kMergeChunk;

@@ -9,9 +9,17 @@
 // sum has a fixed order whatever the thread count, so the bits of Θ, u and the payload do not
 // depend on it. Buffers (the merged delta, the codec's) are kept and reused from merge to merge:
 // they grow to the largest fragment once.
+//
+// sync.age_power scales each delta's weight by its age (versions behind Θ_p), sync.partial: share
+// a round of k deltas by k / sync.learners; sync.outer.
+// restart_every zeroes u_p before every N-th merge of p; sync.anchor: current adds Θ_current −
+// Θ_base to each stale delta, from the last max_staleness versions of Θ_p this merger keeps (in
+// memory only: after a restart, deltas based on versions from before it merge as sent).
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <vector>
 
 #include "daemon/config/sync_config.h"
@@ -55,6 +63,8 @@ class FragmentMerger {
   TaskPool pool_;
   ErrorFeedback down_ef_;
   std::vector<float> merged_;  // the merged delta, then (in place) the update
+  // sync.anchor: current: Θ_p at its recent versions, oldest first.
+  std::map<uint32_t, std::deque<std::pair<uint64_t, std::vector<float>>>> history_;
 };
 
 }  // namespace diloco

@@ -15,6 +15,7 @@
 #include "daemon/train/data.h"
 #include "daemon/train/inner_loop.h"
 #include "daemon/train/local_ring.h"
+#include "daemon/train/step_stretch.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
 #include "kernels/rng.h"
@@ -96,7 +97,7 @@ class DdpHook final : public InnerLoopHook {
       : cfg_(cfg), learner_(learner), ring_bytes_(ring_bytes), metrics_(metrics), metrics_mu_(metrics_mu),
         checkpoint_path_(checkpoint_path), res_(res), chaos_(chaos), step_log_(step_log),
         before_step_(std::move(before_step)),
-        slowdown_(SlowdownOf(cfg.learners, learner)),
+        stretch_(cfg, learner),
         tokens_per_step_((long)ranks_per_learner * cfg.train.batch_size * cfg.model.block_size),
         started_(Clock::now()) {}
 
@@ -113,9 +114,7 @@ class DdpHook final : public InnerLoopHook {
       return Status::Error(me + ": training diverged at step " + std::to_string(r.step) +
                            " (the averaged loss or gradient is NaN/Inf). Try a lower train.lr or train.grad_clip");
     // A slow learner is slow at every step: the others wait for it in the next all-reduce.
-    const double slow = chaos_ ? std::max(slowdown_, chaos_->Slowdown(learner_)) : slowdown_;
-    if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * r.step_s));
-    const double step_s = r.step_s * std::max(1.0, slow);
+    const double step_s = stretch_.Apply(r.step_s, chaos_ ? chaos_->Slowdown(learner_) : 1.0);
     res_->train_s += step_s;
     res_->compute_s += r.step_s;
     res_->tokens += tokens_per_step_;
@@ -158,7 +157,7 @@ class DdpHook final : public InnerLoopHook {
   DdpChaos* chaos_;                                  // null without chaos
   std::vector<std::pair<int64_t, long>>* step_log_;  // learner 0: (Unix ms, steps done)
   std::function<void(int, long)> before_step_;      // test hook; may be empty
-  const double slowdown_;
+  StepStretch stretch_;
   const long tokens_per_step_;
   const Clock::time_point started_;
   double recent_sum_ = 0;

@@ -15,7 +15,7 @@ using Clock = std::chrono::steady_clock;
 
 // The control header every rank reduces (rank 0 writes it, the others add zeros): doubles hold
 // steps, flags and offsets exactly (below 2^53).
-enum ControlSlot { kStop, kRanges, kStep, kControlSlots };
+enum ControlSlot { kStop, kRanges, kStep, kLrStep, kControlSlots };
 
 Status FromComm(const CommStatus& st, long step) {
   if (st.ok()) return Status::Ok();
@@ -44,16 +44,18 @@ CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* 
   if (comm.world_size() == 1) return CommStatus::Ok();
   const bool leader = comm.rank() == 0;
   if (leader) MergeRanges(&control->changed);
-  double header[kControlSlots] = {0, 0, 0};
+  double header[kControlSlots] = {0, 0, 0, 0};
   if (leader) {
     header[kStop] = control->stop;
     header[kRanges] = (double)control->changed.size();
     header[kStep] = (double)*step;
+    header[kLrStep] = (double)control->lr_step;
   }
   CommStatus st = comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
   if (!st.ok()) return st;
   control->stop = header[kStop] != 0;
   *step = (long)header[kStep];
+  control->lr_step = (long)header[kLrStep];
   if (control->stop) return CommStatus::Ok();
   const size_t n = (size_t)header[kRanges];
   std::vector<double> ranges(2 * n, 0.0);
@@ -91,7 +93,7 @@ InnerLoopOptions RankLoopOptions(const RunConfig& config, const BatchSampler& sa
 
 CommStatus StopFollowers(LocalComm& comm) {
   if (comm.world_size() == 1) return CommStatus::Ok();
-  double header[kControlSlots] = {1, 0, 0};
+  double header[kControlSlots] = {1, 0, 0, 0};
   return comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
 }
 
@@ -124,7 +126,7 @@ Status RunInnerLoop(const InnerLoopOptions& o, TrainingBackend& backend, LocalCo
     if (control.stop) break;
 
     o.sampler->SampleRows(step, o.row_begin, B, inputs.data(), targets.data());
-    hp.lr = lr_at(schedule, (int)step);
+    hp.lr = lr_at(schedule, (int)(control.lr_step >= 0 ? control.lr_step : step));
     const auto t0 = Clock::now();
     StepResult r;
     r.step = step;

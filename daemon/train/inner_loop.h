@@ -29,6 +29,7 @@ namespace diloco {
 struct StepControl {
   bool stop = false;                // end the loop before this step
   std::vector<ParamRange> changed;  // the ranges rank 0 rewrote (folded or installed fragments)
+  long lr_step = -1;                // >= 0: the LR schedule's position for this step (sync.lr_clock)
 };
 
 struct StepResult {

@@ -29,6 +29,7 @@
 #include "daemon/train/liveness_sender.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/run_dir.h"
+#include "daemon/train/step_stretch.h"
 #include "daemon/train/trainer.h"
 #include "daemon/util/crc32c.h"
 #include "kernels/rng.h"
@@ -210,7 +211,12 @@ class LearnerLoop final : public InnerLoopHook {
   bool started_ = false;  // the start decided how to leave the initial "awaiting snapshot"
 
   const long tokens_per_step_;
-  const double slowdown_;
+  StepStretch stretch_;
+  // sync.lr_clock: global: inner steps merged into each fragment (Σ of its Globals' c_steps), and
+  // the fleet's mean step (that sum / M) at the local step the latest Global arrived.
+  std::vector<double> merged_steps_;
+  double fleet_step_at_ = -1;
+  long local_step_at_ = 0;
   double recent_sum_ = 0;
   int recent_n_ = 0;
   Clock::time_point last_beat_ = Clock::now() - std::chrono::hours(1);
@@ -239,7 +245,8 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
       step_(o.start_step),
       tokens_per_step_((long)ring.ranks() * tc_.batch_size * cfg_.model.block_size),
-      slowdown_(SlowdownOf(cfg_.learners, o.index)) {
+      stretch_(cfg_, o.index),
+      merged_steps_(P_, 0.0) {
   progress_.index = o.index;
   progress_.device = ring.description();
   progress_.ranks = ring.ranks();
@@ -650,6 +657,9 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
                      fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
   if (fold.shift_at_send) backend_.sync_shift_at_send(p);
   MarkChanged(p);
+  for (const Contributor& c : g->contributors) merged_steps_[p] += (double)c.c_steps;
+  fleet_step_at_ = merged_steps_[p] / std::max(1, sc_.learners);
+  local_step_at_ = step_;
   res_.globals_applied++;
   progress_.last_fragment_folded = (int)g->fragment;
   return Status::Ok();
@@ -819,6 +829,9 @@ Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) 
   DL_RETURN_IF_ERROR(BeatIfDue());
   control->changed = std::move(changed_);
   changed_.clear();
+  // The fleet's progress since the latest Global, extrapolated at this learner's pace.
+  if (sc_.lr_clock == LrClock::kGlobal && fleet_step_at_ >= 0)
+    control->lr_step = std::max(0L, std::lround(fleet_step_at_) + (at - local_step_at_));
   return Status::Ok();
 }
 
@@ -883,12 +896,10 @@ Status LearnerLoop::AfterStep(const StepResult& r, TrainingBackend&) {
   return Status::Ok();
 }
 
-// A slowed learner (learners[i].slowdown, or the factor chaos sets, whichever is larger, as in
-// ddp) sleeps (slowdown − 1) × the step's own time; returns the step's time with that stretch.
+// A slowed learner (learners[i].slowdown and .jitter, or the factor chaos sets; as in ddp) sleeps
+// the stretch (step_stretch.h); returns the step's time with it.
 double LearnerLoop::StretchStep(double step_s) {
-  const double slow = o_.slowdown ? std::max(slowdown_, o_.slowdown->load()) : slowdown_;
-  if (slow > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow - 1) * step_s));
-  return step_s * std::max(1.0, slow);
+  return stretch_.Apply(step_s, o_.slowdown ? o_.slowdown->load() : 1.0);
 }
 
 // The learner's own moments, for a restart (its parameters then come from a snapshot).

@@ -7,8 +7,8 @@
 // of Θ_p, verifies the CRC32C and folds per sync.fold. Delta, codec and fold run where the
 // parameters live (the backend's sync_* ops: on a GPU only the encoded payloads cross to the
 // host); the host keeps a mirror of each base_p, updated from the same decoded bytes, for the CRC
-// check. Heartbeats on a timer. learners[i].slowdown stretches each step by sleeping
-// (slowdown − 1) × the measured step time.
+// check. Heartbeats on a timer. learners[i].slowdown and .jitter stretch each step by
+// sleeping (step_stretch.h).
 // Blocking: decoupled never waits; diloco waits for the Global of its delta right after sending;
 // streaming waits once a fragment has been in flight for sync.overlap steps. A wait lasts as long
 // as the syncer speaks (syncer_timeout_ms of silence is an error), not a fixed time.

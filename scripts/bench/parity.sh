@@ -15,13 +15,23 @@
 #   scripts/bench/parity.sh --modes "ddp decoupled" --set learners.3.slowdown=3
 #   scripts/bench/parity.sh --straggler              # + learner 3 three times slower, equal wall time
 #   scripts/bench/parity.sh --tuned                  # + diloco/streaming with the decoupled settings
+#   scripts/bench/parity.sh --hetero                 # + two learners 1.3x slower: K=M, K=1, K=1 + grace
+#   scripts/bench/parity.sh --frontier               # + the points of configs/baselines/frontier.points
 #   scripts/bench/parity.sh --set train.steps=20     # a smoke run of the script itself
 #   scripts/bench/parity.sh --table DIR              # print the table of an earlier run again
 #
 # --straggler: after the modes, ddp, diloco and decoupled again with learners.3.slowdown=3 and
 # train.time_limit_s = the train time of that seed's decoupled run without a straggler (the wall
 # time the job takes when nobody is slow): who gets furthest in the same wall time.
-# Options: --seeds LIST, --modes LIST, --sweep, --straggler, --tuned, --hs LIST (sweep H, default "10 50
+# --hetero: the paper's heterogeneous test: learners 2 and 3 at slowdown 1.3, every learner's step
+# stretched by exponential noise of mean 10% (learners[i].jitter); decoupled with K=M, K=1 without
+# a grace window, K=1 with the window capped at one inner step (the paper's), and K=1 with the
+# config's window (heartbeat forecast, cap_ms). Goodput and uptime columns: sync/goodput.h (uptime
+# is the share of wall time the global model kept advancing).
+# --frontier [FILE]: decoupled once per point of FILE (default configs/baselines/frontier.points:
+# "NAME | KEY=VALUE ..." a line), each against a ddp run with the same train.* overrides; prints
+# loss ratio against bytes ratio and writes OUT/frontier.jsonl (one point a line, plot-ready).
+# Options: --seeds LIST, --modes LIST, --sweep, --straggler, --tuned, --hetero, --frontier [FILE], --hs LIST (sweep H, default "10 50
 # 100"), --codecs LIST (sweep uplink codecs, default "fp32 int8"), --downs LIST (sweep downlink
 # codecs, default "int8"); the decoupled row itself is the config's (H = 25, int4 both ways in
 # configs/shakespeare-m4.yaml), so the sweeps leave those out. --set K=V (repeatable, passed to
@@ -45,6 +55,8 @@ modes="ddp diloco streaming decoupled"
 sweep=0
 straggler=0
 tuned=0
+hetero=0
+frontier=""
 hs="10 50 100"
 codecs="fp32 int8"
 downs="int8"
@@ -52,7 +64,7 @@ sets=()
 out=""
 keep=0
 table_only=""
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --seeds) seeds=$2; shift 2 ;;
@@ -60,6 +72,9 @@ while [[ $# -gt 0 ]]; do
     --sweep) sweep=1; shift ;;
     --straggler) straggler=1; shift ;;
     --tuned) tuned=1; shift ;;
+    --hetero) hetero=1; shift ;;
+    --frontier)
+      if [[ $# -gt 1 && $2 != --* ]]; then frontier=$(abspath "$2"); shift 2; else frontier=configs/baselines/frontier.points; shift; fi ;;
     --hs) hs=$2; shift 2 ;;
     --codecs) codecs=$2; shift 2 ;;
     --downs) downs=$2; shift 2 ;;
@@ -93,6 +108,10 @@ for name, rs in rows.items():
         s["wall"] = mean([r["summary"]["wall_s"] for r in ok])
         s["outer"] = mean([r["summary"].get("outer_steps", 0) for r in ok])
         s["dropped"] = mean([r["summary"].get("dropped_deltas", 0) for r in ok])
+        gs = [r["summary"]["goodput"] for r in ok if isinstance(r["summary"].get("goodput"), (int, float))]
+        us = [r["summary"]["uptime"] for r in ok if isinstance(r["summary"].get("uptime"), (int, float))]
+        s["goodput"] = f"{mean(gs):.3f}" if gs else "-"
+        s["uptime"] = f"{mean(us):.3f}" if us else "-"
     stats[name] = s
 ddp = stats.get("ddp")
 def fmt_bytes(b):
@@ -101,7 +120,7 @@ def fmt_bytes(b):
             return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
         b /= 1000
 hdr = (f"{'run':40} {'seeds':>9} {'val loss':>8} {'/ddp':>6} {'tokens':>9} {'wire bytes':>10} "
-       f"{'ddp/x':>7} {'wall s':>7} {'outer':>6} {'dropped':>7}")
+       f"{'ddp/x':>7} {'wall s':>7} {'outer':>6} {'dropped':>7} {'goodput':>7} {'uptime':>6}")
 print(hdr)
 print("-" * len(hdr))
 for s in stats.values():
@@ -113,17 +132,58 @@ for s in stats.values():
     fewer = f"{ddp['bytes'] / s['bytes']:.0f}x" if have_ddp and s["bytes"] > 0 else "-"
     note = f"  ({s['failed']} failed)" if s["failed"] else ""
     print(f"{s['name']:40} {s['seeds']:>9} {s['val']:>8.4f} {ratio:>6} {s['tokens']:>9.0f} {fmt_bytes(s['bytes']):>10} "
-          f"{fewer:>7} {s['wall']:>7.1f} {s['outer']:>6.0f} {s['dropped']:>7.0f}{note}")
+          f"{fewer:>7} {s['wall']:>7.1f} {s['outer']:>6.0f} {s['dropped']:>7.0f} {s['goodput']:>7} {s['uptime']:>6}{note}")
+PY
+}
+
+# The frontier points of results.jsonl (rows with a "point"): means over seeds of val loss and
+# wire bytes, each against its ddp reference row; a table, and OUT/frontier.jsonl.
+print_frontier() {
+  /usr/bin/env python3 - "$1/results.jsonl" "$1/frontier.jsonl" <<'PY'
+import json, sys
+from collections import OrderedDict
+runs = [json.loads(line) for line in open(sys.argv[1])]
+def mean(xs):
+    return sum(xs) / len(xs) if xs else None
+def stat(row):
+    ok = [r for r in runs if r["row"] == row and r.get("ok")]
+    return (mean([r["summary"]["final_val_loss"] for r in ok]),
+            mean([r["summary"]["bytes_up"] + r["summary"]["bytes_down"] for r in ok]), len(ok))
+points = OrderedDict()
+for r in runs:
+    if "point" in r:
+        points.setdefault(r["row"], r)
+if not points:
+    sys.exit(0)
+print()
+hdr = f"{'frontier point':34} {'val loss':>8} {'ddp ref':>8} {'/ddp':>6} {'wire bytes':>10} {'ddp/x':>7} {'runs':>4}  overrides"
+print(hdr)
+print("-" * len(hdr))
+with open(sys.argv[2], "w") as out:
+    for row, r in points.items():
+        val, nbytes, n = stat(row)
+        ref_val, ref_bytes, _ = stat(r["ref"])
+        if val is None or ref_val is None or not nbytes:
+            print(f"{r['point']:34} failed or no ddp reference ({r['ref']}); see the logs")
+            continue
+        loss_ratio, bytes_ratio = val / ref_val, ref_bytes / nbytes
+        print(f"{r['point']:34} {val:>8.4f} {ref_val:>8.4f} {loss_ratio:>6.3f} {nbytes / 1e6:>7.1f} MB {bytes_ratio:>6.0f}x {n:>4}  {r['sets']}")
+        out.write(json.dumps({"point": r["point"], "overrides": r["sets"], "val_loss": val, "ddp_val_loss": ref_val,
+                              "loss_ratio": loss_ratio, "wire_bytes": nbytes, "ddp_wire_bytes": ref_bytes,
+                              "bytes_ratio": bytes_ratio, "seeds": n}) + "\n")
+print(f"(points: {sys.argv[2]})")
 PY
 }
 
 if [[ -n $table_only ]]; then
   [[ -f $table_only/results.jsonl ]] || { echo "parity.sh: no results.jsonl in '$table_only'" >&2; exit 2; }
   print_table "$table_only"
+  print_frontier "$table_only"
   exit 0
 fi
 [[ -x $bin ]] || { echo "parity.sh: $bin not found or not executable: build dilococtl, or set DILOCOCTL" >&2; exit 2; }
 [[ -f $config ]] || { echo "parity.sh: config '$config' not found: set CONFIG" >&2; exit 2; }
+[[ -z $frontier || -f $frontier ]] || { echo "parity.sh: frontier points file '$frontier' not found" >&2; exit 2; }
 if [[ -z $seeds ]]; then
   seeds=$(sed -n 's/^ *seed: *\([0-9]*\).*/\1/p' "$config" | head -n1)
   seeds=${seeds:-1337}
@@ -131,6 +191,7 @@ fi
 if [[ -z $out ]]; then out=$(mktemp -d /tmp/parity-XXXXXX); fi
 mkdir -p "$out"
 : > "$out/results.jsonl"
+meta='{}'  # extra fields of the next results line (the frontier's point and reference)
 
 # run NAME SEED [--set K=V ...]: one training run, its summary appended to results.jsonl.
 run() {
@@ -147,11 +208,13 @@ run() {
     --out "$dir" --json > "$log.out" 2> "$log" || rc=$?
   last=$(tail -n1 "$log.out" 2>/dev/null || true)
   if [[ $rc -eq 0 ]] && jq -e . > /dev/null 2>&1 <<< "$last"; then
-    jq -c --arg row "$name" --argjson seed "$seed" '{row: $row, seed: $seed, ok: true, summary: .}' <<< "$last" \
+    jq -c --arg row "$name" --argjson seed "$seed" --argjson meta "$meta" \
+      '{row: $row, seed: $seed, ok: true, summary: .} + $meta' <<< "$last" \
       >> "$out/results.jsonl"
   else
     echo "parity.sh: $name, seed $seed failed (exit $rc): $(tail -n2 "$log" | tr '\n' ' ')" >&2
-    jq -nc --arg row "$name" --argjson seed "$seed" --arg log "$log" '{row: $row, seed: $seed, ok: false, log: $log}' \
+    jq -nc --arg row "$name" --argjson seed "$seed" --arg log "$log" --argjson meta "$meta" \
+      '{row: $row, seed: $seed, ok: false, log: $log} + $meta' \
       >> "$out/results.jsonl"
   fi
   if [[ $seed == "$report_seed" ]]; then
@@ -222,6 +285,37 @@ for seed in $seeds; do
       done
     fi
   fi
+  if [[ $hetero -eq 1 ]]; then
+    slow=(--set learners.2.slowdown=1.3 --set learners.3.slowdown=1.3)
+    for i in 0 1 2 3; do slow+=(--set "learners.$i.jitter=0.1"); done
+    run "hetero K=4" "$seed" --set sync.mode=decoupled --set sync.quorum=4 "${slow[@]}"
+    run "hetero K=1, no grace" "$seed" --set sync.mode=decoupled --set sync.quorum=1 --set sync.grace.cap_ms=0 \
+      --set sync.grace.forecast=false "${slow[@]}"
+    run "hetero K=1, grace capped at 1 step" "$seed" --set sync.mode=decoupled --set sync.quorum=1 \
+      --set sync.grace.cap_steps=1 --set sync.grace.forecast=false "${slow[@]}"
+    run "hetero K=1, grace + forecast" "$seed" --set sync.mode=decoupled --set sync.quorum=1 "${slow[@]}"
+  fi
+  if [[ -n $frontier ]]; then
+    while IFS= read -r line; do
+      [[ -z ${line// /} || $line == \#* ]] && continue
+      point=$(sed 's/ *|.*//' <<< "$line")
+      read -r -a kvs <<< "$(sed -n 's/^[^|]*| *//p' <<< "$line")"
+      args=() train_args=() train_sets=""
+      for kv in ${kvs[@]+"${kvs[@]}"}; do
+        args+=(--set "$kv")
+        if [[ $kv == train.* ]]; then train_args+=(--set "$kv"); train_sets+=" $kv"; fi
+      done
+      ref="ddp${train_sets:+,$train_sets}"
+      if ! jq -e --arg row "$ref" --argjson seed "$seed" 'select(.row == $row and .seed == $seed)' \
+        "$out/results.jsonl" > /dev/null; then
+        meta='{}'
+        run "$ref" "$seed" --set sync.mode=ddp ${train_args[@]+"${train_args[@]}"}
+      fi
+      meta=$(jq -nc --arg point "$point" --arg sets "${kvs[*]-}" --arg ref "$ref" '{point: $point, sets: $sets, ref: $ref}')
+      run "frontier: $point" "$seed" --set sync.mode=decoupled ${args[@]+"${args[@]}"}
+      meta='{}'
+    done < "$frontier"
+  fi
   if [[ $sweep -eq 1 ]]; then
     for h in $hs; do
       run "decoupled H=$h" "$seed" --set sync.mode=decoupled --set "sync.inner_steps=$h"
@@ -237,3 +331,4 @@ done
 write_report
 echo "parity.sh: results in $out/results.jsonl (print again: scripts/bench/parity.sh --table $out)" >&2
 print_table "$out"
+print_frontier "$out"

@@ -115,7 +115,7 @@ TEST_CASE("every sync key is read and the YAML form round-trips", "[unit][config
   CHECK_THAT(yaml, Contains("mode: streaming"));
   CHECK_THAT(yaml, Contains("  grace:\n    gamma: 0.25\n    cap_ms: 500\n"));
   CHECK_THAT(yaml, Contains("up: fp32"));
-  CHECK_THAT(yaml, Contains("learners:\n  - slowdown: 1\n  - slowdown: 3\n"));
+  CHECK_THAT(yaml, Contains("learners:\n  - slowdown: 1\n    jitter: 0\n  - slowdown: 3\n    jitter: 0\n"));
   RunConfig again;
   REQUIRE(ParseRunConfig(yaml, "resolved.yaml", "/elsewhere", {}, &again).message() == "");
   CHECK(again == config);
@@ -171,6 +171,29 @@ TEST_CASE("set reaches nested keys and list items", "[unit][config]") {
   const std::string yaml = RunConfigToYaml(config);
   CHECK_THAT(yaml, Contains("    cap_steps: 1\n    step_time: mean\n    forecast: false\n"));
   CHECK_THAT(ErrorOf(kMinimal, {"sync.grace.step_time=fastest"}), Contains("slowest, mean"));
+
+  // The frontier's options (issue 17): age-aware scaling, anchor, LR clock, momentum restart,
+  // step-time noise.
+  CHECK(config.sync.age_power == 0);
+  CHECK(config.sync.anchor == Anchor::kBase);
+  CHECK(config.sync.lr_clock == LrClock::kLocal);
+  CHECK(config.sync.outer.restart_every == 0);
+  REQUIRE(Parse(kFullSync,
+                {"sync.age_power=0.5", "sync.anchor=current", "sync.partial=share", "sync.lr_clock=global", "sync.outer.restart_every=4",
+                 "learners.2.jitter=0.1"},
+                &config)
+              .message() == "");
+  CHECK(config.sync.age_power == 0.5);
+  CHECK(config.sync.anchor == Anchor::kCurrent);
+  CHECK(config.sync.partial == PartialRound::kShare);
+  CHECK(config.sync.lr_clock == LrClock::kGlobal);
+  CHECK(config.sync.outer.restart_every == 4);
+  CHECK(config.learners[2].jitter == 0.1);
+  RunConfig again;
+  REQUIRE(ParseRunConfig(RunConfigToYaml(config), "again.yaml", "", {}, &again).ok());
+  CHECK(again == config);
+  CHECK_THAT(ErrorOf(kMinimal, {"sync.anchor=latest"}), Contains("base, current"));
+  CHECK_THAT(ErrorOf(kMinimal, {"sync.lr_clock=wall"}), Contains("local, global"));
 }
 
 TEST_CASE("the mode decides fragments and quorum", "[unit][config]") {
@@ -203,7 +226,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
                         "learners, fragments, inner_steps, overlap, quorum, grace, "));
   CHECK_THAT(ErrorOf(head + "  quorom: 2\n"), Contains("did you mean 'quorum'?"));
   CHECK(ErrorOf(std::string(kMinimal) + "learners:\n  - {slowdwn: 2}\n") ==
-        "run.yaml:4:6: unknown key 'learners.0.slowdwn'; known keys in 'learners.0': slowdown; "
+        "run.yaml:4:6: unknown key 'learners.0.slowdwn'; known keys in 'learners.0': slowdown, jitter; "
         "did you mean 'slowdown'?");
   CHECK_THAT(ErrorOf(head + "  grace: {gamma: 1}\n  grace: {cap_ms: 1}\n"),
              StartsWith("run.yaml:5:3: key 'sync.grace' appears twice; merge its keys into one"));
@@ -233,7 +256,7 @@ TEST_CASE("nested values of the wrong type or spelling say what is expected", "[
   CHECK_THAT(ErrorOf(head + "  grace:\n    gamma: [1]\n"),
              StartsWith("run.yaml:5:12: sync.grace.gamma: expected a number, got a sequence"));
   CHECK(ErrorOf(std::string(kMinimal) + "learners: {slowdown: 3}\n") ==
-        "run.yaml:3:11: learners: expected a list of sections (keys: slowdown), e.g. learners: "
+        "run.yaml:3:11: learners: expected a list of sections (keys: slowdown, jitter), e.g. learners: "
         "[{slowdown: ...}], got a mapping");
   CHECK(ErrorOf(std::string(kMinimal) + "learners: [{slowdown: 2}, 3]\n") ==
         "run.yaml:3:27: learners.1: expected a section (a mapping of keys), got '3'");
@@ -305,6 +328,11 @@ TEST_CASE("invalid sync values name the key and the limit", "[unit][config]") {
       {{"sync.checkpoint_every=-1"},
        "sync.checkpoint_every: must be >= 0 (0 = only at the end), got -1"},
       {{"sync.merge_threads=0"}, "sync.merge_threads: must be in [1, 64] (threads of one merge), got 0"},
+      {{"sync.age_power=-1"}, "sync.age_power: must be in [0, 8] (0 = no age-aware scaling), got -1"},
+      {{"sync.outer.restart_every=-2"},
+       "sync.outer.restart_every: must be >= 0 (merges of a fragment between momentum restarts; 0 = never), got -2"},
+      {{"sync.learners=2", "learners.1.jitter=-0.1"},
+       "learners.1.jitter: must be in [0, 10] (mean extra fraction of a step; 0 = no noise), got -0.1"},
       {{"sync.merge_threads=65"}, "sync.merge_threads: must be in [1, 64] (threads of one merge), got 65"},
       {{"sync.learners=2", "learners.1.slowdown=0.5"},
        "learners.1.slowdown: must be >= 1 (1 = full speed), got 0.5"},

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -182,6 +183,123 @@ TEST_CASE("merger: a held payload is checked and measured as it is taken in", "[
   whole = std::span<const uint8_t>(h.payload);
   REQUIRE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
   CHECK(out.payload == h.payload);
+}
+
+// The outer step as plain arithmetic: fp32 both ways, the plain mean, lr 1, no momentum, so a
+// merge of one delta Δ moves Θ by exactly −Δ (up to float rounding).
+SyncConfig PlainOuterStep() {
+  SyncConfig sc;
+  sc.codec.up = CodecKind::kFp32;
+  sc.codec.down = CodecKind::kFp32;
+  sc.merge = MergeRule::kMean;
+  sc.weighting = Weighting::kUniform;
+  sc.outer.lr = 1.0;
+  sc.outer.momentum = 0.0;
+  return sc;
+}
+
+PendingDelta DeltaOf(const Fragment& f, int learner, uint64_t base_version, const std::vector<float>& delta) {
+  const CodecOptions opt{CodecKind::kFp32, 64, 0};
+  std::vector<uint8_t> payload;
+  std::vector<uint64_t> tensor_bytes;
+  REQUIRE(EncodeTensors(opt, delta, FragmentNumels(f), &payload, &tensor_bytes).ok());
+  const std::span<const uint8_t> whole(payload);
+  PendingDelta pd;
+  pd.learner = learner;
+  pd.base_version = base_version;
+  pd.counts = {1000.0, 10.0};
+  REQUIRE(HoldPayload(f, opt, std::span(&whole, 1), tensor_bytes, &pd.held).ok());
+  return pd;
+}
+
+std::vector<float> Noise(size_t n, uint64_t seed, double scale) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = (float)(scale * rng.normal());
+  return v;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); i++) d = std::max(d, (double)std::fabs(a[i] - b[i]));
+  return d;
+}
+
+TEST_CASE("merger: age-aware scaling and a partial round's share shrink the weights", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  SyncConfig sc = PlainOuterStep();
+  sc.age_power = 1.0;
+  FragmentMerger merger(sc);
+  FragmentGlobal fg = Start(f);
+  fg.version = 5;
+  const std::vector<PendingDelta> pending = {DeltaOf(f, 0, 5, Noise(f.numel, 1, 0.01)),
+                                             DeltaOf(f, 1, 2, Noise(f.numel, 2, 0.01))};
+  MergeOutcome mo;
+  REQUIRE(merger.Merge(f, 0, pending, &fg, &mo).ok());
+  REQUIRE(mo.weights.size() == 2);
+  CHECK(mo.weights[0] == Approx(0.5));         // fresh: its share of the uniform weights
+  CHECK(mo.weights[1] == Approx(0.5 / 4.0));   // 3 versions behind: (1 + 3)^-1
+  // A partial round (2 of 8 learners) with sync.partial: share moves Θ by 2/8 of its merge.
+  sc.learners = 8;
+  sc.partial = PartialRound::kShare;
+  FragmentMerger shared(sc);
+  fg.version = 5;
+  REQUIRE(shared.Merge(f, 0, pending, &fg, &mo).ok());
+  CHECK(mo.weights[0] == Approx(0.5 * 0.25));
+  CHECK(mo.weights[1] == Approx(0.5 / 4.0 * 0.25));
+  sc.partial = PartialRound::kFull;
+  sc.age_power = 0;
+  FragmentMerger plain(sc);
+  fg.version = 5;
+  REQUIRE(plain.Merge(f, 0, pending, &fg, &mo).ok());
+  CHECK(mo.weights == std::vector<double>{0.5, 0.5});
+}
+
+TEST_CASE("merger: outer momentum restarts before every restart_every-th merge", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  SyncConfig sc = PlainOuterStep();
+  sc.outer.momentum = 0.9;
+  sc.outer.restart_every = 3;
+  const std::vector<float> delta = Noise(f.numel, 3, 0.01);
+  for (uint64_t version : {2, 3, 6}) {
+    INFO("version " << version);
+    FragmentMerger merger(sc);
+    FragmentGlobal fg = Start(f);
+    fg.version = version;
+    fg.momentum = Noise(f.numel, 4, 1.0);
+    const std::vector<float> before = fg.momentum;
+    MergeOutcome mo;
+    REQUIRE(merger.Merge(f, 0, {DeltaOf(f, 0, version, delta)}, &fg, &mo).ok());
+    const bool restarted = version % 3 == 0;
+    for (size_t i = 0; i < f.numel; i += 997) {
+      const float expect = restarted ? delta[i] : (float)(0.9 * before[i] + delta[i]);
+      REQUIRE(fg.momentum[i] == Approx(expect).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("merger: anchor current re-anchors a stale delta at the current version", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  for (Anchor anchor : {Anchor::kBase, Anchor::kCurrent}) {
+    INFO("anchor " << ToString(anchor));
+    SyncConfig sc = PlainOuterStep();
+    sc.anchor = anchor;
+    FragmentMerger merger(sc);
+    FragmentGlobal fg = Start(f);
+    const std::vector<float> theta0 = fg.theta;
+    MergeOutcome mo;
+    REQUIRE(merger.Merge(f, 0, {DeltaOf(f, 0, 0, Noise(f.numel, 5, 0.05))}, &fg, &mo).ok());
+    fg.version = 1;
+    const std::vector<float> theta1 = fg.theta;
+    // Learner 1 started from version 0 and moved by −Δ: its θ is Θ_0 − Δ.
+    const std::vector<float> delta = Noise(f.numel, 6, 0.05);
+    REQUIRE(merger.Merge(f, 0, {DeltaOf(f, 1, 0, delta)}, &fg, &mo).ok());
+    std::vector<float> expect(f.numel);
+    for (size_t i = 0; i < f.numel; i++)
+      expect[i] = anchor == Anchor::kCurrent ? theta0[i] - delta[i]   // Θ_2 = θ_learner
+                                             : theta1[i] - delta[i];  // Θ_2 = Θ_1 − Δ
+    CHECK(MaxAbsDiff(fg.theta, expect) < 1e-5);
+  }
 }
 
 TEST_CASE("task pool: every task runs once per Run", "[unit][sync]") {

@@ -11,6 +11,7 @@
 
 #include "daemon/train/ddp_run.h"
 #include "daemon/train/local_ring.h"
+#include "daemon/train/step_stretch.h"
 #include "daemon/train/trainer.h"
 #include "kernels/rng.h"
 #include "tests/temp_dir.h"
@@ -128,6 +129,70 @@ TEST_CASE("local ring: parameters rank 0 rewrites between steps reach every rank
   // Without the copy the ranks would differ: the rewrite did change rank 0.
   const auto plain = TrainRing(cfg, 3, 2, nullptr);
   CHECK(std::memcmp(ranks[0].data(), plain[0].data(), ranks[0].size() * sizeof(float)) != 0);
+}
+
+// Sets the LR schedule's position (sync.lr_clock: global) to a fixed step and records the LRs used.
+class LrClockHook final : public InnerLoopHook {
+ public:
+  explicit LrClockHook(long lr_step) : lr_step_(lr_step) {}
+  Status BeforeStep(long, TrainingBackend&, StepControl* control) override {
+    control->lr_step = lr_step_;
+    return Status::Ok();
+  }
+  Status AfterStep(const StepResult& r, TrainingBackend&) override {
+    lrs.push_back(r.lr);
+    return Status::Ok();
+  }
+  std::vector<float> lrs;
+
+ private:
+  long lr_step_;
+};
+
+TEST_CASE("local ring: the LR position rank 0 sets reaches every rank", "[unit]") {
+  TempDir tmp;
+  RunConfig cfg = SmallConfig(WriteCorpus(tmp.path()));
+  cfg.train.min_lr = 1e-4;
+  cfg.train.lr_decay_steps = 20;
+  LrClockHook late(1000);  // past the decay: min_lr at every step
+  const auto ranks = TrainRing(cfg, 2, 2, &late);
+  REQUIRE(late.lrs.size() == 20);
+  for (float lr : late.lrs) CHECK(lr == Approx(1e-4));
+  CHECK(std::memcmp(ranks[0].data(), ranks[1].data(), ranks[0].size() * sizeof(float)) == 0);
+  // Rank 0's own step clock gives other LRs, and other parameters.
+  LrClockHook own(-1);
+  const auto plain = TrainRing(cfg, 2, 2, &own);
+  CHECK(own.lrs[10] > 1e-3);
+  CHECK(std::memcmp(ranks[0].data(), plain[0].data(), ranks[0].size() * sizeof(float)) != 0);
+}
+
+TEST_CASE("step stretch: slowdown and exponential noise of the configured mean, repeatable from the seed",
+          "[unit]") {
+  RunConfig cfg;
+  cfg.sync.learners = 3;
+  cfg.learners = {{1.0, 0.0}, {2.0, 0.0}, {1.3, 0.2}};
+  const double step = 1e-7;  // the sleeps stay negligible
+  StepStretch plain(cfg, 0), slow(cfg, 1), noisy(cfg, 2), again(cfg, 2);
+  CHECK(plain.Apply(step) == step);
+  CHECK(plain.Apply(step, 3.0) == Approx(3 * step));  // a chaos factor above the config's
+  CHECK(slow.Apply(step) == Approx(2 * step));
+  CHECK(slow.Apply(step, 1.5) == Approx(2 * step));
+  double sum = 0, low = 1e9;
+  const int n = 20000;
+  for (int i = 0; i < n; i++) {
+    const double f = noisy.Apply(step) / step;
+    CHECK(again.Apply(step) / step == f);  // same seed, same learner: the same draws
+    sum += f;
+    low = std::min(low, f);
+  }
+  CHECK(low >= 1.3);
+  CHECK(sum / n == Approx(1.3 * 1.2).epsilon(0.02));  // E[1 + e] = 1 + jitter
+  StepStretch other_seed = [&] {
+    RunConfig c = cfg;
+    c.train.seed++;
+    return StepStretch(c, 2);
+  }();
+  CHECK(other_seed.Apply(step) != StepStretch(cfg, 2).Apply(step));
 }
 
 class FailingHook final : public InnerLoopHook {

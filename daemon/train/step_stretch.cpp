@@ -1,0 +1,23 @@
+#include "daemon/train/step_stretch.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "daemon/config/run_config.h"
+
+namespace diloco {
+
+StepStretch::StepStretch(const RunConfig& config, int learner)
+    : slowdown_(SlowdownOf(config.learners, learner)),
+      jitter_(JitterOf(config.learners, learner)),
+      rng_((uint64_t)config.train.seed * 0x9E3779B97F4A7C15ull + (uint64_t)learner + 1) {}
+
+double StepStretch::Apply(double step_s, double chaos_factor) {
+  double factor = std::max({1.0, slowdown_, chaos_factor});
+  if (jitter_ > 0) factor *= 1.0 + std::exponential_distribution<double>(1.0 / jitter_)(rng_);
+  if (factor > 1) std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1) * step_s));
+  return step_s * factor;
+}
+
+}  // namespace diloco
