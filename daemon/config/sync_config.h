@@ -47,8 +47,9 @@ enum class FoldRule { kOverwrite, kReplay, kMix };
 // Where a delta is anchored at the merge: the learner's base version (Δ as sent), or the
 // fragment's current version (Δ + Θ_current − Θ_base: the paper's outer gradient).
 enum class Anchor { kBase, kCurrent };
-// The clock of a learner's inner LR schedule: its own step count, or the fleet's progress (the
-// mean steps per learner merged into the global model, as the downlink reports them).
+// The clock of a learner's inner LR schedule: its own step count, or the fleet's progress: the mean
+// of its own step and the latest step it knows of each other learner (the syncer's status lists
+// each live learner's latest heartbeat step).
 enum class LrClock { kLocal, kGlobal };
 // How far a round of k of the M learners' deltas moves Θ: its whole merged delta (full), or k/M of
 // it (share: as if the learners not in it sent zero; their deltas move Θ in a later round).

@@ -367,6 +367,9 @@ Status CheckBody(const MessageBody& body, const ParseOptions& o, std::string_vie
       for (size_t i = 0; i < m.live_learners.size(); ++i) {
         DL_RETURN_IF_ERROR(CheckIdentifier(m.live_learners[i], kMaxNameBytes, false, who, "live learner " + Str(i)));
       }
+      if (!m.live_steps.empty() && m.live_steps.size() != m.live_learners.size())
+        return Status::Error(std::string(who) + ": " + Str(m.live_steps.size()) + " live steps for " +
+                             Str(m.live_learners.size()) + " live learners");
       DL_RETURN_IF_ERROR(CheckListSize(m.recent_drops.size(), o.max_list, who, "recent drops"));
       for (size_t i = 0; i < m.recent_drops.size(); ++i) {
         const DroppedDelta& d = m.recent_drops[i];
@@ -593,6 +596,7 @@ fb::Offset<void> WriteBody(fb::FlatBufferBuilder& b, const MessageBody& body,
       auto versions = OptVector(b, m.versions);
       fb::Offset<fb::Vector<fb::Offset<fb::String>>> live;
       if (!m.live_learners.empty()) live = b.CreateVectorOfStrings(m.live_learners);
+      auto live_steps = OptVector(b, m.live_steps);
       fb::Offset<fb::Vector<fb::Offset<w::DroppedDelta>>> drops;
       if (!m.recent_drops.empty()) {
         std::vector<fb::Offset<w::DroppedDelta>> v;
@@ -632,6 +636,7 @@ fb::Offset<void> WriteBody(fb::FlatBufferBuilder& b, const MessageBody& body,
       t.add_merges(m.merges);
       t.add_dropped_deltas(m.dropped_deltas);
       t.add_recent_drops(drops);
+      t.add_live_steps(live_steps);
       return t.Finish().Union();
     }
   }
@@ -854,6 +859,8 @@ Status ReadBody(const w::Envelope* env, MessageType type, const ParseOptions& o,
         m.live_learners.reserve(v->size());
         for (const fb::String* s : *v) m.live_learners.push_back(ReadString(s));
       }
+      if (t->live_steps()) DL_RETURN_IF_ERROR(CheckListSize(t->live_steps()->size(), o.max_list, who, "live steps"));
+      m.live_steps = ReadScalars(t->live_steps());
       m.merges = t->merges();
       m.dropped_deltas = t->dropped_deltas();
       if (const auto* v = t->recent_drops()) {

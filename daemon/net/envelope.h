@@ -298,6 +298,7 @@ struct SyncerStatusMsg {
   uint64_t dropped_deltas = 0;              // total so far
   std::vector<DroppedDelta> recent_drops;   // since the previous status, <= max_list
   std::vector<LearnerAck> acks;             // <= max_list
+  std::vector<uint64_t> live_steps;         // empty, or live_learners[i]'s latest heartbeat step
   bool operator==(const SyncerStatusMsg&) const = default;
 };
 

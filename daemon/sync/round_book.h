@@ -116,6 +116,8 @@ class RoundBook {
   std::vector<LearnerAck> Acks() const;
   // Heard within the heartbeat timeout and not stopping or finished.
   bool Live(int learner, SyncTime now) const;
+  // The step of its latest heartbeat (0: none yet).
+  uint64_t LastStep(int learner) const { return learners_[learner].beat.step; }
   bool Heard(int learner) const { return learners_[learner].heard; }
   uint64_t Incarnation(int learner) const { return learners_[learner].incarnation; }  // 0: not heard
   // Said kStopping, kFinished or kFailed (its last delta, if pending, is still merged).

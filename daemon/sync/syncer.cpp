@@ -660,7 +660,10 @@ Status Syncer::Impl::Loop::PublishStatus() {
   for (const auto& f : state_.fragments) st.versions.push_back(f.version);
   const auto now = Clock::now();
   for (int l = 0; l < M_; l++)
-    if (im_.book->Live(l, now)) st.live_learners.push_back(LearnerName(l));
+    if (im_.book->Live(l, now)) {
+      st.live_learners.push_back(LearnerName(l));
+      st.live_steps.push_back(im_.book->LastStep(l));
+    }
   st.acks = im_.book->Acks();
   st.merges = state_.merges;
   st.dropped_deltas = state_.dropped_deltas;

@@ -212,11 +212,9 @@ class LearnerLoop final : public InnerLoopHook {
 
   const long tokens_per_step_;
   StepStretch stretch_;
-  // sync.lr_clock: global: inner steps merged into each fragment (Σ of its Globals' c_steps), and
-  // the fleet's mean step (that sum / M) at the local step the latest Global arrived.
-  std::vector<double> merged_steps_;
-  double fleet_step_at_ = -1;
-  long local_step_at_ = 0;
+  // sync.lr_clock: global: the latest step each other learner is known at (the syncer's status
+  // lists each live learner's heartbeat step; a learner that finished or died keeps its last).
+  std::map<std::string, uint64_t> known_steps_;
   double recent_sum_ = 0;
   int recent_n_ = 0;
   Clock::time_point last_beat_ = Clock::now() - std::chrono::hours(1);
@@ -245,8 +243,7 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
       step_(o.start_step),
       tokens_per_step_((long)ring.ranks() * tc_.batch_size * cfg_.model.block_size),
-      stretch_(cfg_, o.index),
-      merged_steps_(P_, 0.0) {
+      stretch_(cfg_, o.index) {
   progress_.index = o.index;
   progress_.device = ring.description();
   progress_.ranks = ring.ranks();
@@ -657,9 +654,6 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
                      fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
   if (fold.shift_at_send) backend_.sync_shift_at_send(p);
   MarkChanged(p);
-  for (const Contributor& c : g->contributors) merged_steps_[p] += (double)c.c_steps;
-  fleet_step_at_ = merged_steps_[p] / std::max(1, sc_.learners);
-  local_step_at_ = step_;
   res_.globals_applied++;
   progress_.last_fragment_folded = (int)g->fragment;
   return Status::Ok();
@@ -682,6 +676,8 @@ Status LearnerLoop::DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g,
 //    (lost_deltas_), so a lock-step round is not left waiting for it.
 void LearnerLoop::HandleStatus(const SyncerStatusMsg& st) {
   HandleDropNotices(st.recent_drops);
+  for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++)
+    if (st.live_learners[i] != me_ && st.live_steps[i] > 0) known_steps_[st.live_learners[i]] = st.live_steps[i];
   if (clone_.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
   CheckVersionsAndAcks(st);
 }
@@ -829,9 +825,12 @@ Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) 
   DL_RETURN_IF_ERROR(BeatIfDue());
   control->changed = std::move(changed_);
   changed_.clear();
-  // The fleet's progress since the latest Global, extrapolated at this learner's pace.
-  if (sc_.lr_clock == LrClock::kGlobal && fleet_step_at_ >= 0)
-    control->lr_step = std::max(0L, std::lround(fleet_step_at_) + (at - local_step_at_));
+  // The fleet's progress: the mean step of this learner and the others it has heard of.
+  if (sc_.lr_clock == LrClock::kGlobal && !known_steps_.empty()) {
+    double sum = (double)at;
+    for (const auto& [name, step] : known_steps_) sum += (double)step;
+    control->lr_step = std::lround(sum / (double)(known_steps_.size() + 1));
+  }
   return Status::Ok();
 }
 

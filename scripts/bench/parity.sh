@@ -306,7 +306,7 @@ for seed in $seeds; do
         if [[ $kv == train.* ]]; then train_args+=(--set "$kv"); train_sets+=" $kv"; fi
       done
       ref="ddp${train_sets:+,$train_sets}"
-      if ! jq -e --arg row "$ref" --argjson seed "$seed" 'select(.row == $row and .seed == $seed)' \
+      if ! jq -se --arg row "$ref" --argjson seed "$seed" 'any(.[]; .row == $row and .seed == $seed)' \
         "$out/results.jsonl" > /dev/null; then
         meta='{}'
         run "$ref" "$seed" --set sync.mode=ddp ${train_args[@]+"${train_args[@]}"}

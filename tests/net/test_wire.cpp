@@ -425,6 +425,9 @@ TEST_CASE("body semantics per message type", "[net][unit]") {
     s = find(MessageType::kGlobal);
     std::get<GlobalMsg>(s.body).contributors[1].weight = -1;
     reject(s, "contributor 1 weight");
+    s = find(MessageType::kSyncerStatus);
+    std::get<SyncerStatusMsg>(s.body).live_steps.push_back(5);
+    reject(s, "3 live steps for 2 live learners");
   }
   {
     Sample s = find(MessageType::kSnapshot);

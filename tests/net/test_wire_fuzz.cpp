@@ -634,14 +634,15 @@ bool Fuzzer::BreakMessage(Sample* x, RawOverrides* raw, ParseOptions* o, std::st
     }
     case MessageType::kSyncerStatus: {
       auto& m = Body<SyncerStatusMsg>(x);
-      switch (k % 5) {
+      switch (k % 6) {
         case 0: m.versions.assign(o->max_fragments + 1, 3); break;
+        case 5: m.live_steps.assign(m.live_learners.size() + 1, 7); break;
         case 1: m.live_learners.push_back(rng() % 2 ? std::string() : bad_name(kMaxNameBytes)); break;
         case 2: m.recent_drops.push_back({"learner-1", static_cast<uint32_t>(o->max_fragments + Pick(rng, 9)), 0, ""}); break;
         case 3: m.recent_drops.push_back({"learner-1", 0, 0, std::string(kMaxTextBytes + 1, 'r')}); break;
         default: m.recent_drops.push_back({"", 0, 0, "x"}); break;
       }
-      *what = "syncer status field " + std::to_string(k % 5);
+      *what = "syncer status field " + std::to_string(k % 6);
       return true;
     }
   }

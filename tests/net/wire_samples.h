@@ -196,6 +196,7 @@ inline std::vector<Sample> AllSamples(std::mt19937_64& rng, uint64_t scale = 1) 
   SyncerStatusMsg st;
   st.versions = {3, 0, 7, 1};
   st.live_learners = {"learner-0", "learner-1"};
+  st.live_steps = {120, 97};
   st.merges = 11;
   st.dropped_deltas = 2;
   st.recent_drops = {{"learner-3", 1, 0, "stale: base 0, current 4, max_staleness 2"}};

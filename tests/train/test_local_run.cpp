@@ -13,6 +13,7 @@
 #include <string>
 
 #include "daemon/train/data.h"
+#include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
 #include "kernels/lr_schedule.h"
 #include "kernels/rng.h"
@@ -256,6 +257,36 @@ TEST_CASE("local run: a learner's configured slowdown slows it in decoupled mode
   REQUIRE(s.learner_tokens.size() == 2);
   INFO("tokens " << s.learner_tokens[0] << " and " << s.learner_tokens[1]);
   CHECK(s.learner_tokens[1] * 2 < s.learner_tokens[0]);  // 5x slower: about a fifth of the steps
+}
+
+TEST_CASE("local run: with sync.lr_clock global a slow learner's LR follows the fleet", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.lr_clock = LrClock::kGlobal;
+  // Seconds, not steps: the syncer's status, which lists the live learners' steps, goes out each
+  // second.
+  o.config.train.steps = 1000000;
+  o.config.train.time_limit_s = 2.5;
+  o.config.train.lr_decay_steps = 10000;
+  o.config.train.min_lr = 1e-4;
+  o.config.learners = {LearnerConfig{}, LearnerConfig{.slowdown = 4}};
+  TrainSummary s;
+  const Status st = RunLocal(o, &s);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  const LrSchedule schedule = LrScheduleOf(o.config.train);
+  int ahead = 0, lines = 0;
+  for (const nlohmann::json& j : ReadJsonl(std::filesystem::path(o.run_dir) / "metrics.jsonl")) {
+    if (!j.contains("learner") || !j.contains("lr") || j["learner"] != 1) continue;
+    const long step = j["step"];
+    const double own = lr_at(schedule, (int)(step - 1));
+    INFO("learner 1 step " << step << ": lr " << j["lr"].get<double>() << ", its own clock's " << own);
+    CHECK(j["lr"].get<double>() <= own * 1.0001);  // the fleet is never behind the slow learner
+    ahead += j["lr"].get<double>() < 0.99 * own;
+    lines++;
+  }
+  CHECK(lines >= 3);
+  CHECK(ahead >= 2);  // the fast learner's steps pull the slow one's schedule forward
 }
 
 TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
