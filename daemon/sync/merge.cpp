@@ -79,12 +79,14 @@ Status ContributionWeights(const std::vector<ContributionCounts>& counts, Weight
   double total = 0;
   for (size_t m = 0; m < counts.size(); ++m) {
     const ContributionCounts& c = counts[m];
-    if (!std::isfinite(c.tokens) || !std::isfinite(c.steps) || c.steps <= 0 || c.tokens < 0 ||
-        !std::isfinite(c.age) || c.age < 0) {
-      return Status::Error("contribution " + std::to_string(m) + " has c_tokens " + Number(c.tokens) +
-                           ", c_steps " + Number(c.steps) + " and age " + Number(c.age) +
-                           ": a delta needs steps > 0, tokens >= 0 and age >= 0");
+    if (!std::isfinite(c.tokens) || !std::isfinite(c.steps) || c.steps <= 0 || c.tokens < 0) {
+      return Status::Error("contribution " + std::to_string(m) + " has c_tokens " +
+                           Number(c.tokens) + " and c_steps " + Number(c.steps) +
+                           ": a delta needs steps > 0 and tokens >= 0");
     }
+    if (!std::isfinite(c.age) || c.age < 0)
+      return Status::Error("contribution " + std::to_string(m) + " has age " + Number(c.age) +
+                           ": versions behind must be >= 0");
     w[m] = rule.weighting == Weighting::kUniform ? 1.0 : c.tokens * c.tokens / c.steps;
     total += w[m];
   }

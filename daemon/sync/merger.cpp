@@ -88,10 +88,10 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
     ContributionCounts counts = pd.counts;
     counts.age = fg->version > pd.base_version ? (double)(fg->version - pd.base_version) : 0.0;
     const DeltaReader* reader = &readers.back();
-    for (const auto& [version, theta] : history) {
-      if (version != pd.base_version || version == fg->version) continue;
+    const auto base = std::find_if(history.begin(), history.end(), [&](const auto& h) { return h.first == pd.base_version; });
+    if (pd.base_version != fg->version && base != history.end()) {
       std::vector<float> shift(n);
-      for (size_t i = 0; i < n; i++) shift[i] = fg->theta[i] - theta[i];
+      for (size_t i = 0; i < n; i++) shift[i] = fg->theta[i] - base->second[i];
       anchored.emplace_back(fragment, *reader, std::move(shift));
       DL_RETURN_IF_ERROR(anchored.back().ComputeNorms());
       reader = &anchored.back();

@@ -91,6 +91,7 @@ TEST_CASE("sync: weights are c_tok^2 / c_steps, normalized, or uniform", "[unit]
       {{{100, 0}}, "contribution 0 has c_tokens 100 and c_steps 0: a delta needs steps > 0"},
       {{{10, 1}, {-1, 1}}, "contribution 1 has c_tokens -1"},
       {{{nan, 1}}, "contribution 0 has c_tokens nan"},
+      {{{10, 1}, {10, 1, -1}}, "contribution 1 has age -1: versions behind must be >= 0"},
       {{{0, 1}, {0, 3}}, "contribution weights sum to 0: every contribution has 0 tokens"},
   };
   for (const Bad& b : bad) {
