@@ -26,8 +26,9 @@
 # --hetero: the paper's heterogeneous test: learners 2 and 3 at slowdown 1.3, every learner's step
 # stretched by exponential noise of mean 10% (learners[i].jitter); decoupled with K=M, K=1 without
 # a grace window, K=1 with the window capped at one inner step (the paper's), and K=1 with the
-# config's window (heartbeat forecast, cap_ms). Goodput and uptime columns: sync/goodput.h (uptime
-# is the share of wall time the global model kept advancing).
+# config's window (heartbeat forecast, cap_ms); then K=4 and the two K=1 rows again with
+# sync.partial: share. Goodput and uptime columns: sync/goodput.h (uptime is the share of wall
+# time the global model kept advancing).
 # --frontier [FILE]: decoupled once per point of FILE (default configs/baselines/frontier.points:
 # "NAME | KEY=VALUE ..." a line), each against a ddp run with the same train.* overrides; prints
 # loss ratio against bytes ratio and writes OUT/frontier.jsonl (one point a line, plot-ready).
@@ -35,12 +36,13 @@
 # 100"), --codecs LIST (sweep uplink codecs, default "fp32 int8"), --downs LIST (sweep downlink
 # codecs, default "int8"); the decoupled row itself is the config's (H = 25, int4 both ways in
 # configs/shakespeare-m4.yaml), so the sweeps leave those out. --set K=V (repeatable, passed to
-# every run), --out DIR (results.jsonl and logs; default a new /tmp/parity-*), --keep (keep the
+# every run before the row's own overrides, which win), --out DIR (results.jsonl and logs; default a new /tmp/parity-*), --keep (keep the
 # run directories), --table DIR.
 # Environment: DILOCOCTL (default build/bin/dilococtl), CONFIG (default
 # configs/shakespeare-m4.yaml), NICE (niceness of the runs, default 10).
 # A full run is long on a small CPU (each of the four modes trains 4 x 500 steps, about a minute on
-# 2 cores); the sweep adds six more runs per seed, --straggler three.
+# 2 cores); the sweep adds six more runs per seed, --straggler three, --hetero seven, --frontier
+# one per point (26 in the shipped file, about 30 minutes a seed).
 set -euo pipefail
 caller=$PWD
 abspath() { [[ $1 = /* ]] && echo "$1" || echo "$caller/$1"; }  # paths given are the caller's
@@ -204,7 +206,8 @@ run() {
   rm -rf "$dir"
   echo "parity.sh: $name, seed $seed" >&2
   local last rc=0
-  nice -n "$niceness" "$bin" train "$config" --set "train.seed=$seed" "$@" ${sets[@]+"${sets[@]}"} \
+  # The --set overrides first, then the row's own (a frontier point's, a recipe's), which win.
+  nice -n "$niceness" "$bin" train "$config" --set "train.seed=$seed" ${sets[@]+"${sets[@]}"} "$@" \
     --out "$dir" --json > "$log.out" 2> "$log" || rc=$?
   last=$(tail -n1 "$log.out" 2>/dev/null || true)
   if [[ $rc -eq 0 ]] && jq -e . > /dev/null 2>&1 <<< "$last"; then
@@ -294,6 +297,13 @@ for seed in $seeds; do
     run "hetero K=1, grace capped at 1 step" "$seed" --set sync.mode=decoupled --set sync.quorum=1 \
       --set sync.grace.cap_steps=1 --set sync.grace.forecast=false "${slow[@]}"
     run "hetero K=1, grace + forecast" "$seed" --set sync.mode=decoupled --set sync.quorum=1 "${slow[@]}"
+    # The same with sync.partial: share (a round of k deltas moves Θ by k/M of its merge).
+    run "hetero K=4, partial share" "$seed" --set sync.mode=decoupled --set sync.quorum=4 --set sync.partial=share \
+      "${slow[@]}"
+    run "hetero K=1, no grace, partial share" "$seed" --set sync.mode=decoupled --set sync.quorum=1 \
+      --set sync.grace.cap_ms=0 --set sync.grace.forecast=false --set sync.partial=share "${slow[@]}"
+    run "hetero K=1, grace capped at 1 step, partial share" "$seed" --set sync.mode=decoupled --set sync.quorum=1 \
+      --set sync.grace.cap_steps=1 --set sync.grace.forecast=false --set sync.partial=share "${slow[@]}"
   fi
   if [[ -n $frontier ]]; then
     while IFS= read -r line; do
