@@ -26,7 +26,7 @@
 # --hetero: the paper's heterogeneous test: learners 2 and 3 at slowdown 1.3, every learner's step
 # stretched by exponential noise of mean 10% (learners[i].jitter); decoupled with K=M, K=1 without
 # a grace window, K=1 with the window capped at one inner step (the paper's), and K=1 with the
-# config's window (heartbeat forecast, cap_ms); then K=4 and the two K=1 rows again with
+# config's window (heartbeat forecast, cap_ms); then K=4 and the three K=1 rows again with
 # sync.partial: share. Goodput and uptime columns: sync/goodput.h (uptime is the share of wall
 # time the global model kept advancing).
 # --frontier [FILE]: decoupled once per point of FILE (default configs/baselines/frontier.points:
@@ -41,7 +41,7 @@
 # Environment: DILOCOCTL (default build/bin/dilococtl), CONFIG (default
 # configs/shakespeare-m4.yaml), NICE (niceness of the runs, default 10).
 # A full run is long on a small CPU (each of the four modes trains 4 x 500 steps, about a minute on
-# 2 cores); the sweep adds six more runs per seed, --straggler three, --hetero seven, --frontier
+# 2 cores); the sweep adds six more runs per seed, --straggler three, --hetero eight, --frontier
 # one per point (26 in the shipped file, about 30 minutes a seed).
 set -euo pipefail
 caller=$PWD
@@ -304,6 +304,8 @@ for seed in $seeds; do
       --set sync.grace.cap_ms=0 --set sync.grace.forecast=false --set sync.partial=share "${slow[@]}"
     run "hetero K=1, grace capped at 1 step, partial share" "$seed" --set sync.mode=decoupled --set sync.quorum=1 \
       --set sync.grace.cap_steps=1 --set sync.grace.forecast=false --set sync.partial=share "${slow[@]}"
+    run "hetero K=1, grace + forecast, partial share" "$seed" --set sync.mode=decoupled --set sync.quorum=1 \
+      --set sync.partial=share "${slow[@]}"
   fi
   if [[ -n $frontier ]]; then
     while IFS= read -r line; do
