@@ -158,7 +158,8 @@ for r in runs:
 if not points:
     sys.exit(0)
 print()
-hdr = f"{'frontier point':34} {'val loss':>8} {'ddp ref':>8} {'/ddp':>6} {'wire bytes':>10} {'ddp/x':>7} {'runs':>4}  overrides"
+width = max(len("frontier point"), *(len(r["point"]) for r in points.values()))
+hdr = f"{'frontier point':{width}} {'val loss':>8} {'ddp ref':>8} {'/ddp':>6} {'wire bytes':>10} {'ddp/x':>7} {'runs':>4}  overrides"
 print(hdr)
 print("-" * len(hdr))
 with open(sys.argv[2], "w") as out:
@@ -166,10 +167,10 @@ with open(sys.argv[2], "w") as out:
         val, nbytes, n = stat(row)
         ref_val, ref_bytes, _ = stat(r["ref"])
         if val is None or ref_val is None or not nbytes:
-            print(f"{r['point']:34} failed or no ddp reference ({r['ref']}); see the logs")
+            print(f"{r['point']:{width}} failed or no ddp reference ({r['ref']}); see the logs")
             continue
         loss_ratio, bytes_ratio = val / ref_val, ref_bytes / nbytes
-        print(f"{r['point']:34} {val:>8.4f} {ref_val:>8.4f} {loss_ratio:>6.3f} {nbytes / 1e6:>7.1f} MB {bytes_ratio:>6.0f}x {n:>4}  {r['sets']}")
+        print(f"{r['point']:{width}} {val:>8.4f} {ref_val:>8.4f} {loss_ratio:>6.3f} {nbytes / 1e6:>7.1f} MB {bytes_ratio:>6.0f}x {n:>4}  {r['sets']}")
         out.write(json.dumps({"point": r["point"], "overrides": r["sets"], "val_loss": val, "ddp_val_loss": ref_val,
                               "loss_ratio": loss_ratio, "wire_bytes": nbytes, "ddp_wire_bytes": ref_bytes,
                               "bytes_ratio": bytes_ratio, "seeds": n}) + "\n")
