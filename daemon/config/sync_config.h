@@ -163,12 +163,12 @@ inline int EffectiveQuorum(const SyncConfig& s) {
 }
 inline bool UsesGraceWindow(SyncMode mode) { return mode == SyncMode::kDecoupled; }
 
-// Learner i's slowdown: its entry in `learners`, else 1.
-inline double SlowdownOf(const std::vector<LearnerConfig>& learners, int i) {
-  return i >= 0 && static_cast<size_t>(i) < learners.size() ? learners[i].slowdown : 1.0;
+// Learner i's entry in `learners`, else the defaults (full speed, no noise).
+inline LearnerConfig LearnerConfigOf(const std::vector<LearnerConfig>& learners, int i) {
+  return i >= 0 && static_cast<size_t>(i) < learners.size() ? learners[i] : LearnerConfig{};
 }
-inline double JitterOf(const std::vector<LearnerConfig>& learners, int i) {
-  return i >= 0 && static_cast<size_t>(i) < learners.size() ? learners[i].jitter : 0.0;
+inline double SlowdownOf(const std::vector<LearnerConfig>& learners, int i) {
+  return LearnerConfigOf(learners, i).slowdown;
 }
 
 }  // namespace diloco

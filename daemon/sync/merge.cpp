@@ -271,7 +271,7 @@ FilterResult NormFilter::CheckNorm(double norm, double steps) {
   return result;
 }
 
-Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weighting,
+Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weigh,
                           MergeRule rule, float* out, std::vector<double>* weights, TaskPool* pool) {
   std::stable_sort(contributions->begin(), contributions->end(),
                    [](const Contribution& a, const Contribution& b) { return a.learner < b.learner; });
@@ -290,7 +290,7 @@ Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* c
   size_t next_decoded = 0;
   for (const Contribution& c : *contributions) readers.push_back(c.reader ? c.reader : &decoded[next_decoded++]);
   std::vector<double> w;
-  DL_RETURN_IF_ERROR(ContributionWeights(counts, weighting, &w));
+  DL_RETURN_IF_ERROR(ContributionWeights(counts, weigh, &w));
   DL_RETURN_IF_ERROR(MergeDeltas(fragment, readers, w, rule, out, pool));
   if (weights) *weights = std::move(w);
   return Status::Ok();

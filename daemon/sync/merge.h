@@ -105,7 +105,7 @@ struct Contribution {
 // order the deltas arrived in: float sums depend on their order, so the same deltas must merge
 // to the same bits on every run and after a restart. Sorts *contributions by learner; weights
 // (may be null) receives their weights in that order.
-Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weighting,
+Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weigh,
                           MergeRule rule, float* out, std::vector<double>* weights = nullptr,
                           TaskPool* pool = nullptr);
 

@@ -9,8 +9,8 @@
 namespace diloco {
 
 StepStretch::StepStretch(const RunConfig& config, int learner)
-    : slowdown_(SlowdownOf(config.learners, learner)),
-      jitter_(JitterOf(config.learners, learner)),
+    : slowdown_(LearnerConfigOf(config.learners, learner).slowdown),
+      jitter_(LearnerConfigOf(config.learners, learner).jitter),
       rng_((uint64_t)config.train.seed * 0x9E3779B97F4A7C15ull + (uint64_t)learner + 1) {}
 
 double StepStretch::Apply(double step_s, double chaos_factor) {
