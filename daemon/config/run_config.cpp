@@ -184,6 +184,8 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.codec.up", CodecOf(&s.codec.up)},
       {"sync.codec.down", CodecOf(&s.codec.down)},
       {"sync.codec.block", &s.codec.block},
+      {"sync.codec.up_topk", &s.codec.up_topk},
+      {"sync.codec.down_topk", &s.codec.down_topk},
       {"sync.outer.lr", &s.outer.lr},
       {"sync.outer.momentum", &s.outer.momentum},
       {"sync.outer.restart_every", &s.outer.restart_every},
@@ -774,6 +776,10 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
   DL_RETURN_IF_ERROR(check("sync.codec.block", s.codec.block,
                            s.codec.block >= 2 && s.codec.block <= 65536 && s.codec.block % 2 == 0,
                            "even, in [2, 65536] (values per scale; int4 packs two per byte)"));
+  for (auto [key, f] : {std::pair{"sync.codec.up_topk", s.codec.up_topk}, {"sync.codec.down_topk", s.codec.down_topk}}) {
+    DL_RETURN_IF_ERROR(check(key, f, f == 0 || (f > 0 && f < 1),
+                             "0 (dense) or in (0, 1) (the share of each tensor's values sent)"));
+  }
   DL_RETURN_IF_ERROR(check("sync.outer.lr", s.outer.lr, s.outer.lr > 0, "> 0"));
   DL_RETURN_IF_ERROR(check("sync.outer.momentum", s.outer.momentum,
                            s.outer.momentum >= 0 && s.outer.momentum < 1, "in [0, 1)"));

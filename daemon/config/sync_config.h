@@ -20,7 +20,8 @@
 //     anchor: base             # base | current (re-anchor: Δ + Θ_current − Θ_base)
 //     partial: full            # full | share (a round of k of M deltas moves Θ by k/M of its merge)
 //     lr_clock: local          # local | global (inner LR schedule follows the fleet's progress)
-//     codec: {up: int4, down: int8, block: 64}
+//     codec: {up: int4, down: int8, block: 64}   # also up_topk / down_topk: f in (0, 1) sends
+//                                                # only the largest f of the values (0 = dense)
 //     outer: {lr: 0.7, momentum: 0.9}   # also restart_every: N (zero u every N-th merge)
 //     link: {bandwidth_mbps: 0, latency_ms: 0, jitter_ms: 0, loss: 0}   # 0 = unlimited / none
 //     heartbeat_timeout_ms: 3000
@@ -98,6 +99,11 @@ struct CodecConfig {
   CodecKind up = CodecKind::kInt4;    // learner -> syncer deltas
   CodecKind down = CodecKind::kInt8;  // syncer -> learner updates
   int block = kDefaultCodecBlock;     // values per fp32 scale (int8/int4)
+  // Top-k (daemon/net/codec.h): 0 = dense; f in (0, 1) keeps the f largest-magnitude values of each
+  // tensor (error feedback carries the rest on). The learner applies it on the host: the backend
+  // hands over Δ in fp32 and takes top-k Globals as fp32 updates.
+  double up_topk = 0;
+  double down_topk = 0;
   bool operator==(const CodecConfig&) const = default;
 };
 

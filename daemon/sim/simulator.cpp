@@ -7,9 +7,10 @@
 #include <queue>
 #include <random>
 
-#include "daemon/net/codec_kind.h"
+#include "daemon/net/codec.h"
 #include "daemon/sync/decide.h"
 #include "daemon/sync/fragments.h"
+#include "daemon/sync/protocol.h"
 #include "daemon/sync/round_book.h"
 #include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
@@ -117,8 +118,9 @@ class SyncerSim {
     for (const Fragment& f : fragments) total += (double)f.numel;
     for (const Fragment& f : fragments) {
       weights_.push_back(f.numel / total);
-      up_bytes_.push_back((double)EncodedBytes(sync_.codec.up, f.numel, sync_.codec.block));
-      down_bytes_.push_back((double)EncodedBytes(sync_.codec.down, f.numel, sync_.codec.block));
+      // The codec's size: exact when dense, with top-k its bound (the bitmap index).
+      up_bytes_.push_back((double)MaxEncodedBytes(UplinkCodec(sync_), f.numel));
+      down_bytes_.push_back((double)MaxEncodedBytes(DownlinkCodec(sync_), f.numel));
       merge_s_per_delta_.push_back(f.numel * 4.0 / (s.merge_gbps * 1e9));
     }
     RoundBookOptions bo = RoundBookOptionsFor(sync_, P_);

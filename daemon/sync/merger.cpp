@@ -63,7 +63,7 @@ class AnchoredReader final : public DeltaReader {
 
 FragmentMerger::FragmentMerger(const SyncConfig& sync)
     : sync_(sync),
-      down_codec_{sync.codec.down, sync.codec.block, 0},
+      down_codec_(DownlinkCodec(sync)),
       pool_(std::max(1, sync.merge_threads)),
       down_ef_(down_codec_) {}
 

@@ -21,16 +21,25 @@ std::vector<uint64_t> FragmentNumels(const Fragment& fragment) {
   return n;
 }
 
-PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,
+PayloadInfo FragmentPayloadInfo(const Fragment& fragment, const CodecOptions& codec,
                                 const std::vector<uint64_t>& tensor_bytes) {
   PayloadInfo info;
-  info.codec = codec;
-  info.block_size = block_size;
+  info.codec = codec.kind;
+  info.block_size = codec.block_size;
+  info.topk_fraction = codec.topk_fraction;
   for (size_t i = 0; i < fragment.ranges.size(); i++) {
     const auto& r = fragment.ranges[i];
     info.tensors.push_back({RangeName(r), r.offset, r.numel, tensor_bytes[i]});
   }
   return info;
+}
+
+CodecOptions UplinkCodec(const SyncConfig& sync) {
+  return {sync.codec.up, sync.codec.block, sync.codec.up_topk};
+}
+
+CodecOptions DownlinkCodec(const SyncConfig& sync) {
+  return {sync.codec.down, sync.codec.block, sync.codec.down_topk};
 }
 
 Status CheckFragmentPayload(const Fragment& fragment, const PayloadInfo& info, std::vector<uint64_t>* tensor_bytes) {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/config/sync_config.h"
+#include "daemon/net/codec.h"
 #include "daemon/net/envelope.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/util/status.h"
@@ -30,8 +32,11 @@ inline std::string LivenessTopic(const std::string& job_id) { return job_id + ".
 // tensor or a row piece of one, named by RangeName).
 std::vector<uint64_t> FragmentNumels(const Fragment& fragment);
 // The PayloadInfo describing a fragment encoded with EncodeTensors (tensor_bytes from it).
-PayloadInfo FragmentPayloadInfo(const Fragment& fragment, CodecKind codec, int block_size,
+PayloadInfo FragmentPayloadInfo(const Fragment& fragment, const CodecOptions& codec,
                                 const std::vector<uint64_t>& tensor_bytes);
+// The run config's codecs of the uplink (deltas) and the downlink (updates): sync.codec.*.
+CodecOptions UplinkCodec(const SyncConfig& sync);
+CodecOptions DownlinkCodec(const SyncConfig& sync);
 // Checks that a payload describes exactly the fragment's ranges; *tensor_bytes: their encoded sizes.
 Status CheckFragmentPayload(const Fragment& fragment, const PayloadInfo& info, std::vector<uint64_t>* tensor_bytes);
 // Decodes a payload that must describe exactly the fragment's ranges into out (fragment.numel).

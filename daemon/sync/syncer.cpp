@@ -303,7 +303,7 @@ Syncer::Impl::Loop::Loop(Syncer& syncer)
       sc_(im_.options.sync),
       M_(sc_.learners),
       P_(fragments_.size()),
-      down_codec_{sc_.codec.down, sc_.codec.block, 0},
+      down_codec_(DownlinkCodec(sc_)),
       merger_(sc_),
       recycler_(P_ * ((size_t)std::max(1, sc_.learners) + 1)),
       fragments_digest_(FragmentsDigest(fragments_)) {
@@ -638,7 +638,7 @@ Status Syncer::Impl::Loop::HandleSnapshotRequest(const std::string& peer, const 
     sm.version = fg.version;
     sm.fragment_crc32c = Crc32c(fg.theta.data(), fg.theta.size() * sizeof(float));
     sm.versions = versions;
-    sm.payload = FragmentPayloadInfo(fragments_[p], CodecKind::kFp32, sc_.codec.block, tensor_bytes);
+    sm.payload = FragmentPayloadInfo(fragments_[p], fp32, tensor_bytes);
     DL_RETURN_IF_ERROR(Reply(peer, sm, payload));
   }
   result_.snapshots_served++;
@@ -766,7 +766,7 @@ GlobalMsg Syncer::Impl::Loop::GlobalOf(size_t p, uint32_t theta_crc, const std::
   g.is_full = false;
   g.fragment_crc32c = theta_crc;
   if (im_.options.corrupt_global_crc && im_.options.corrupt_global_crc((uint32_t)p, version)) g.fragment_crc32c ^= 1;
-  g.payload = FragmentPayloadInfo(fragments_[p], down_codec_.kind, down_codec_.block_size, tensor_bytes);
+  g.payload = FragmentPayloadInfo(fragments_[p], down_codec_, tensor_bytes);
   return g;
 }
 

@@ -115,6 +115,8 @@ class LearnerLoop final : public InnerLoopHook {
   Status Heartbeat(LearnerState state);
   Status BeatIfDue();
   Status SendDelta(int p, long at_step);
+  bool EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes);
+  void ResetResidual(int p);
   Status SendFiringDeltas(long done);
   Status ResendLost();
   // Receiving.
@@ -168,6 +170,11 @@ class LearnerLoop final : public InnerLoopHook {
   FragmentLedger ledger_;
   std::vector<std::vector<float>> bases_;
   std::vector<uint8_t> contiguous_;
+  // sync.codec.*: with top-k on the uplink the backend hands Δ over in fp32 (its residual stays
+  // zero) and the host encodes it, keeping the residual here (EncodeUplink).
+  const CodecOptions up_codec_;
+  ErrorFeedback up_topk_ef_;
+  std::vector<float> up_values_;
   // Steps a fragment may stay in flight before training waits for its Global (ledger Blocks):
   // 0 in diloco, sync.overlap in streaming, never in decoupled.
   const long block_after_;
@@ -237,6 +244,8 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
       H_(sc_.inner_steps),
       ledger_(P_, sc_.fold, sc_.max_staleness),
       bases_(P_),
+      up_codec_(UplinkCodec(sc_)),
+      up_topk_ef_(up_codec_),
       block_after_(sc_.mode == SyncMode::kDiloco      ? 0
                    : sc_.mode == SyncMode::kStreaming ? sc_.overlap
                                                       : std::numeric_limits<long>::max()),
@@ -536,8 +545,7 @@ Status LearnerLoop::SendDelta(int p, long at_step) {
   const Fragment& frag = frags_[p];
   auto payload = std::make_shared<std::vector<uint8_t>>();
   std::vector<uint64_t> tensor_bytes;
-  // Δ = base − θ, encoded where the parameters live (θ at send is kept there too).
-  if (!backend_.sync_encode_delta(p, SyncCodecOf(sc_.codec.up), sc_.codec.block, payload.get(), &tensor_bytes))
+  if (!EncodeUplink(p, payload.get(), &tensor_bytes))
     return Status::Error(me_ + ": the delta of fragment " + std::to_string(p) + " at step " +
                          std::to_string(at_step) + " is NaN or Inf (or overflows the codec); try a lower train.lr");
   DeltaMsg d;
@@ -546,12 +554,31 @@ Status LearnerLoop::SendDelta(int p, long at_step) {
   d.c_steps = f.c_steps;
   d.c_tokens = f.c_tokens;
   d.learner_step = (uint64_t)at_step;
-  d.payload = FragmentPayloadInfo(frag, sc_.codec.up, sc_.codec.block, tensor_bytes);
+  d.payload = FragmentPayloadInfo(frag, up_codec_, tensor_bytes);
   DL_RETURN_IF_ERROR(Send(d, payload));
   ledger_.OnSend(p, at_step, seq_);  // seq_: the delta's number on the main stream
   res_.deltas_sent++;
   progress_.last_fragment_sent = p;
   return Status::Ok();
+}
+
+// Δ = base − θ (θ at send is kept where the parameters live), encoded with error feedback:
+// dense codecs by the backend; top-k on the host from the backend's exact fp32 Δ + residual,
+// whose residual is then zero (fp32 loses nothing), the top-k one kept in up_topk_ef_. false
+// when a value is not finite.
+bool LearnerLoop::EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes) {
+  if (up_codec_.topk_fraction == 0)
+    return backend_.sync_encode_delta(p, SyncCodecOf(up_codec_.kind), up_codec_.block_size, payload, tensor_bytes);
+  if (!backend_.sync_encode_delta(p, SyncCodec::kFp32, up_codec_.block_size, payload, tensor_bytes)) return false;
+  up_values_.resize(payload->size() / sizeof(float));
+  std::memcpy(up_values_.data(), payload->data(), up_values_.size() * sizeof(float));
+  return up_topk_ef_.Encode((uint32_t)p, up_values_, FragmentNumels(frags_[p]), payload, tensor_bytes).ok();
+}
+
+// Drops what error feedback carries for fragment p (its delta was dropped, lost or resynced).
+void LearnerLoop::ResetResidual(int p) {
+  backend_.sync_reset_residual(p);
+  up_topk_ef_.Reset((uint32_t)p);
 }
 
 // The fragments whose cadence fires after step done. No deltas while a snapshot is awaited: the
@@ -629,15 +656,20 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
     NeedSnapshot("refused global of fragment " + std::to_string(p));
     return Status::Ok();
   }
-  if (g->payload.topk_fraction != 0)
-    return Status::Error(me_ + ": a top-k Global (fragment " + std::to_string(g->fragment) +
-                         ") cannot be applied where the parameters live; use a dense sync.codec.down");
   const bool included_self = std::any_of(g->contributors.begin(), g->contributors.end(),
                                          [&](const Contributor& c) { return c.learner == me_; });
   ApplyUpdate(scratch_.data(), frag.numel, base.data());
-  ContiguousPayload(m, &contiguous_);
+  // A dense update is applied from its encoded bytes (on a GPU only those cross); a top-k one,
+  // which the backend does not decode, from its decoded values as fp32.
+  const bool topk = g->payload.topk_fraction != 0;
+  if (topk) {
+    contiguous_.resize(frag.numel * sizeof(float));
+    std::memcpy(contiguous_.data(), scratch_.data(), contiguous_.size());
+  } else {
+    ContiguousPayload(m, &contiguous_);
+  }
   if (!backend_.sync_apply_update((int)g->fragment, contiguous_.data(), contiguous_.size(),
-                                  SyncCodecOf(g->payload.codec), g->payload.block_size))
+                                  topk ? SyncCodec::kFp32 : SyncCodecOf(g->payload.codec), g->payload.block_size))
     return Status::Error(me_ + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
                          " that the wire codec accepted; this is a bug");
   if (Crc32c(base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
@@ -686,7 +718,7 @@ void LearnerLoop::HandleDropNotices(const std::vector<DroppedDelta>& drops) {
   for (const DroppedDelta& d : drops) {
     if (d.learner != me_ || d.fragment >= (uint32_t)P_) continue;
     if (!ledger_.OnDrop((int)d.fragment, d.base_version)) continue;
-    backend_.sync_reset_residual((int)d.fragment);
+    ResetResidual((int)d.fragment);
     res_.deltas_dropped++;
     std::fprintf(stderr, "%s: the syncer dropped our delta of fragment %u (base %llu): %s\n", me_.c_str(),
                  d.fragment, (unsigned long long)d.base_version, d.reason.c_str());
@@ -707,7 +739,7 @@ void LearnerLoop::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
                  " at the syncer, ours is " + std::to_string(ledger_[p].base_version));
   }
   for (int p : v.lost) {
-    backend_.sync_reset_residual(p);
+    ResetResidual(p);
     res_.deltas_lost++;
     lost_deltas_.push_back(p);
     std::fprintf(stderr, "%s: our delta of fragment %d (base %llu) never reached the syncer; sending again\n",
@@ -782,6 +814,7 @@ Status LearnerLoop::InstallSnapshotPart(ParsedMessage& part) {
   if (!same) {
     bases_[p] = scratch_;
     backend_.sync_install(p, bases_[p].data());
+    up_topk_ef_.Reset((uint32_t)p);
     MarkChanged(p);
     ledger_.OnSnapshot(p, sm.version);
   }

@@ -38,7 +38,7 @@ sync:
   merge: mean
   fold: mix
   alpha: 0.75
-  codec: {up: fp32, down: bf16, block: 128}
+  codec: {up: fp32, down: bf16, block: 128, up_topk: 0.25, down_topk: 0.5}
   outer:
     lr: 1.0
     momentum: 0.8
@@ -98,7 +98,7 @@ TEST_CASE("every sync key is read and the YAML form round-trips", "[unit][config
   CHECK(s.merge == MergeRule::kMean);
   CHECK(s.fold == FoldRule::kMix);
   CHECK(s.alpha == 0.75);
-  CHECK(s.codec == CodecConfig{CodecKind::kFp32, CodecKind::kBf16, 128});
+  CHECK(s.codec == CodecConfig{CodecKind::kFp32, CodecKind::kBf16, 128, 0.25, 0.5});
   CHECK(s.outer == OuterConfig{1.0, 0.8});
   CHECK(s.link == LinkConfig{100, 20, 5, 0.01});
   CHECK(s.heartbeat_timeout_ms == 1500);
@@ -316,6 +316,10 @@ TEST_CASE("invalid sync values name the key and the limit", "[unit][config]") {
       {{"sync.alpha=2"}, "sync.alpha: must be in [0, 1], got 2"},
       {{"sync.codec.block=0"}, "sync.codec.block: must be even, in [2, 65536] (values per scale; int4 packs two per byte), got 0"},
       {{"sync.codec.block=63"}, "sync.codec.block: must be even, in [2, 65536] (values per scale; int4 packs two per byte), got 63"},
+      {{"sync.codec.up_topk=1"},
+       "sync.codec.up_topk: must be 0 (dense) or in (0, 1) (the share of each tensor's values sent), got 1"},
+      {{"sync.codec.down_topk=-0.1"},
+       "sync.codec.down_topk: must be 0 (dense) or in (0, 1) (the share of each tensor's values sent), got -0.1"},
       {{"sync.outer.lr=0"}, "sync.outer.lr: must be > 0, got 0"},
       {{"sync.outer.momentum=1"}, "sync.outer.momentum: must be in [0, 1), got 1"},
       {{"sync.link.bandwidth_mbps=-1"},

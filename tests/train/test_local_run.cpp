@@ -304,6 +304,32 @@ TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   CHECK(s.final_val_loss < s.initial_val_loss - 0.5);
 }
 
+// Top-k on both links (sync.codec.up_topk / down_topk): the learner encodes its fp32 delta on the
+// host and applies the top-k Globals as fp32 updates. Lock-step, so both runs make the same merges.
+TEST_CASE("local run: top-k both ways trains with every Global applied and fewer bytes", "[e2e]") {
+  TempDir dense_dir, topk_dir;
+  TrainOptions dense = TinyRun(dense_dir, 2);
+  dense.config.sync.mode = SyncMode::kDiloco;
+  TrainOptions topk = TinyRun(topk_dir, 2);
+  topk.config.sync.mode = SyncMode::kDiloco;
+  topk.config.sync.codec.up_topk = 0.25;
+  topk.config.sync.codec.down_topk = 0.25;
+  TrainSummary ds, ts;
+  LocalRunDetails d;
+  REQUIRE(RunLocal(dense, &ds).message() == "");
+  REQUIRE(RunLocal(topk, &ts, {}, &d).message() == "");
+  CHECK(ts.versions == std::vector<uint64_t>{6});
+  CHECK(d.crc_mismatches == std::vector<uint64_t>{0, 0});
+  CHECK(d.globals_refused == std::vector<uint64_t>{0, 0});
+  CHECK(d.gaps == std::vector<uint64_t>{0, 0});
+  // A quarter of the values with their indices: about half the dense int4 bytes or less.
+  INFO("dense up " << ds.bytes_up << " down " << ds.bytes_down << ", top-k up " << ts.bytes_up << " down "
+                   << ts.bytes_down);
+  CHECK(ts.bytes_up < ds.bytes_up * 0.6);
+  CHECK(ts.bytes_down < ds.bytes_down * 0.6);
+  CHECK(ts.final_val_loss < ts.initial_val_loss - 0.5);
+}
+
 // ddp: two learner threads average gradients every step. The same run as one model trained on
 // both learners' batches stacked (B = 8): the same gradient up to float rounding, so the same
 // trajectory; and both copies end bitwise equal.
