@@ -2,6 +2,8 @@
 // enums, a list of sections, and --set on nested paths and list items.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -369,6 +371,46 @@ TEST_CASE("the shipped configs get the sync defaults", "[unit][config]") {
     if (std::string(name) != "demo.yaml") CHECK(config.sync == SyncConfig{});
     CHECK(config.learners.empty());
   }
+}
+
+// The override lists scripts/bench/parity.sh applies to configs/shakespeare-m4.yaml: a baseline
+// recipe (one KEY=VALUE a line) or a frontier point (NAME | KEY=VALUE ...). A misspelt key would
+// only show twenty minutes into a sweep.
+std::vector<std::vector<std::string>> OverrideListsOf(const fs::path& file) {
+  std::vector<std::vector<std::string>> lists;
+  std::ifstream in(file);
+  const bool points = file.extension() == ".points";
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (!points) {
+      if (lists.empty()) lists.emplace_back();
+      lists.back().push_back(line);
+      continue;
+    }
+    const size_t bar = line.find('|');
+    REQUIRE(bar != std::string::npos);
+    std::istringstream words(line.substr(bar + 1));
+    std::vector<std::string>& sets = lists.emplace_back();
+    for (std::string w; words >> w;) sets.push_back(w);
+  }
+  return lists;
+}
+
+TEST_CASE("every baseline recipe and frontier point applies to the shipped config", "[unit][config]") {
+  const fs::path source = DILOCO_SOURCE_DIR;
+  int lists = 0;
+  for (const auto& entry : fs::directory_iterator(source / "configs" / "baselines")) {
+    for (const std::vector<std::string>& sets : OverrideListsOf(entry.path())) {
+      std::string joined;
+      for (const std::string& set : sets) joined += " " + set;
+      INFO(entry.path().filename().string() << ":" << joined);
+      RunConfig config;
+      CHECK(LoadRunConfig((source / "configs" / "shakespeare-m4.yaml").string(), sets, &config).message() == "");
+      lists++;
+    }
+  }
+  CHECK(lists >= 30);
 }
 
 }  // namespace
