@@ -660,15 +660,12 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
                                          [&](const Contributor& c) { return c.learner == me_; });
   ApplyUpdate(scratch_.data(), frag.numel, base.data());
   // A dense update is applied from its encoded bytes (on a GPU only those cross); a top-k one,
-  // which the backend does not decode, from its decoded values as fp32.
+  // which the backend does not decode, from its decoded values (scratch_) as an fp32 payload.
   const bool topk = g->payload.topk_fraction != 0;
-  if (topk) {
-    contiguous_.resize(frag.numel * sizeof(float));
-    std::memcpy(contiguous_.data(), scratch_.data(), contiguous_.size());
-  } else {
-    ContiguousPayload(m, &contiguous_);
-  }
-  if (!backend_.sync_apply_update((int)g->fragment, contiguous_.data(), contiguous_.size(),
+  if (!topk) ContiguousPayload(m, &contiguous_);
+  const uint8_t* update = topk ? reinterpret_cast<const uint8_t*>(scratch_.data()) : contiguous_.data();
+  const size_t update_bytes = topk ? frag.numel * sizeof(float) : contiguous_.size();
+  if (!backend_.sync_apply_update((int)g->fragment, update, update_bytes,
                                   topk ? SyncCodec::kFp32 : SyncCodecOf(g->payload.codec), g->payload.block_size))
     return Status::Error(me_ + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
                          " that the wire codec accepted; this is a bug");
