@@ -96,6 +96,15 @@ SyncFault sync_encode_dense(uint8_t* payload, const float* x, SyncCodec kind, in
 // fp32/bf16: the first NaN/Inf. On a fault out is unspecified. index may be null.
 SyncFault sync_decode_dense(float* out, const uint8_t* payload, SyncCodec kind, int block, size_t n, size_t* index);
 
+// The dense int8 / int4 codecs with the payload's two parts apart: scales (ceil(n / block) fp32)
+// and codes (n or ceil(n / 2) bytes). A few blocks of a larger payload are encoded or decoded in
+// place this way (a piece of a tensor per thread; a reader of some blocks), without gathering
+// them into one buffer. CPU only.
+SyncFault sync_encode_blocks(uint8_t* scales, uint8_t* codes, const float* x, SyncCodec kind, int block, size_t n,
+                             size_t* index);
+SyncFault sync_decode_blocks(float* out, const uint8_t* scales, const uint8_t* codes, SyncCodec kind, int block,
+                             size_t n, size_t* index);
+
 // sum = delta + residual (residual may be null); payload = Encode(sum);
 // residual = sum - Decode(payload). Returns false, leaving the residual
 // unchanged, when some sum is NaN/Inf or (bf16) rounds to Inf.

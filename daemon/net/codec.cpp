@@ -289,6 +289,26 @@ Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, st
   }
 }
 
+namespace {
+
+Status DecodeFaultStatus(SyncFault fault, CodecKind kind, size_t i) {
+  switch (fault) {
+    case SyncFault::kNone:
+      return Status::Ok();
+    case SyncFault::kBadScale:
+      return PayloadError("scale is negative, NaN, Inf or too large", kind, i);
+    case SyncFault::kBadCode:
+      return PayloadError("code -128", kind, i);
+    case SyncFault::kBadPad:
+      return PayloadError("nonzero pad nibble", kind, i);
+    case SyncFault::kNonFinite:
+    default:
+      return PayloadError("NaN/Inf", kind, i);
+  }
+}
+
+}  // namespace
+
 Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, std::span<float> out) {
   if (!IsValidCodecKind(static_cast<uint8_t>(kind)))
     return Status::Error("unknown codec " + std::to_string(static_cast<int>(kind)));
@@ -304,19 +324,25 @@ Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, 
                          "; the message's shape and payload disagree (drop it)");
   }
   size_t i = 0;
-  switch (sync_decode_dense(out.data(), in.data(), ToSync(kind), block_size, n, &i)) {
-    case SyncFault::kNone:
-      return Status::Ok();
-    case SyncFault::kBadScale:
-      return PayloadError("scale is negative, NaN, Inf or too large", kind, i);
-    case SyncFault::kBadCode:
-      return PayloadError("code -128", kind, i);
-    case SyncFault::kBadPad:
-      return PayloadError("nonzero pad nibble", kind, i);
-    case SyncFault::kNonFinite:
-    default:
-      return PayloadError("NaN/Inf", kind, i);
-  }
+  const SyncFault fault = sync_decode_dense(out.data(), in.data(), ToSync(kind), block_size, n, &i);
+  return DecodeFaultStatus(fault, kind, i);
+}
+
+Status DecodeBlocks(CodecKind kind, int block_size, std::span<const uint8_t> scales, std::span<const uint8_t> codes,
+                    std::span<float> out) {
+  if (kind != CodecKind::kInt8 && kind != CodecKind::kInt4)
+    return Status::Error("internal: DecodeBlocks takes int8 or int4, not " + KindName(kind));
+  DL_RETURN_IF_ERROR(CheckBlockSize(block_size));
+  const size_t n = out.size();
+  const size_t blocks = (n + block_size - 1) / block_size;
+  const size_t code_bytes = kind == CodecKind::kInt4 ? (n + 1) / 2 : n;
+  if (scales.size() != blocks * sizeof(float) || codes.size() != code_bytes)
+    return Status::Error(KindName(kind) + " blocks of " + std::to_string(n) + " values need " +
+                         std::to_string(blocks * sizeof(float)) + " bytes of scales and " + std::to_string(code_bytes) +
+                         " of codes, got " + std::to_string(scales.size()) + " and " + std::to_string(codes.size()));
+  size_t i = 0;
+  const SyncFault fault = sync_decode_blocks(out.data(), scales.data(), codes.data(), ToSync(kind), block_size, n, &i);
+  return DecodeFaultStatus(fault, kind, i);
 }
 
 Status Encode(const CodecOptions& opt, std::span<const float> in, std::vector<uint8_t>* out) {
@@ -491,11 +517,36 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
   return Status::Ok();
 }
 
-// Encode's arithmetic per tensor, the tensors spread over the pool: sum = residual + delta,
-// its encoding in the tensor's place in the payload, decoded, and sum - decoded in place of the
-// sum while the tensor is in cache; once every tensor encoded, that buffer becomes the residual
-// (a swap: the old residual is the next call's scratch). Per value the same operations as the
-// serial path: the same bits.
+namespace {
+
+// Error feedback works on pieces of about this many values (whole codec blocks), so that one big
+// tensor spreads over the pool and each piece's sum, payload and decoded values stay in L2.
+constexpr size_t kFeedbackPiece = 16384;
+
+// Values [lo, lo + n) of a tensor encoded at `tensor` (numel values; lo a multiple of the block):
+// encoded in place, then decoded into out. The payload's layout as EncodeDense writes it: fp32 /
+// bf16 values; int8 / int4 the tensor's scales, then its codes.
+SyncFault EncodePiece(CodecKind kind, int B, size_t numel, size_t lo, const float* x, size_t n, uint8_t* tensor,
+                      float* out) {
+  const SyncCodec k = ToSync(kind);
+  if (!CodecUsesBlocks(kind)) {
+    uint8_t* bytes = tensor + lo * (kind == CodecKind::kBf16 ? 2 : 4);
+    const SyncFault f = sync_encode_dense(bytes, x, k, B, n, nullptr);
+    return f != SyncFault::kNone ? f : sync_decode_dense(out, bytes, k, B, n, nullptr);
+  }
+  uint8_t* scales = tensor + lo / B * sizeof(float);
+  uint8_t* codes = tensor + (numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? lo / 2 : lo);
+  const SyncFault f = sync_encode_blocks(scales, codes, x, k, B, n, nullptr);
+  return f != SyncFault::kNone ? f : sync_decode_blocks(out, scales, codes, k, B, n, nullptr);
+}
+
+}  // namespace
+
+// Encode's arithmetic per piece of a tensor (kFeedbackPiece values, whole blocks), the pieces
+// spread over the pool: sum = residual + delta, its encoding in its place in the payload, decoded,
+// and sum - decoded in place of the sum while the piece is in cache; once every piece is done,
+// that buffer becomes the residual (a swap: the old residual is the next call's scratch). Per
+// value the same operations as the serial path, and blocks never span pieces: the same bits.
 Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const float> delta,
                                          std::span<const uint64_t> numels, std::vector<uint8_t>* payload,
                                          std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
@@ -503,10 +554,17 @@ Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const floa
   const std::string context = "fragment " + std::to_string(fragment);
   DL_RETURN_IF_ERROR(ValidateCodecOptions(opt_).WithContext(context));
   const size_t T = numels.size();
+  const int B = opt_.block_size;
+  const size_t piece = CodecUsesBlocks(opt_.kind) ? (kFeedbackPiece + B - 1) / B * B : kFeedbackPiece;
+  struct Piece {
+    size_t tensor, lo, n;
+  };
+  std::vector<Piece> pieces;
   std::vector<size_t> value_at(T + 1, 0), byte_at(T + 1, 0);
   for (size_t t = 0; t < T; t++) {
     value_at[t + 1] = value_at[t] + numels[t];
-    byte_at[t + 1] = byte_at[t] + EncodedBytes(opt_.kind, numels[t], opt_.block_size);
+    byte_at[t + 1] = byte_at[t] + EncodedBytes(opt_.kind, numels[t], B);
+    for (size_t lo = 0; lo < numels[t]; lo += piece) pieces.push_back({t, lo, std::min<size_t>(piece, numels[t] - lo)});
   }
   if (value_at[T] != n) {
     return Status::Error(context + ": tensor sizes add up to " + std::to_string(value_at[T]) +
@@ -517,31 +575,38 @@ Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const floa
   sum_.resize(n);
   decoded_.resize(n);
   payload->resize(byte_at[T]);
-  std::vector<Status> errors(T);
-  RunTasks(pool, T, [&](size_t t, int) {
-    const size_t b = value_at[t], m = numels[t];
+  std::vector<uint8_t> failed(pieces.size(), 0);  // per piece: one writer each
+  RunTasks(pool, pieces.size(), [&](size_t i, int) {
+    const Piece& p = pieces[i];
+    const size_t b = value_at[p.tensor] + p.lo, m = p.n;
     float* __restrict s = sum_.data() + b;
     if (residual) {
-      for (size_t i = 0; i < m; ++i) s[i] = residual[b + i] + delta[b + i];
+      for (size_t j = 0; j < m; ++j) s[j] = residual[b + j] + delta[b + j];
     } else {
       std::copy(delta.begin() + b, delta.begin() + b + m, s);
     }
-    std::span<uint8_t> bytes(payload->data() + byte_at[t], byte_at[t + 1] - byte_at[t]);
-    Status st = EncodeDense(opt_.kind, opt_.block_size, std::span<const float>(s, m), bytes);
-    if (st.ok()) st = DecodeDense(opt_.kind, opt_.block_size, bytes, std::span(decoded_.data() + b, m));
-    if (!st.ok()) {
-      errors[t] = st.WithContext("tensor " + std::to_string(t)).WithContext(context);
+    if (EncodePiece(opt_.kind, B, numels[p.tensor], p.lo, s, m, payload->data() + byte_at[p.tensor],
+                    decoded_.data() + b) != SyncFault::kNone) {
+      failed[i] = 1;
       return;
     }
     const float* __restrict d = decoded_.data() + b;
-    for (size_t i = 0; i < m; ++i) s[i] = s[i] - d[i];
+    for (size_t j = 0; j < m; ++j) s[j] = s[j] - d[j];
   });
-  for (const Status& st : errors) {
-    if (!st.ok()) {
-      payload->clear();
-      tensor_bytes->clear();
-      return st;
-    }
+  for (size_t i = 0; i < pieces.size(); i++) {
+    if (!failed[i]) continue;
+    const size_t t = pieces[i].tensor;
+    // The tensor's sum again, whole, for EncodeDense's message (which value, and why).
+    std::vector<float> sum(delta.begin() + value_at[t], delta.begin() + value_at[t + 1]);
+    if (residual)
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] = residual[value_at[t] + j] + sum[j];
+    std::vector<uint8_t> bytes(byte_at[t + 1] - byte_at[t]);
+    Status st = EncodeDense(opt_.kind, B, sum, bytes);
+    if (st.ok()) st = DecodeDense(opt_.kind, B, bytes, std::span(decoded_.data() + value_at[t], sum.size()));
+    if (st.ok()) st = Status::Error("a piece failed to encode but the whole tensor encodes (internal)");
+    payload->clear();
+    tensor_bytes->clear();
+    return st.WithContext("tensor " + std::to_string(t)).WithContext(context);
   }
   tensor_bytes->assign(T, 0);
   for (size_t t = 0; t < T; t++) (*tensor_bytes)[t] = byte_at[t + 1] - byte_at[t];

@@ -96,6 +96,10 @@ size_t MaxEncodedBytes(const CodecOptions& opt, size_t numel);
 // EncodedBytes(kind, in.size(), block_size) / decode: in.size() must, for out.size() values.
 Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, std::span<uint8_t> out);
 Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, std::span<float> out);
+// int8 / int4 with the payload's scales (ceil(n / block_size) floats) and codes apart, for out.size()
+// values: what DecodeDense does with them joined (a reader of a few blocks, in place).
+Status DecodeBlocks(CodecKind kind, int block_size, std::span<const uint8_t> scales, std::span<const uint8_t> codes,
+                    std::span<float> out);
 
 // Any codec, with or without top-k. Encode resizes *out to the payload size.
 // Decode writes out.size() values; the payload must be exactly what Encode wrote for that many.

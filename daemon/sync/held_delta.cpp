@@ -161,18 +161,15 @@ Status HeldDeltaReader::Read(size_t range, size_t begin, size_t n, std::vector<f
     return Status::Ok();
   }
   // int8 / int4: the tensor's bytes are its ceil(numel/B) fp32 scales, then its codes. The chunk
-  // decodes from whole blocks [a, e) around it, gathered into one small payload of that layout.
+  // decodes from whole blocks [a, e) around it, read where they lie.
   const size_t a = begin / B * B;
   const size_t e = std::min<size_t>(r.numel, (begin + n + B - 1) / B * B);
   const size_t blocks = (e - a + B - 1) / B;
-  const size_t scale_bytes = blocks * sizeof(float);
   const size_t code_bytes = kind == CodecKind::kInt4 ? (e - a + 1) / 2 : e - a;
-  const size_t code_at = (r.numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? a / 2 : a);
-  std::vector<uint8_t> gathered(scale_bytes + code_bytes);
-  std::memcpy(gathered.data(), tensor + a / B * sizeof(float), scale_bytes);
-  std::memcpy(gathered.data() + scale_bytes, tensor + code_at, code_bytes);
+  const uint8_t* codes = tensor + (r.numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? a / 2 : a);
   scratch->resize(e - a);
-  DL_RETURN_IF_ERROR(DecodeDense(kind, B, gathered, std::span(scratch->data(), e - a)));
+  DL_RETURN_IF_ERROR(DecodeBlocks(kind, B, std::span(tensor + a / B * sizeof(float), blocks * sizeof(float)),
+                                  std::span(codes, code_bytes), std::span(scratch->data(), e - a)));
   *values = scratch->data() + (begin - a);
   return Status::Ok();
 }

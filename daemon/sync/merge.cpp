@@ -14,22 +14,61 @@ namespace {
 constexpr double kMinDirectionNorm = 1e-6;
 
 // Σ x² in double over kLanes interleaved partial sums, joined in a fixed order: the same bits
-// on every machine and run, and a loop the compiler vectorizes (one running sum is bound by the
-// latency of an add).
-constexpr size_t kLanes = 8;
+// on every machine and run, and a loop the compiler vectorizes into independent adds (one running
+// sum is bound by the latency of an add; 32 lanes are four AVX-512 or eight AVX2 registers).
+// Fed in pieces, it sums as one call over their concatenation when every piece but the last is a
+// multiple of kLanes long.
+constexpr size_t kLanes = 32;
+class SquareSum {
+ public:
+  template <typename T>
+  void Add(const T* __restrict x, size_t n) {
+    double l[kLanes];
+    for (size_t j = 0; j < kLanes; ++j) l[j] = lane_[j];
+    size_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (size_t j = 0; j < kLanes; ++j) l[j] += (double)x[i + j] * (double)x[i + j];
+    for (size_t j = 0; i < n; ++i, ++j) l[j] += (double)x[i] * (double)x[i];
+    for (size_t j = 0; j < kLanes; ++j) lane_[j] = l[j];
+  }
+  double Total() const {
+    double sum = 0;
+    for (size_t j = 0; j < kLanes; ++j) sum += lane_[j];
+    return sum;
+  }
+
+ private:
+  double lane_[kLanes] = {};
+};
+
 template <typename T>
 double SumSquaresOf(const T* x, size_t n) {
-  double lane[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (size_t j = 0; j < kLanes; ++j) lane[j] += (double)x[i + j] * (double)x[i + j];
-  for (size_t j = 0; i < n; ++i, ++j) lane[j] += (double)x[i] * (double)x[i];
-  double sum = 0;
-  for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
-  return sum;
+  SquareSum sum;
+  sum.Add(x, n);
+  return sum.Total();
 }
 
 double Norm(const float* x, size_t n) { return std::sqrt(SumSquaresOf(x, n)); }
+
+// acc[j] += k[0]·v[0][j], then += k[1]·v[1][j], ... for G learners in one pass over acc: per
+// value the same operations in the same order as one pass per learner.
+constexpr size_t kGroup = 4;
+template <size_t G>
+void AddGroupOf(const double* k, const float* const* v, size_t n, double* __restrict acc) {
+  for (size_t j = 0; j < n; j++) {
+    double a = acc[j];
+    for (size_t q = 0; q < G; q++) a += k[q] * v[q][j];
+    acc[j] = a;
+  }
+}
+void AddGroup(size_t g, const double* k, const float* const* v, size_t n, double* acc) {
+  switch (g) {
+    case 1: return AddGroupOf<1>(k, v, n, acc);
+    case 2: return AddGroupOf<2>(k, v, n, acc);
+    case 3: return AddGroupOf<3>(k, v, n, acc);
+    default: return AddGroupOf<kGroup>(k, v, n, acc);
+  }
+}
 
 // A decoded delta (fragment.numel floats) as a reader.
 class PointerReader final : public DeltaReader {
@@ -133,40 +172,42 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
 
   std::vector<double> s_squared(chunks.size(), 0.0);
   std::vector<Status> errors(chunks.size());
-  // Per worker: the chunk's sums and a reader's decoded values. (Not thread_local: LeakSanitizer
+  // Per worker: a tile's sums and kGroup readers' decoded values. (Not thread_local: LeakSanitizer
   // reported the pool threads' copies as leaked.)
   const int workers = pool != nullptr ? pool->threads() : 1;
-  std::vector<std::vector<double>> accs(workers);
-  std::vector<std::vector<float>> scratches(workers);
-  // acc = Σ_m coef[m] · Δ_m over the chunk, in learner order, per value.
-  auto accumulate = [&](const Chunk& c, const double* coef, int worker) -> Status {
-    std::vector<double>& acc = accs[worker];
-    std::vector<float>& scratch = scratches[worker];
-    acc.assign(c.n, 0.0);
-    double* __restrict ap = acc.data();
-    for (size_t m = 0; m < M; m++) {
-      const float* v = nullptr;
-      DL_RETURN_IF_ERROR(deltas[m]->Read(c.range, c.begin, c.n, &scratch, &v));
-      const double k = coef[m];
-      for (size_t j = 0; j < c.n; j++) ap[j] += k * v[j];
+  std::vector<std::vector<double>> accs(workers, std::vector<double>(kMergeTile));
+  std::vector<std::vector<std::vector<float>>> scratches(workers, std::vector<std::vector<float>>(kGroup));
+  // out = Σ_m coef[m] · Δ_m over the chunk, in learner order per value, a tile at a time (so the
+  // tile's sums and the decoded deltas stay in L1) and kGroup learners a pass over the sums;
+  // *squares (may be null) gets Σ of the sums².
+  auto accumulate = [&](const Chunk& c, const double* coef, int worker, SquareSum* squares) -> Status {
+    double* ap = accs[worker].data();
+    float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
+    for (size_t t = 0; t < c.n; t += kMergeTile) {
+      const size_t n = std::min(kMergeTile, c.n - t);
+      std::fill_n(ap, n, 0.0);
+      for (size_t m = 0; m < M; m += kGroup) {
+        const size_t g = std::min(kGroup, M - m);
+        const float* v[kGroup] = {};
+        for (size_t q = 0; q < g; q++)
+          DL_RETURN_IF_ERROR(deltas[m + q]->Read(c.range, c.begin + t, n, &scratches[worker][q], &v[q]));
+        AddGroup(g, coef + m, v, n, ap);
+      }
+      if (squares != nullptr) squares->Add(ap, n);
+      for (size_t j = 0; j < n; j++) o[t + j] = (float)ap[j];
     }
     return Status::Ok();
-  };
-  auto write = [&](const Chunk& c, int worker) {
-    float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
-    const double* ap = accs[worker].data();
-    for (size_t j = 0; j < c.n; j++) o[j] = (float)ap[j];
   };
   // 1. The mean ranges, and s (as float in out) and |s|² per chunk of the RDA ranges.
   RunTasks(pool, chunks.size(), [&](size_t t, int worker) {
     const Chunk& c = chunks[t];
-    const bool is_rda = rda[c.range];
-    errors[t] = accumulate(c, is_rda ? &scales[c.range * M] : weights.data(), worker);
-    if (!errors[t].ok()) return;
-    if (is_rda) {
-      s_squared[t] = SumSquaresOf(accs[worker].data(), c.n);
+    if (!rda[c.range]) {
+      errors[t] = accumulate(c, weights.data(), worker, nullptr);
+      return;
     }
-    write(c, worker);
+    SquareSum squares;
+    errors[t] = accumulate(c, &scales[c.range * M], worker, &squares);
+    s_squared[t] = squares.Total();
   });
   for (const Status& st : errors) DL_RETURN_IF_ERROR(st);
   // 2. Per RDA range: |s| from its chunks in order; out = radius/|s| · s, or the mean when the
@@ -185,8 +226,7 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
     const size_t t = second[i];
     const Chunk& c = chunks[t];
     if (fallback[c.range]) {
-      errors[t] = accumulate(c, weights.data(), worker);
-      if (errors[t].ok()) write(c, worker);
+      errors[t] = accumulate(c, weights.data(), worker, nullptr);
       return;
     }
     float* o = out + fragment.ranges[c.range].packed_offset + c.begin;

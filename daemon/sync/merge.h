@@ -42,7 +42,7 @@ struct WeightRule {
 Status ContributionWeights(const std::vector<ContributionCounts>& counts, WeightRule rule,
                            std::vector<double>* weights);
 
-// Σ x² in double, over 8 interleaved partial sums joined in order (fixed bits; the loop
+// Σ x² in double, over 32 interleaved partial sums joined in order (fixed bits; the loop
 // vectorizes): the filter's norm of a delta is its root.
 double SumSquares(const float* x, size_t n);
 // |x| of one range as a merge takes it (RDA's |Δ_m|): SumSquares per kMergeChunk chunk, the chunks
@@ -66,6 +66,9 @@ class DeltaReader {
 // The merge works on chunks of this many values of a range (the last one of a range may be
 // shorter). Fixed, so that the sums per chunk (and so the bits) never depend on the threads.
 inline constexpr size_t kMergeChunk = size_t{1} << 16;
+// Inside a chunk the learners' deltas are summed this many values at a time: the sums (double)
+// and one decoded delta stay in L1. Per value the sum runs in learner order all the same.
+inline constexpr size_t kMergeTile = 2048;
 
 // The fragment's ranges cut into kMergeChunk pieces, range by range in order: the units a merge
 // (and a held delta's check) works on. first_of_range (R + 1 entries) receives where each

@@ -189,9 +189,9 @@ uint32_t copy_from_payload(float* __restrict x, const uint8_t* __restrict in, si
   return m;
 }
 
-SyncFault encode_blocks(uint8_t* out, const float* x, bool int8, int block, size_t n, size_t* index) {
+SyncFault encode_blocks(uint8_t* scales, uint8_t* codes, const float* x, bool int8, int block, size_t n,
+                        size_t* index) {
   const size_t nb = num_blocks(n, block);
-  uint8_t* codes = out + 4 * nb;
   const float max_scale = sync_max_scale(127);
   for (size_t b = 0; b < nb; ++b) {
     const size_t lo = b * static_cast<size_t>(block);
@@ -205,12 +205,12 @@ SyncFault encode_blocks(uint8_t* out, const float* x, bool int8, int block, size
     // Zero or tiny (< 127 / FLT_MAX ~ 3.7e-37) block: scale 0, decodes to zeros.
     const bool zero = !(127.0f / amax <= FLT_MAX);
     if (int8) {
-      store<float>(out + 4 * b, zero ? 0.0f : std::min(amax / 127.0f, max_scale));
+      store<float>(scales + 4 * b, zero ? 0.0f : std::min(amax / 127.0f, max_scale));
       quantize_int8(reinterpret_cast<int8_t*>(codes) + lo, x + lo, len, zero ? 0.0f : 127.0f / amax);
     } else {
       // int4: the scale is the absmax itself (the outermost levels are +-1).
       const float inv = zero ? 0.0f : 1.0f / amax;
-      store<float>(out + 4 * b, zero ? 0.0f : amax);
+      store<float>(scales + 4 * b, zero ? 0.0f : amax);
       uint8_t* q = codes + lo / 2;  // lo is even: B is
       quantize_int4_pairs(q, x + lo, len / 2, inv);
       if (len % 2 != 0) q[len / 2] = static_cast<uint8_t>(int4_code(x[lo + len - 1] * inv));  // pad nibble 0
@@ -219,15 +219,15 @@ SyncFault encode_blocks(uint8_t* out, const float* x, bool int8, int block, size
   return SyncFault::kNone;
 }
 
-SyncFault decode_blocks(float* x, const uint8_t* in, bool int8, int block, size_t n, size_t* index) {
+SyncFault decode_blocks(float* x, const uint8_t* scales, const uint8_t* codes, bool int8, int block, size_t n,
+                        size_t* index) {
   const size_t nb = num_blocks(n, block);
-  const uint8_t* codes = in + 4 * nb;
   // int4 levels are within [-1, 1]: any finite scale decodes to finite values.
   const uint32_t max_scale_bits = std::bit_cast<uint32_t>(int8 ? sync_max_scale(127) : FLT_MAX);
   // One unsigned max covers negative (sign bit), NaN/Inf and too-large scales.
-  if (max_u32(in, nb) > max_scale_bits) {
+  if (max_u32(scales, nb) > max_scale_bits) {
     size_t b = 0;
-    while (load<uint32_t>(in + 4 * b) <= max_scale_bits) ++b;
+    while (load<uint32_t>(scales + 4 * b) <= max_scale_bits) ++b;
     set_index(index, b * block);
     return SyncFault::kBadScale;
   }
@@ -241,7 +241,7 @@ SyncFault decode_blocks(float* x, const uint8_t* in, bool int8, int block, size_
     }
     for (size_t b = 0; b < nb; ++b) {
       const size_t lo = b * static_cast<size_t>(block);
-      dequantize_int8(x + lo, q + lo, std::min<size_t>(block, n - lo), load<float>(in + 4 * b));
+      dequantize_int8(x + lo, q + lo, std::min<size_t>(block, n - lo), load<float>(scales + 4 * b));
     }
     return SyncFault::kNone;
   }
@@ -252,7 +252,7 @@ SyncFault decode_blocks(float* x, const uint8_t* in, bool int8, int block, size_
   for (size_t b = 0; b < nb; ++b) {
     const size_t lo = b * static_cast<size_t>(block);
     const size_t len = std::min<size_t>(block, n - lo);
-    const float scale = load<float>(in + 4 * b);
+    const float scale = load<float>(scales + 4 * b);
     dequantize_int4_pairs(x + lo, codes + lo / 2, len / 2, scale);
     if (len % 2 != 0) x[lo + len - 1] = kSyncInt4Levels[codes[(lo + len - 1) / 2] & 15] * scale;
   }
@@ -312,7 +312,7 @@ SyncFault sync_encode_dense(uint8_t* payload, const float* x, SyncCodec kind, in
     }
     case SyncCodec::kInt8:
     case SyncCodec::kInt4:
-      return encode_blocks(payload, x, kind == SyncCodec::kInt8, block, n, index);
+      return encode_blocks(payload, payload + 4 * num_blocks(n, block), x, kind == SyncCodec::kInt8, block, n, index);
   }
   return SyncFault::kNone;
 }
@@ -329,9 +329,20 @@ SyncFault sync_decode_dense(float* out, const uint8_t* payload, SyncCodec kind, 
       return SyncFault::kNonFinite;
     case SyncCodec::kInt8:
     case SyncCodec::kInt4:
-      return decode_blocks(out, payload, kind == SyncCodec::kInt8, block, n, index);
+      return decode_blocks(out, payload, payload + 4 * num_blocks(n, block), kind == SyncCodec::kInt8, block, n,
+                           index);
   }
   return SyncFault::kNone;
+}
+
+SyncFault sync_encode_blocks(uint8_t* scales, uint8_t* codes, const float* x, SyncCodec kind, int block, size_t n,
+                             size_t* index) {
+  return encode_blocks(scales, codes, x, kind == SyncCodec::kInt8, block, n, index);
+}
+
+SyncFault sync_decode_blocks(float* out, const uint8_t* scales, const uint8_t* codes, SyncCodec kind, int block,
+                             size_t n, size_t* index) {
+  return decode_blocks(out, scales, codes, kind == SyncCodec::kInt8, block, n, index);
 }
 
 bool sync_encode(uint8_t* payload, float* residual, const float* delta, SyncCodec kind, int block, size_t n) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "daemon/net/codec.h"
+#include "daemon/util/task_pool.h"
 
 namespace diloco {
 namespace {
@@ -461,6 +462,50 @@ TEST_CASE("codec: error feedback state per fragment, errors leave it untouched",
   ef.Reset(0);
   CHECK(ef.residual(0).empty());
   CHECK(ef.Encode(0, b, &p).ok());
+}
+
+TEST_CASE("codec: error feedback in pieces over a pool gives the bytes of the tensor-at-a-time sums", "[unit][net]") {
+  // Tensors longer than a piece (16384 values), blocks that do not divide it, a tiny one.
+  const std::vector<uint64_t> numels = {40000, 7, 20001};
+  const size_t n = 60008;
+  for (CodecKind kind : kAllKinds) {
+    for (int block : {64, 96, 2}) {
+      INFO(CodecName(kind) << " block " << block);
+      const CodecOptions opt{kind, block, 0};
+      ErrorFeedback ef(opt);
+      TaskPool pool(3);
+      std::vector<float> residual(n, 0.0f);
+      for (uint64_t round = 0; round < 3; round++) {
+        const std::vector<float> delta = Gaussian(n, 40 + round, 1e-3f);
+        // The reference: sum = residual + delta, encoded tensor by tensor, residual = sum - decoded.
+        std::vector<float> sum(n);
+        for (size_t i = 0; i < n; i++) sum[i] = round == 0 ? delta[i] : residual[i] + delta[i];
+        std::vector<uint8_t> want;
+        std::vector<uint64_t> want_bytes;
+        REQUIRE(EncodeTensors(opt, sum, numels, &want, &want_bytes).ok());
+        std::vector<float> decoded(n);
+        REQUIRE(DecodeTensors(opt, want, numels, want_bytes, decoded).ok());
+        for (size_t i = 0; i < n; i++) residual[i] = sum[i] - decoded[i];
+
+        std::vector<uint8_t> payload;
+        std::vector<uint64_t> bytes;
+        REQUIRE(ef.Encode(9, delta, numels, &payload, &bytes, &pool).ok());
+        REQUIRE(payload == want);
+        REQUIRE(bytes == want_bytes);
+        REQUIRE(std::memcmp(ef.residual(9).data(), residual.data(), 4 * n) == 0);
+        REQUIRE(std::memcmp(ef.decoded().data(), decoded.data(), 4 * n) == 0);
+      }
+      // A NaN in a later piece of the last tensor: the error names it; the residual stays.
+      std::vector<float> bad = Gaussian(n, 50, 1e-3f);
+      bad[40007 + 19000] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<uint8_t> payload;
+      std::vector<uint64_t> bytes;
+      const Status st = ef.Encode(9, bad, numels, &payload, &bytes, &pool);
+      REQUIRE_FALSE(st.ok());
+      CHECK_THAT(st.message(), Catch::Contains("tensor 2") && Catch::Contains("index 19000 is NaN"));
+      CHECK(std::memcmp(ef.residual(9).data(), residual.data(), 4 * n) == 0);
+    }
+  }
 }
 
 TEST_CASE("codec: several tensors in one payload, each encoded on its own", "[unit][net]") {

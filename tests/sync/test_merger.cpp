@@ -42,10 +42,10 @@ struct Round {
   std::vector<std::vector<float>> decoded;  // what each held delta decodes to
 };
 
-Round MakeRound(const Fragment& f, CodecKind codec, int learners, uint64_t seed) {
+Round MakeRound(const Fragment& f, CodecKind codec, int learners, uint64_t seed, int block = 64) {
   Rng rng(seed);
   Round round;
-  const CodecOptions opt{codec, 64, 0};
+  const CodecOptions opt{codec, block, 0};
   const std::vector<uint64_t> numels = FragmentNumels(f);
   for (int m = 0; m < learners; m++) {
     std::vector<float> delta(f.numel);
@@ -141,9 +141,11 @@ TEST_CASE("merger: the arrival order of held deltas does not change the bits", "
 
 TEST_CASE("merger: held deltas merge to the bits of their decoded values", "[unit][sync]") {
   const Fragment f = TestFragment();
-  for (CodecKind up : {CodecKind::kInt4, CodecKind::kInt8, CodecKind::kBf16}) {
-    INFO("codec " << CodecName(up));
-    const Round round = MakeRound(f, up, 4, 31);
+  // 6 learners: the merge sums 4 at a time, then 2. Block 96 does not divide a merge tile.
+  for (auto [up, block] : {std::pair{CodecKind::kInt4, 64}, {CodecKind::kInt4, 96}, {CodecKind::kInt8, 96},
+                           {CodecKind::kBf16, 64}}) {
+    INFO("codec " << CodecName(up) << " block " << block);
+    const Round round = MakeRound(f, up, 6, 31, block);
     std::vector<HeldDeltaReader> readers;
     for (const PendingDelta& pd : round.pending) readers.emplace_back(f, pd.held);
     std::vector<Contribution> held, decoded;
