@@ -74,13 +74,20 @@ Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
   std::vector<double> squares(work.size(), 0.0);
   std::vector<Status> errors(work.size());
   const HeldDeltaReader reader(fragment, h);
+  // A merge tile at a time: the decoded values stay in L1 (the sums are those of the whole chunk).
   std::vector<std::vector<float>> scratches(pool != nullptr ? pool->threads() : 1);  // per worker
   RunTasks(pool, work.size(), [&](size_t t, int worker) {
     std::vector<float>& scratch = scratches[worker];
     const MergeChunk& c = work[t];
-    const float* v = nullptr;
-    errors[t] = reader.Read(c.range, c.begin, c.n, &scratch, &v);
-    if (errors[t].ok()) squares[t] = SumSquares(v, c.n);
+    SquareSum sum;
+    for (size_t at = 0; at < c.n; at += kMergeTile) {
+      const size_t n = std::min(kMergeTile, c.n - at);
+      const float* v = nullptr;
+      errors[t] = reader.Read(c.range, c.begin + at, n, &scratch, &v);
+      if (!errors[t].ok()) return;
+      sum.Add(v, n);
+    }
+    squares[t] = sum.Total();
   });
   for (size_t t = 0; t < work.size(); t++)
     DL_RETURN_IF_ERROR(errors[t].WithContext("tensor " + std::to_string(work[t].range)));

@@ -13,34 +13,6 @@ namespace {
 // the directions cancel and RDA has no direction to scale.
 constexpr double kMinDirectionNorm = 1e-6;
 
-// Σ x² in double over kLanes interleaved partial sums, joined in a fixed order: the same bits
-// on every machine and run, and a loop the compiler vectorizes into independent adds (one running
-// sum is bound by the latency of an add; 32 lanes are four AVX-512 or eight AVX2 registers).
-// Fed in pieces, it sums as one call over their concatenation when every piece but the last is a
-// multiple of kLanes long.
-constexpr size_t kLanes = 32;
-class SquareSum {
- public:
-  template <typename T>
-  void Add(const T* __restrict x, size_t n) {
-    double l[kLanes];
-    for (size_t j = 0; j < kLanes; ++j) l[j] = lane_[j];
-    size_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-      for (size_t j = 0; j < kLanes; ++j) l[j] += (double)x[i + j] * (double)x[i + j];
-    for (size_t j = 0; i < n; ++i, ++j) l[j] += (double)x[i] * (double)x[i];
-    for (size_t j = 0; j < kLanes; ++j) lane_[j] = l[j];
-  }
-  double Total() const {
-    double sum = 0;
-    for (size_t j = 0; j < kLanes; ++j) sum += lane_[j];
-    return sum;
-  }
-
- private:
-  double lane_[kLanes] = {};
-};
-
 template <typename T>
 double SumSquaresOf(const T* x, size_t n) {
   SquareSum sum;

@@ -1,5 +1,7 @@
 #include "daemon/util/task_pool.h"
 
+#include <chrono>
+
 namespace diloco {
 
 TaskPool::TaskPool(int threads) {
@@ -19,9 +21,17 @@ void TaskPool::Drain(int worker) {
   for (size_t t = next_.fetch_add(1); t < tasks_; t = next_.fetch_add(1)) (*fn_)(t, worker);
 }
 
+// How long a worker that finished its tasks watches for the next Run before it sleeps: Runs come
+// in bursts (a merge's passes, one delta's chunks after another), and a sleeping thread takes
+// tens of microseconds to wake, as long as a small Run takes.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
+
 void TaskPool::WorkerLoop(int worker) {
   uint64_t seen = 0;
   for (;;) {
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    while (generation_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < spin_until)
+      std::this_thread::yield();
     {
       std::unique_lock<std::mutex> lock(mu_);
       start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });

@@ -34,7 +34,7 @@ class TaskPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
-  uint64_t generation_ = 0;  // guarded by mu_: bumped by each Run
+  std::atomic<uint64_t> generation_{0};  // written under mu_: bumped by each Run
   bool stop_ = false;        // guarded by mu_
   int busy_ = 0;             // guarded by mu_: workers inside the current Run
   const std::function<void(size_t, int)>* fn_ = nullptr;
