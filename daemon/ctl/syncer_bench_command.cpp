@@ -14,9 +14,11 @@
 // merges), as on the staggered schedule where a round closes about when the next fragment's opens.
 //
 // Figures: merge GB/s = learners × params × 4 bytes (the fp32 deltas merged) / the timed seconds
-// of one round (the median of --rounds, after one untimed round); copy GB/s = memcpy of a 256 MiB buffer split over the
-// same number of threads (the machine's DRAM copy bandwidth, same process); peak RSS from
-// getrusage, taken before the copy test, and bytes/param = (peak RSS − RSS before the model) / params.
+// of one round (the median of --rounds, after one untimed round); copy GB/s = memcpy of a 64 MiB
+// buffer split over the same number of threads (the machine's DRAM copy bandwidth), measured
+// right after each round, the median; ratio = the median over rounds of that round's merge GB/s
+// over the copy GB/s measured beside it; peak RSS from getrusage and bytes/param = (peak RSS −
+// RSS before the model) / params.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -89,25 +91,40 @@ TensorTable SyntheticTable(size_t n) {
   return t;
 }
 
-// memcpy GB/s (bytes copied / s) of a 256 MiB buffer split over `threads`, best of 5.
-double CopyGBps(int threads) {
-  const size_t bytes = (size_t)256 << 20;
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  double best = 1e30;
-  for (int r = 0; r < 6; r++) {
-    const auto t0 = BenchClock::now();
-    std::vector<std::thread> pool;
-    const size_t part = bytes / threads;
-    for (int t = 0; t < threads; t++) {
-      const size_t begin = t * part, len = t + 1 == threads ? bytes - begin : part;
-      pool.emplace_back([&, begin, len] { std::memcpy(dst.data() + begin, src.data() + begin, len); });
+// The machine's DRAM copy bandwidth, measured beside each round: memcpy GB/s (bytes copied / s)
+// of a 64 MiB buffer (twice the L3 of the machines we run on) split over `threads`, best of 3.
+// This VM's copy bandwidth moves between ~21 and ~35 GB/s from one second to the next (other
+// tenants), so a ratio holds only against a copy measured at the same time. The buffers are
+// made and touched before the base RSS is read: they are not counted as the syncer's.
+class CopyProbe {
+ public:
+  explicit CopyProbe(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 0) {}
+  double GBps() {
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+      const auto t0 = BenchClock::now();
+      std::vector<std::thread> pool;
+      const size_t part = kBytes / threads_;
+      for (int t = 0; t < threads_; t++) {
+        const size_t begin = t * part, len = t + 1 == threads_ ? kBytes - begin : part;
+        pool.emplace_back([this, begin, len] { std::memcpy(dst_.data() + begin, src_.data() + begin, len); });
+      }
+      for (auto& th : pool) th.join();
+      best = std::min(best, Seconds(t0));
     }
-    for (auto& th : pool) th.join();
-    if (r > 0) best = std::min(best, Seconds(t0));
+    return (double)kBytes / best / 1e9;
   }
-  return (double)bytes / best / 1e9;
-}
 
+ private:
+  static constexpr size_t kBytes = size_t{64} << 20;
+  int threads_;
+  std::vector<char> src_, dst_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 }  // namespace
 
@@ -123,7 +140,11 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
                  "--threads >= 0\n");
     return 2;
   }
-  const double base_rss_mb = CurrentRssMb();  // the process before any model state (libraries)
+  SyncConfig sc;  // the syncer's defaults: token weights, RDA, outer lr / momentum
+  if (cmd.threads > 0) sc.merge_threads = cmd.threads;
+  const int threads = sc.merge_threads;
+  CopyProbe copy(threads);
+  const double base_rss_mb = CurrentRssMb();  // the process before any model state (libraries, the probe)
   const TensorTable table = SyntheticTable((size_t)cmd.params);
   std::vector<Fragment> fragments;
   if (Status st = PartitionFragments(table, cmd.fragments, &fragments); !st.ok()) {
@@ -136,12 +157,9 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   size_t largest = 0;
   for (const Fragment& f : fragments) largest = std::max(largest, f.numel);
 
-  SyncConfig sc;  // the syncer's defaults: token weights, RDA, outer lr / momentum
   sc.learners = M;
   sc.fragments = (int)P;
   sc.codec.down = down;
-  if (cmd.threads > 0) sc.merge_threads = cmd.threads;
-  const int threads = sc.merge_threads;
   const CodecOptions up_codec{up, sc.codec.block, 0};
 
   // The syncer's state: Θ_p, u_p per fragment (Θ from a Gaussian "model").
@@ -168,7 +186,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
   std::vector<uint8_t> payload;
   std::vector<uint64_t> tensor_bytes;
 
-  std::vector<double> round_s, arrive_s, merge_s;
+  std::vector<double> round_s, arrive_s, merge_s, copy_s, ratio_s;
   uint32_t crc_sink = 0;
   // Round 0 is not timed: it warms what a running syncer has warm (its recycled buffers, pages).
   const size_t open = cmd.open_rounds > 0 ? std::min<size_t>(P, (size_t)cmd.open_rounds) : P;
@@ -244,17 +262,13 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     arrive_s.push_back(arrivals_timed);
     merge_s.push_back(merges_timed);
     round_s.push_back(timed);
+    copy_s.push_back(copy.GBps());
+    ratio_s.push_back((double)M * (double)N * 4.0 / timed / 1e9 / copy_s.back());
   }
-  std::sort(round_s.begin(), round_s.end());
-  std::sort(arrive_s.begin(), arrive_s.end());
-  std::sort(merge_s.begin(), merge_s.end());
-  const double seconds = round_s[round_s.size() / 2];
-  const double arrivals = arrive_s[arrive_s.size() / 2], merges = merge_s[merge_s.size() / 2];
+  const double seconds = Median(round_s), arrivals = Median(arrive_s), merges = Median(merge_s);
   const double peak_rss_mb = PeakRssMb();
   const double merge_gbps = (double)M * (double)N * 4.0 / seconds / 1e9;
-  theta.clear();
-  momentum.clear();
-  const double copy_gbps = CopyGBps(threads);
+  const double copy_gbps = Median(copy_s), ratio = Median(ratio_s);
   // The syncer's state and buffers: peak RSS above the process's own (the CUDA libraries dilococtl
   // links alone are ~150 MB).
   const double bytes_per_param = (peak_rss_mb - base_rss_mb) * 1024 * 1024 / (double)N;
@@ -262,7 +276,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     nlohmann::ordered_json j;
     j["merge_GBps"] = merge_gbps;
     j["copy_GBps"] = copy_gbps;
-    j["ratio"] = merge_gbps / copy_gbps;
+    j["ratio"] = ratio;
     j["peak_rss_mb"] = peak_rss_mb;
     j["base_rss_mb"] = base_rss_mb;
     j["bytes_per_param"] = bytes_per_param;
@@ -284,7 +298,7 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
         "merge %.2f GB/s (%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), "
         "peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
         N, M, P, open, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges,
-        copy_gbps, merge_gbps / copy_gbps, peak_rss_mb, base_rss_mb, bytes_per_param);
+        copy_gbps, ratio, peak_rss_mb, base_rss_mb, bytes_per_param);
   }
   return 0;
 }
