@@ -51,9 +51,17 @@ Status CheckBlockSize(int block_size) {
 
 // ---- errors ----
 
-Status NonFiniteError(const float* x, size_t i) {
-  return Status::Error("value at index " + std::to_string(i) + " is " + (std::isnan(x[i]) ? "NaN" : "Inf") +
+Status NonFiniteError(float value, size_t i) {
+  return Status::Error("value at index " + std::to_string(i) + " is " + (std::isnan(value) ? "NaN" : "Inf") +
                        ": a delta must be finite; check the learner's loss and gradients");
+}
+
+// Why a dense encode refused `value`, the one at `index`.
+Status EncodeFaultError(SyncFault fault, float value, size_t index) {
+  if (fault == SyncFault::kBf16Overflow)
+    return Status::Error("value at index " + std::to_string(index) + " (" + std::to_string(value) +
+                         ") overflows bf16; use fp32 for such values");
+  return NonFiniteError(value, index);
 }
 
 Status PayloadError(const char* what, CodecKind kind, size_t index) {
@@ -126,7 +134,7 @@ Status EncodeTopk(const CodecOptions& opt, std::span<const float> in, std::vecto
   }
   // SelectTopk orders by magnitude bits: NaN/Inf first refused here, by index.
   const auto bad = std::find_if(in.begin(), in.end(), [](float v) { return !std::isfinite(v); });
-  if (bad != in.end()) return NonFiniteError(in.data(), static_cast<size_t>(bad - in.begin()));
+  if (bad != in.end()) return NonFiniteError(*bad, static_cast<size_t>(bad - in.begin()));
   const size_t k = TopkCount(opt.topk_fraction, n);
   std::vector<size_t> indices;
   SelectTopk(in.data(), n, k, &indices);
@@ -277,16 +285,8 @@ Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, st
                          "-byte buffer, got " + std::to_string(out.size()));
   }
   size_t i = 0;
-  switch (sync_encode_dense(out.data(), in.data(), ToSync(kind), block_size, n, &i)) {
-    case SyncFault::kNone:
-      return Status::Ok();
-    case SyncFault::kBf16Overflow:
-      return Status::Error("value at index " + std::to_string(i) + " (" + std::to_string(in[i]) +
-                           ") overflows bf16; use fp32 for such values");
-    case SyncFault::kNonFinite:
-    default:
-      return NonFiniteError(in.data(), i);
-  }
+  const SyncFault fault = sync_encode_dense(out.data(), in.data(), ToSync(kind), block_size, n, &i);
+  return fault == SyncFault::kNone ? Status::Ok() : EncodeFaultError(fault, in[i], i);
 }
 
 namespace {
@@ -495,7 +495,13 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
                          "; Reset(fragment) when its layout changes");
   }
   if (pool != nullptr && pool->threads() > 1 && opt_.topk_fraction == 0) {
-    return EncodeDenseTensors(fragment, delta, numels, payload, tensor_bytes, pool);
+    const std::vector<Piece> pieces = Pieces(opt_, numels);
+    decoded_.resize(n);
+    return EncodeInPieces(
+        fragment, numels,
+        [&](size_t i, float* values) { std::copy_n(delta.data() + pieces[i].offset, pieces[i].n, values); },
+        [&](size_t i, const float* decoded) { std::copy_n(decoded, pieces[i].n, decoded_.data() + pieces[i].offset); },
+        payload, tensor_bytes, pool);
   }
   sum_.resize(n);
   if (it != residual_.end()) {
@@ -524,89 +530,97 @@ namespace {
 constexpr size_t kFeedbackPiece = 16384;
 
 // Values [lo, lo + n) of a tensor encoded at `tensor` (numel values; lo a multiple of the block):
-// encoded in place, then decoded into out. The payload's layout as EncodeDense writes it: fp32 /
-// bf16 values; int8 / int4 the tensor's scales, then its codes.
+// encoded in place, then decoded into out; *index: the offending value (within the piece). The
+// payload's layout as EncodeDense writes it: fp32 / bf16 values; int8 / int4 the tensor's scales,
+// then its codes.
 SyncFault EncodePiece(CodecKind kind, int B, size_t numel, size_t lo, const float* x, size_t n, uint8_t* tensor,
-                      float* out) {
+                      float* out, size_t* index) {
   const SyncCodec k = ToSync(kind);
   if (!CodecUsesBlocks(kind)) {
     uint8_t* bytes = tensor + lo * (kind == CodecKind::kBf16 ? 2 : 4);
-    const SyncFault f = sync_encode_dense(bytes, x, k, B, n, nullptr);
-    return f != SyncFault::kNone ? f : sync_decode_dense(out, bytes, k, B, n, nullptr);
+    const SyncFault f = sync_encode_dense(bytes, x, k, B, n, index);
+    return f != SyncFault::kNone ? f : sync_decode_dense(out, bytes, k, B, n, index);
   }
   uint8_t* scales = tensor + lo / B * sizeof(float);
   uint8_t* codes = tensor + (numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? lo / 2 : lo);
-  const SyncFault f = sync_encode_blocks(scales, codes, x, k, B, n, nullptr);
-  return f != SyncFault::kNone ? f : sync_decode_blocks(out, scales, codes, k, B, n, nullptr);
+  const SyncFault f = sync_encode_blocks(scales, codes, x, k, B, n, index);
+  return f != SyncFault::kNone ? f : sync_decode_blocks(out, scales, codes, k, B, n, index);
 }
 
 }  // namespace
 
-// Encode's arithmetic per piece of a tensor (kFeedbackPiece values, whole blocks), the pieces
-// spread over the pool: sum = residual + delta, its encoding in its place in the payload, decoded,
-// and sum - decoded in place of the sum while the piece is in cache; once every piece is done,
-// that buffer becomes the residual (a swap: the old residual is the next call's scratch). Per
-// value the same operations as the serial path, and blocks never span pieces: the same bits.
-Status ErrorFeedback::EncodeDenseTensors(uint32_t fragment, std::span<const float> delta,
-                                         std::span<const uint64_t> numels, std::vector<uint8_t>* payload,
-                                         std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
-  const size_t n = delta.size();
+std::vector<ErrorFeedback::Piece> ErrorFeedback::Pieces(const CodecOptions& opt, std::span<const uint64_t> numels) {
+  const int B = opt.block_size;
+  const size_t piece = CodecUsesBlocks(opt.kind) && B > 0 ? (kFeedbackPiece + B - 1) / B * B : kFeedbackPiece;
+  std::vector<Piece> pieces;
+  size_t offset = 0;
+  for (size_t t = 0; t < numels.size(); t++) {
+    for (size_t lo = 0; lo < numels[t]; lo += piece) pieces.push_back({t, lo, offset + lo, std::min<size_t>(piece, numels[t] - lo)});
+    offset += numels[t];
+  }
+  return pieces;
+}
+
+// Per piece (Pieces: whole blocks, in parallel over the pool): the caller's delta values, sum =
+// residual + delta, its encoding in its place in the payload, decoded, sum - decoded into the new
+// residual, and the decoded values to the caller, while the piece is in cache. Once every piece is
+// done the new residual replaces the old (a swap: the old one is the next call's buffer). Per value
+// the same operations as encoding tensor by tensor, and blocks never span pieces: the same bits.
+Status ErrorFeedback::EncodeInPieces(uint32_t fragment, std::span<const uint64_t> numels, const PieceProducer& produce,
+                                     const PieceConsumer& consume, std::vector<uint8_t>* payload,
+                                     std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
   const std::string context = "fragment " + std::to_string(fragment);
   DL_RETURN_IF_ERROR(ValidateCodecOptions(opt_).WithContext(context));
+  if (opt_.topk_fraction != 0) return Status::Error(context + ": EncodeInPieces takes dense codecs only (internal)");
   const size_t T = numels.size();
   const int B = opt_.block_size;
-  const size_t piece = CodecUsesBlocks(opt_.kind) ? (kFeedbackPiece + B - 1) / B * B : kFeedbackPiece;
-  struct Piece {
-    size_t tensor, lo, n;
-  };
-  std::vector<Piece> pieces;
-  std::vector<size_t> value_at(T + 1, 0), byte_at(T + 1, 0);
+  std::vector<size_t> byte_at(T + 1, 0);
+  size_t n = 0;
   for (size_t t = 0; t < T; t++) {
-    value_at[t + 1] = value_at[t] + numels[t];
     byte_at[t + 1] = byte_at[t] + EncodedBytes(opt_.kind, numels[t], B);
-    for (size_t lo = 0; lo < numels[t]; lo += piece) pieces.push_back({t, lo, std::min<size_t>(piece, numels[t] - lo)});
-  }
-  if (value_at[T] != n) {
-    return Status::Error(context + ": tensor sizes add up to " + std::to_string(value_at[T]) +
-                         " values but the input has " + std::to_string(n));
+    n += numels[t];
   }
   auto it = residual_.find(fragment);
+  if (it != residual_.end() && it->second.size() != n) {
+    return Status::Error(context + " had " + std::to_string(it->second.size()) + " values, now " + std::to_string(n) +
+                         "; Reset(fragment) when its layout changes");
+  }
   const float* residual = it == residual_.end() ? nullptr : it->second.data();
+  const std::vector<Piece> pieces = Pieces(opt_, numels);
+  size_t longest = 0;
+  for (const Piece& p : pieces) longest = std::max(longest, p.n);
   sum_.resize(n);
-  decoded_.resize(n);
   payload->resize(byte_at[T]);
-  std::vector<uint8_t> failed(pieces.size(), 0);  // per piece: one writer each
-  RunTasks(pool, pieces.size(), [&](size_t i, int) {
+  const int workers = pool != nullptr ? pool->threads() : 1;
+  std::vector<std::vector<float>> values(workers, std::vector<float>(longest)), decoded(workers, std::vector<float>(longest));
+  std::vector<Status> errors(pieces.size());  // one writer each
+  RunTasks(pool, pieces.size(), [&](size_t i, int worker) {
     const Piece& p = pieces[i];
-    const size_t b = value_at[p.tensor] + p.lo, m = p.n;
+    const size_t b = p.offset, m = p.n;
+    float* __restrict v = values[worker].data();
+    produce(i, v);
     float* __restrict s = sum_.data() + b;
     if (residual) {
-      for (size_t j = 0; j < m; ++j) s[j] = residual[b + j] + delta[b + j];
+      for (size_t j = 0; j < m; ++j) s[j] = residual[b + j] + v[j];
     } else {
-      std::copy(delta.begin() + b, delta.begin() + b + m, s);
+      std::copy(v, v + m, s);
     }
-    if (EncodePiece(opt_.kind, B, numels[p.tensor], p.lo, s, m, payload->data() + byte_at[p.tensor],
-                    decoded_.data() + b) != SyncFault::kNone) {
-      failed[i] = 1;
+    float* __restrict d = decoded[worker].data();
+    size_t at = 0;
+    const SyncFault fault = EncodePiece(opt_.kind, B, numels[p.tensor], p.lo, s, m, payload->data() + byte_at[p.tensor], d, &at);
+    if (fault != SyncFault::kNone) {
+      errors[i] = EncodeFaultError(fault, s[at], p.lo + at).WithContext("tensor " + std::to_string(p.tensor));
       return;
     }
-    const float* __restrict d = decoded_.data() + b;
     for (size_t j = 0; j < m; ++j) s[j] = s[j] - d[j];
+    consume(i, d);
   });
-  for (size_t i = 0; i < pieces.size(); i++) {
-    if (!failed[i]) continue;
-    const size_t t = pieces[i].tensor;
-    // The tensor's sum again, whole, for EncodeDense's message (which value, and why).
-    std::vector<float> sum(delta.begin() + value_at[t], delta.begin() + value_at[t + 1]);
-    if (residual)
-      for (size_t j = 0; j < sum.size(); ++j) sum[j] = residual[value_at[t] + j] + sum[j];
-    std::vector<uint8_t> bytes(byte_at[t + 1] - byte_at[t]);
-    Status st = EncodeDense(opt_.kind, B, sum, bytes);
-    if (st.ok()) st = DecodeDense(opt_.kind, B, bytes, std::span(decoded_.data() + value_at[t], sum.size()));
-    if (st.ok()) st = Status::Error("a piece failed to encode but the whole tensor encodes (internal)");
-    payload->clear();
-    tensor_bytes->clear();
-    return st.WithContext("tensor " + std::to_string(t)).WithContext(context);
+  for (const Status& st : errors) {  // the first in tensor and index order
+    if (!st.ok()) {
+      payload->clear();
+      tensor_bytes->clear();
+      return st.WithContext(context);
+    }
   }
   tensor_bytes->assign(T, 0);
   for (size_t t = 0; t < T; t++) (*tensor_bytes)[t] = byte_at[t + 1] - byte_at[t];

@@ -56,6 +56,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -130,14 +131,33 @@ class ErrorFeedback {
 
   // The fragment as one tensor.
   Status Encode(uint32_t fragment, std::span<const float> delta, std::vector<uint8_t>* payload);
-  // The fragment as several tensors (EncodeTensors). With a pool, dense codecs work on the
-  // tensors in parallel (the same bytes as without).
+  // The fragment as several tensors (EncodeTensors). With a pool, dense codecs work on pieces
+  // of the tensors in parallel (EncodeInPieces; the same bytes as without).
   Status Encode(uint32_t fragment, std::span<const float> delta, std::span<const uint64_t> numels,
                 std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, TaskPool* pool = nullptr);
   // What the last successful Encode's payload decodes to (the receiver's values): decoded once,
   // here, for the residual; a sender that applies its own update reads it instead of decoding
   // again. Valid until the next Encode.
   std::span<const float> decoded() const { return decoded_; }
+
+  // A fragment's values in the pieces EncodeInPieces works on: [lo, lo + n) of tensor `tensor`
+  // (whole codec blocks, about 16K values), at `offset` in the fragment; in order.
+  struct Piece {
+    size_t tensor, lo, offset, n;
+  };
+  static std::vector<Piece> Pieces(const CodecOptions& opt, std::span<const uint64_t> numels);
+  // Dense codecs: Encode with the caller's work fused around each piece (Pieces(options(),
+  // numels)), so that a caller that computes the delta and applies the decoded update does both
+  // while the piece is in cache: produce(i, values) writes piece i's delta (n floats), consume(i,
+  // decoded) reads its decoded values (valid during the call). Pieces run on the pool, in no fixed
+  // order; the bytes and residual are those of Encode. On error (the first offending value in
+  // tensor and index order) the residual is left as it was, but consume may have run for some
+  // pieces; decoded() is not written.
+  using PieceProducer = std::function<void(size_t piece, float* values)>;
+  using PieceConsumer = std::function<void(size_t piece, const float* decoded)>;
+  Status EncodeInPieces(uint32_t fragment, std::span<const uint64_t> numels, const PieceProducer& produce,
+                        const PieceConsumer& consume, std::vector<uint8_t>* payload,
+                        std::vector<uint64_t>* tensor_bytes, TaskPool* pool);
 
   // The fragment's residual; empty before its first Encode and after Reset.
   std::span<const float> residual(uint32_t fragment) const;
@@ -146,9 +166,6 @@ class ErrorFeedback {
   const CodecOptions& options() const { return opt_; }
 
  private:
-  Status EncodeDenseTensors(uint32_t fragment, std::span<const float> delta, std::span<const uint64_t> numels,
-                            std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, TaskPool* pool);
-
   CodecOptions opt_;
   std::unordered_map<uint32_t, std::vector<float>> residual_;
   std::vector<float> sum_;      // scratch: residual + delta

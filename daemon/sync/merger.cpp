@@ -108,41 +108,49 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
   if (sync_.outer.restart_every > 0 && fg->version > 0 && fg->version % sync_.outer.restart_every == 0)
     std::fill(fg->momentum.begin(), fg->momentum.end(), 0.0f);
 
-  // |merged| per chunk, then u and the update (in place of the merged delta).
-  const size_t chunks = (n + kMergeChunk - 1) / kMergeChunk;
-  std::vector<double> partial(chunks, 0.0);
-  RunTasks(&pool_, chunks, [&](size_t c, int) {
-    const size_t b = c * kMergeChunk, m = std::min(kMergeChunk, n - b);
-    partial[c] = SumSquares(merged + b, m);
-    OuterNesterovUpdate(merged + b, m, sync_.outer.lr, sync_.outer.momentum, fg->momentum.data() + b, merged + b);
-  });
-  double sq = 0;
-  for (double p : partial) sq += p;
-  out->delta_norm = std::sqrt(sq);
-
+  // Per piece of the downlink codec, while it is in cache: |merged|², u and the update, the
+  // update's encoding with error feedback, Θ += the decoded update, |update|² and the CRC32C of Θ;
+  // the sums and the CRCs join in piece order.
   const std::vector<uint64_t> numels = FragmentNumels(fragment);
-  DL_RETURN_IF_ERROR(down_ef_.Encode(fragment_index, std::span<const float>(merged, n), numels, &out->payload,
-                                     &out->tensor_bytes, &pool_)
-                         .WithContext("syncer: encoding the update of fragment " + std::to_string(fragment_index)));
-  const std::span<const float> decoded = down_ef_.decoded();
-
-  // Θ += decoded update; |update| and the CRC32C of Θ per chunk, joined in order.
-  std::vector<uint32_t> crcs(chunks, 0);
-  RunTasks(&pool_, chunks, [&](size_t c, int) {
-    const size_t b = c * kMergeChunk, m = std::min(kMergeChunk, n - b);
-    partial[c] = SumSquares(decoded.data() + b, m);
-    ApplyUpdate(decoded.data() + b, m, fg->theta.data() + b);
-    crcs[c] = Crc32c(fg->theta.data() + b, m * sizeof(float));
-  });
+  const std::vector<ErrorFeedback::Piece> pieces = ErrorFeedback::Pieces(down_codec_, numels);
+  std::vector<double> delta_squares(pieces.size()), update_squares(pieces.size());
+  std::vector<uint32_t> crcs(pieces.size());
+  auto outer_step = [&](size_t i, float* update) {
+    const ErrorFeedback::Piece& p = pieces[i];
+    delta_squares[i] = SumSquares(merged + p.offset, p.n);
+    OuterNesterovUpdate(merged + p.offset, p.n, sync_.outer.lr, sync_.outer.momentum,
+                        fg->momentum.data() + p.offset, update);
+  };
+  auto apply = [&](size_t i, const float* decoded) {
+    const ErrorFeedback::Piece& p = pieces[i];
+    update_squares[i] = SumSquares(decoded, p.n);
+    ApplyUpdate(decoded, p.n, fg->theta.data() + p.offset);
+    crcs[i] = Crc32c(fg->theta.data() + p.offset, p.n * sizeof(float));
+  };
+  const std::string context = "syncer: encoding the update of fragment " + std::to_string(fragment_index);
+  if (down_codec_.topk_fraction == 0) {
+    DL_RETURN_IF_ERROR(down_ef_.EncodeInPieces(fragment_index, numels, outer_step, apply, &out->payload,
+                                               &out->tensor_bytes, &pool_)
+                           .WithContext(context));
+  } else {  // top-k picks over whole tensors: the update in place, then its encoding, then Θ
+    RunTasks(&pool_, pieces.size(), [&](size_t i, int) { outer_step(i, merged + pieces[i].offset); });
+    DL_RETURN_IF_ERROR(down_ef_.Encode(fragment_index, std::span<const float>(merged, n), numels, &out->payload,
+                                       &out->tensor_bytes, &pool_)
+                           .WithContext(context));
+    const float* decoded = down_ef_.decoded().data();
+    RunTasks(&pool_, pieces.size(), [&](size_t i, int) { apply(i, decoded + pieces[i].offset); });
+  }
+  double sq = 0;
+  for (double s : delta_squares) sq += s;
+  out->delta_norm = std::sqrt(sq);
   sq = 0;
-  uint32_t crc = 0;
-  for (size_t c = 0; c < chunks; c++) {
-    sq += partial[c];
-    const size_t m = std::min(kMergeChunk, n - c * kMergeChunk);
-    crc = c == 0 ? crcs[0] : Crc32cCombine(crc, crcs[c], m * sizeof(float));
+  Crc32cJoiner crc;
+  for (size_t i = 0; i < pieces.size(); i++) {
+    sq += update_squares[i];
+    crc.Add(crcs[i], pieces[i].n * sizeof(float));
   }
   out->update_norm = std::sqrt(sq);
-  out->theta_crc32c = n == 0 ? Crc32c(nullptr, 0) : crc;
+  out->theta_crc32c = n == 0 ? Crc32c(nullptr, 0) : crc.crc();
   return Status::Ok();
 }
 

@@ -1,11 +1,12 @@
 // One merge of a fragment, as the syncer runs it (and `dilococtl bench syncer` measures it):
 // the round's held deltas (held_delta.h) in learner order → ContributionWeights → MergeDeltas
-// (RDA / mean, each held delta decoded chunk by chunk into the sums) → OuterNesterovUpdate →
-// the downlink codec with error feedback (ErrorFeedback, which decodes the update once) →
-// Θ += exactly that decoded update → CRC32C of Θ.
+// (RDA / mean, each held delta decoded a tile at a time into the sums) → then, one pass per piece
+// of the downlink codec (ErrorFeedback::EncodeInPieces) while it is in cache: OuterNesterovUpdate
+// → the downlink codec with error feedback (the update decoded once) → Θ += exactly that decoded
+// update → CRC32C of Θ.
 //
 // Threads: a fixed pool of sync.merge_threads (the caller's thread included) works on chunks of
-// the fragment's ranges (merge.h kMergeChunk) and, for the downlink codec, on its tensors. Every
+// the fragment's ranges (merge.h kMergeChunk) and on the downlink codec's pieces. Every
 // sum has a fixed order whatever the thread count, so the bits of Θ, u and the payload do not
 // depend on it. Buffers (the merged delta, the codec's) are kept and reused from merge to merge:
 // they grow to the largest fragment once.
@@ -48,7 +49,9 @@ class FragmentMerger {
 
   // Merges pending (fresh deltas of one round, any order: merged in learner order) into fg:
   // u and Θ move; fg->version is the caller's to bump. fragment_index keys the downlink error
-  // feedback. On error nothing of Θ has moved (u may have).
+  // feedback. On error the fragment's state may have partly moved (u, and Θ where a piece was
+  // applied before another failed): the caller must not merge on with it (the syncer stops; its
+  // state file holds the last good version). Only a non-finite update fails here.
   Status Merge(const Fragment& fragment, uint32_t fragment_index, const std::vector<PendingDelta>& pending,
                FragmentGlobal* fg, MergeOutcome* out);
 

@@ -307,6 +307,19 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
   return MultModP(XPowModP(8 * len_b), crc_a) ^ crc_b;
 }
 
+void Crc32cJoiner::Add(uint32_t crc, uint64_t len) {
+  if (empty_) {
+    crc_ = crc;
+    empty_ = false;
+    return;
+  }
+  if (len != shift_len_) {
+    shift_len_ = len;
+    shift_ = XPowModP(8 * len);
+  }
+  crc_ = MultModP(shift_, crc_) ^ crc;
+}
+
 uint32_t Crc32cCopy(void* dst, const void* src, size_t n, uint32_t crc) {
 #ifdef DILOCO_CRC32C_X86
   if (n >= crc32c_detail::kMinClmulBytes && crc32c_detail::clmul_available()) {

@@ -24,6 +24,21 @@ uint32_t Crc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 // while they are still in cache.
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
+// Joins CRCs of pieces in order (Crc32cCombine), keeping the power of x of the last length seen:
+// joining many pieces of one length costs one multiply each.
+class Crc32cJoiner {
+ public:
+  // The CRC so far, after a piece of len bytes with CRC crc.
+  void Add(uint32_t crc, uint64_t len);
+  uint32_t crc() const { return crc_; }
+
+ private:
+  uint32_t crc_ = 0;
+  bool empty_ = true;
+  uint64_t shift_len_ = 0;
+  uint32_t shift_ = 0;
+};
+
 // The two paths, for tests and benchmarks; Crc32c picks one at run time.
 namespace crc32c_detail {
 uint32_t software(const void* data, size_t n, uint32_t crc);
