@@ -13,6 +13,7 @@
 #include "daemon/sync/merge.h"
 #include "daemon/sync/merger.h"
 #include "daemon/sync/protocol.h"
+#include "daemon/util/crc32c.h"
 #include "daemon/util/task_pool.h"
 #include "kernels/rng.h"
 
@@ -100,6 +101,7 @@ Result MergeTwice(const Fragment& f, SyncConfig sc, int threads, const std::vect
     REQUIRE(merger.Merge(f, 3, pending, &r.fg, &mo).ok());
     r.payloads.push_back(mo.payload);
     r.crcs.push_back(mo.theta_crc32c);
+    REQUIRE(mo.theta_crc32c == Crc32c(r.fg.theta.data(), r.fg.theta.size() * sizeof(float)));
   }
   return r;
 }

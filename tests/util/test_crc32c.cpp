@@ -93,6 +93,22 @@ TEST_CASE("crc32c is incremental", "[unit][util]") {
   CHECK(software(buf.data() + 31000, buf.size() - 31000, b) == whole);
 }
 
+TEST_CASE("crc32c joiner: pieces of equal and mixed lengths join into the crc of the whole", "[unit][util]") {
+  const std::vector<uint8_t> buf = random_bytes(70000, 7);
+  // 16 KiB pieces (the power of x kept from one to the next), a short last one, then mixed.
+  for (std::vector<size_t> lengths : {std::vector<size_t>{16384, 16384, 16384, 16384, 4464},
+                                      std::vector<size_t>{1, 16384, 3, 3, 53609}, std::vector<size_t>{70000}}) {
+    Crc32cJoiner joiner;
+    size_t at = 0;
+    for (size_t len : lengths) {
+      joiner.Add(Crc32c(buf.data() + at, len), len);
+      at += len;
+    }
+    REQUIRE(at == buf.size());
+    CHECK(joiner.crc() == Crc32c(buf.data(), buf.size()));
+  }
+}
+
 TEST_CASE("crc32c of pieces combines into the crc of the whole, in any order", "[unit][util]") {
   const std::vector<uint8_t> buf = random_bytes(70000, 5);
   const uint32_t whole = Crc32c(buf.data(), buf.size());
