@@ -122,7 +122,8 @@ double RangeNorm(const float* x, size_t n) {
 }
 
 Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader*>& deltas,
-                   const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool) {
+                   const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool,
+                   std::vector<double>* scale_later) {
   DL_CHECK(!deltas.empty() && deltas.size() == weights.size(), "%zu deltas, %zu weights", deltas.size(),
            weights.size());
   const size_t M = deltas.size(), R = fragment.ranges.size();
@@ -185,6 +186,7 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
   // 2. Per RDA range: |s| from its chunks in order; out = radius/|s| · s, or the mean when the
   // directions cancel.
   std::vector<size_t> second;
+  if (scale_later != nullptr) scale_later->assign(R, 1.0);
   for (size_t r = 0; r < R; r++) {
     if (!rda[r]) continue;
     double sq = 0;
@@ -192,6 +194,10 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
     const double s_norm = std::sqrt(sq);
     if (s_norm < kMinDirectionNorm) fallback[r] = 1;
     else factor[r] = radius[r] / s_norm;
+    if (scale_later != nullptr && !fallback[r]) {
+      (*scale_later)[r] = factor[r];  // the caller's pass scales
+      continue;
+    }
     for (size_t t = first_chunk[r]; t < first_chunk[r + 1]; t++) second.push_back(t);
   }
   RunTasks(pool, second.size(), [&](size_t i, int worker) {
@@ -203,7 +209,7 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
     }
     float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
     const double f = factor[c.range];
-    for (size_t j = 0; j < c.n; j++) o[j] = (float)(f * (double)o[j]);
+    for (size_t j = 0; j < c.n; j++) o[j] = ScaledLater(f, o[j]);
   });
   for (const Status& st : errors) DL_RETURN_IF_ERROR(st);
   return Status::Ok();
@@ -284,7 +290,8 @@ FilterResult NormFilter::CheckNorm(double norm, double steps) {
 }
 
 Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weigh,
-                          MergeRule rule, float* out, std::vector<double>* weights, TaskPool* pool) {
+                          MergeRule rule, float* out, std::vector<double>* weights, TaskPool* pool,
+                          std::vector<double>* scale_later) {
   std::stable_sort(contributions->begin(), contributions->end(),
                    [](const Contribution& a, const Contribution& b) { return a.learner < b.learner; });
   std::vector<ContributionCounts> counts;
@@ -303,7 +310,7 @@ Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* c
   for (const Contribution& c : *contributions) readers.push_back(c.reader ? c.reader : &decoded[next_decoded++]);
   std::vector<double> w;
   DL_RETURN_IF_ERROR(ContributionWeights(counts, weigh, &w));
-  DL_RETURN_IF_ERROR(MergeDeltas(fragment, readers, w, rule, out, pool));
+  DL_RETURN_IF_ERROR(MergeDeltas(fragment, readers, w, rule, out, pool, scale_later));
   if (weights) *weights = std::move(w);
   return Status::Ok();
 }

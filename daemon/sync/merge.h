@@ -118,8 +118,15 @@ std::vector<MergeChunk> ChunkFragment(const Fragment& fragment, std::vector<size
 // (kMergeChunk), then the chunks in order; s is kept as float between |s| and the scaling. So the
 // bits depend only on the deltas, their order and the weights: not on the threads of pool (null:
 // the calling thread) nor on which delta a reader decodes when.
+// scale_later (may be null): the RDA ranges' last step (out = radius/|s| · s) is left to the
+// caller, who applies it in its own pass over out: out holds s there and (*scale_later)[r] the
+// factor, out[j] ← (float)(factor · (double)out[j]) the same bits as MergeDeltas would write; 1 for
+// the other ranges (where that expression leaves out as it is).
 Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader*>& deltas,
-                   const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool = nullptr);
+                   const std::vector<double>& weights, MergeRule rule, float* out, TaskPool* pool = nullptr,
+                   std::vector<double>* scale_later = nullptr);
+// out[j] for j in [0, n) of range r as MergeDeltas writes it, from scale_later's factor.
+inline float ScaledLater(double factor, float value) { return (float)(factor * (double)value); }
 // The same over decoded deltas (fragment.numel floats each).
 void MergeDeltas(const Fragment& fragment, const std::vector<const float*>& deltas,
                  const std::vector<double>& weights, MergeRule rule, float* out);
@@ -138,7 +145,7 @@ struct Contribution {
 // (may be null) receives their weights in that order.
 Status MergeContributions(const Fragment& fragment, std::vector<Contribution>* contributions, WeightRule weigh,
                           MergeRule rule, float* out, std::vector<double>* weights = nullptr,
-                          TaskPool* pool = nullptr);
+                          TaskPool* pool = nullptr, std::vector<double>* scale_later = nullptr);
 
 // Rejects deltas with NaN/Inf, or whose L2 norm per inner step (norm /
 // c_steps) exceeds max_ratio × the median of the last `history` accepted ones

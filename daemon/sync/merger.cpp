@@ -103,23 +103,26 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
   const double share = sync_.partial == PartialRound::kShare
                            ? std::min(1.0, (double)pending.size() / std::max(1, sync_.learners))
                            : 1.0;
+  std::vector<double> range_scale;  // RDA's last scaling, done in the pass below
   DL_RETURN_IF_ERROR(MergeContributions(fragment, &contributions, {sync_.weighting, sync_.age_power, share},
-                                        sync_.merge, merged, &out->weights, &pool_));
+                                        sync_.merge, merged, &out->weights, &pool_, &range_scale));
   if (sync_.outer.restart_every > 0 && fg->version > 0 && fg->version % sync_.outer.restart_every == 0)
     std::fill(fg->momentum.begin(), fg->momentum.end(), 0.0f);
 
-  // Per piece of the downlink codec, while it is in cache: |merged|², u and the update, the
-  // update's encoding with error feedback, Θ += the decoded update, |update|² and the CRC32C of Θ;
-  // the sums and the CRCs join in piece order.
+  // Per piece of the downlink codec (a piece lies in one range), while it is in cache: the merged
+  // delta's last RDA scaling and |merged|², u and the update, the update's encoding with error
+  // feedback, Θ += the decoded update, |update|² and the CRC32C of Θ; the sums and the CRCs join
+  // in piece order.
   const std::vector<uint64_t> numels = FragmentNumels(fragment);
   const std::vector<ErrorFeedback::Piece> pieces = ErrorFeedback::Pieces(down_codec_, numels);
   std::vector<double> delta_squares(pieces.size()), update_squares(pieces.size());
   std::vector<uint32_t> crcs(pieces.size());
   auto outer_step = [&](size_t i, float* update) {
     const ErrorFeedback::Piece& p = pieces[i];
-    delta_squares[i] = SumSquares(merged + p.offset, p.n);
-    OuterNesterovUpdate(merged + p.offset, p.n, sync_.outer.lr, sync_.outer.momentum,
-                        fg->momentum.data() + p.offset, update);
+    const double scale = range_scale[p.tensor];
+    for (size_t j = 0; j < p.n; j++) update[j] = ScaledLater(scale, merged[p.offset + j]);
+    delta_squares[i] = SumSquares(update, p.n);
+    OuterNesterovUpdate(update, p.n, sync_.outer.lr, sync_.outer.momentum, fg->momentum.data() + p.offset, update);
   };
   auto apply = [&](size_t i, const float* decoded) {
     const ErrorFeedback::Piece& p = pieces[i];
