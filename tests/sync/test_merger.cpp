@@ -167,6 +167,40 @@ TEST_CASE("merger: held deltas merge to the bits of their decoded values", "[uni
   }
 }
 
+TEST_CASE("merger: RDA scaling left to the caller gives the bits MergeDeltas writes", "[unit][sync]") {
+  const Fragment f = TestFragment();
+  Rng rng(41);
+  std::vector<std::vector<float>> deltas(3, std::vector<float>(f.numel));
+  for (auto& d : deltas)
+    for (float& x : d) x = (float)(0.01 * rng.normal());
+  // Range 1 cancels between learners 0 and 1 (and learner 2 sends zeros there): RDA falls back
+  // to the mean in it, which MergeDeltas writes itself.
+  const FragmentRange& r1 = f.ranges[1];
+  for (size_t j = 0; j < r1.numel; j++) {
+    deltas[1][r1.packed_offset + j] = -deltas[0][r1.packed_offset + j];
+    deltas[2][r1.packed_offset + j] = 0.0f;
+  }
+  std::vector<Contribution> contributions;
+  for (int m = 0; m < 3; m++) contributions.push_back({m, {1000.0, 10.0}, deltas[m].data(), nullptr});
+  TaskPool pool(2);
+  std::vector<float> whole(f.numel), later(f.numel);
+  REQUIRE(MergeContributions(f, &contributions, Weighting::kUniform, MergeRule::kRda, whole.data(), nullptr, &pool).ok());
+  std::vector<double> scale;
+  REQUIRE(MergeContributions(f, &contributions, Weighting::kUniform, MergeRule::kRda, later.data(), nullptr, &pool,
+                             &scale)
+              .ok());
+  REQUIRE(scale.size() == f.ranges.size());
+  CHECK(scale[0] == 1.0);  // wte: the mean
+  CHECK(scale[1] == 1.0);  // cancelled: the mean, written
+  CHECK(scale[3] != 1.0);
+  for (size_t r = 0; r < f.ranges.size(); r++)
+    for (size_t j = 0; j < f.ranges[r].numel; j++) {
+      float& v = later[f.ranges[r].packed_offset + j];
+      v = ScaledLater(scale[r], v);
+    }
+  CHECK(SameBits(later, whole));
+}
+
 TEST_CASE("merger: a held payload is checked and measured as it is taken in", "[unit][sync]") {
   const Fragment f = TestFragment();
   const Round round = MakeRound(f, CodecKind::kInt8, 1, 41);
