@@ -291,6 +291,16 @@ Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, st
 
 namespace {
 
+// Where value lo of a tensor of numel values (lo a multiple of B) lies in its int8 / int4
+// encoding, the tensor's ceil(numel / B) fp32 scales then its codes: the byte offsets of its
+// block's scale and of its code.
+struct BlockBytes {
+  size_t scales, codes;
+};
+BlockBytes BlockBytesOf(CodecKind kind, int B, size_t numel, size_t lo) {
+  return {lo / B * sizeof(float), (numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? lo / 2 : lo)};
+}
+
 Status DecodeFaultStatus(SyncFault fault, CodecKind kind, size_t i) {
   switch (fault) {
     case SyncFault::kNone:
@@ -328,21 +338,24 @@ Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, 
   return DecodeFaultStatus(fault, kind, i);
 }
 
-Status DecodeBlocks(CodecKind kind, int block_size, std::span<const uint8_t> scales, std::span<const uint8_t> codes,
-                    std::span<float> out) {
-  if (kind != CodecKind::kInt8 && kind != CodecKind::kInt4)
-    return Status::Error("internal: DecodeBlocks takes int8 or int4, not " + KindName(kind));
+Status DecodeTensorBlocks(CodecKind kind, int block_size, std::span<const uint8_t> tensor, size_t numel, size_t lo,
+                          std::span<float> out) {
+  if (!CodecUsesBlocks(kind))
+    return Status::Error("internal: DecodeTensorBlocks takes int8 or int4, not " + KindName(kind));
   DL_RETURN_IF_ERROR(CheckBlockSize(block_size));
-  const size_t n = out.size();
-  const size_t blocks = (n + block_size - 1) / block_size;
-  const size_t code_bytes = kind == CodecKind::kInt4 ? (n + 1) / 2 : n;
-  if (scales.size() != blocks * sizeof(float) || codes.size() != code_bytes)
-    return Status::Error(KindName(kind) + " blocks of " + std::to_string(n) + " values need " +
-                         std::to_string(blocks * sizeof(float)) + " bytes of scales and " + std::to_string(code_bytes) +
-                         " of codes, got " + std::to_string(scales.size()) + " and " + std::to_string(codes.size()));
+  const size_t n = out.size(), B = (size_t)block_size;
+  if (lo % B != 0 || lo > numel || n > numel - lo || (lo + n != numel && n % B != 0))
+    return Status::Error("internal: values [" + std::to_string(lo) + ", " + std::to_string(lo + n) + ") of " +
+                         std::to_string(numel) + " are not whole blocks of " + std::to_string(B));
+  if (tensor.size() != EncodedBytes(kind, numel, block_size))
+    return Status::Error(KindName(kind) + " tensor of " + std::to_string(numel) + " values is " +
+                         std::to_string(tensor.size()) + " bytes, not " +
+                         std::to_string(EncodedBytes(kind, numel, block_size)));
+  const BlockBytes at = BlockBytesOf(kind, block_size, numel, lo);
   size_t i = 0;
-  const SyncFault fault = sync_decode_blocks(out.data(), scales.data(), codes.data(), ToSync(kind), block_size, n, &i);
-  return DecodeFaultStatus(fault, kind, i);
+  const SyncFault fault =
+      sync_decode_blocks(out.data(), tensor.data() + at.scales, tensor.data() + at.codes, ToSync(kind), block_size, n, &i);
+  return DecodeFaultStatus(fault, kind, lo + i);
 }
 
 Status Encode(const CodecOptions& opt, std::span<const float> in, std::vector<uint8_t>* out) {
@@ -495,12 +508,10 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
                          "; Reset(fragment) when its layout changes");
   }
   if (pool != nullptr && pool->threads() > 1 && opt_.topk_fraction == 0) {
-    const std::vector<Piece> pieces = Pieces(opt_, numels);
     decoded_.resize(n);
     return EncodeInPieces(
-        fragment, numels,
-        [&](size_t i, float* values) { std::copy_n(delta.data() + pieces[i].offset, pieces[i].n, values); },
-        [&](size_t i, const float* decoded) { std::copy_n(decoded, pieces[i].n, decoded_.data() + pieces[i].offset); },
+        fragment, numels, [&](size_t, const Piece& p, float* values) { std::copy_n(delta.data() + p.offset, p.n, values); },
+        [&](size_t, const Piece& p, const float* decoded) { std::copy_n(decoded, p.n, decoded_.data() + p.offset); },
         payload, tensor_bytes, pool);
   }
   sum_.resize(n);
@@ -541,8 +552,9 @@ SyncFault EncodePiece(CodecKind kind, int B, size_t numel, size_t lo, const floa
     const SyncFault f = sync_encode_dense(bytes, x, k, B, n, index);
     return f != SyncFault::kNone ? f : sync_decode_dense(out, bytes, k, B, n, index);
   }
-  uint8_t* scales = tensor + lo / B * sizeof(float);
-  uint8_t* codes = tensor + (numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? lo / 2 : lo);
+  const BlockBytes at = BlockBytesOf(kind, B, numel, lo);
+  uint8_t* scales = tensor + at.scales;
+  uint8_t* codes = tensor + at.codes;
   const SyncFault f = sync_encode_blocks(scales, codes, x, k, B, n, index);
   return f != SyncFault::kNone ? f : sync_decode_blocks(out, scales, codes, k, B, n, index);
 }
@@ -598,7 +610,7 @@ Status ErrorFeedback::EncodeInPieces(uint32_t fragment, std::span<const uint64_t
     const Piece& p = pieces[i];
     const size_t b = p.offset, m = p.n;
     float* __restrict v = values[worker].data();
-    produce(i, v);
+    produce(i, p, v);
     float* __restrict s = sum_.data() + b;
     if (residual) {
       for (size_t j = 0; j < m; ++j) s[j] = residual[b + j] + v[j];
@@ -613,7 +625,7 @@ Status ErrorFeedback::EncodeInPieces(uint32_t fragment, std::span<const uint64_t
       return;
     }
     for (size_t j = 0; j < m; ++j) s[j] = s[j] - d[j];
-    consume(i, d);
+    consume(i, p, d);
   });
   for (const Status& st : errors) {  // the first in tensor and index order
     if (!st.ok()) {

@@ -97,10 +97,12 @@ size_t MaxEncodedBytes(const CodecOptions& opt, size_t numel);
 // EncodedBytes(kind, in.size(), block_size) / decode: in.size() must, for out.size() values.
 Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, std::span<uint8_t> out);
 Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, std::span<float> out);
-// int8 / int4 with the payload's scales (ceil(n / block_size) floats) and codes apart, for out.size()
-// values: what DecodeDense does with them joined (a reader of a few blocks, in place).
-Status DecodeBlocks(CodecKind kind, int block_size, std::span<const uint8_t> scales, std::span<const uint8_t> codes,
-                    std::span<float> out);
+// int8 / int4: values [lo, lo + out.size()) of a tensor of numel values whose encoding is
+// `tensor` (EncodeDense's layout), decoded from their blocks where they lie; lo is a multiple of
+// block_size and the range ends at a block boundary or at numel (a reader of some blocks). The
+// checks of DecodeDense on those blocks; an index in an error counts from the tensor's start.
+Status DecodeTensorBlocks(CodecKind kind, int block_size, std::span<const uint8_t> tensor, size_t numel, size_t lo,
+                          std::span<float> out);
 
 // Any codec, with or without top-k. Encode resizes *out to the payload size.
 // Decode writes out.size() values; the payload must be exactly what Encode wrote for that many.
@@ -148,13 +150,13 @@ class ErrorFeedback {
   static std::vector<Piece> Pieces(const CodecOptions& opt, std::span<const uint64_t> numels);
   // Dense codecs: Encode with the caller's work fused around each piece (Pieces(options(),
   // numels)), so that a caller that computes the delta and applies the decoded update does both
-  // while the piece is in cache: produce(i, values) writes piece i's delta (n floats), consume(i,
-  // decoded) reads its decoded values (valid during the call). Pieces run on the pool, in no fixed
-  // order; the bytes and residual are those of Encode. On error (the first offending value in
-  // tensor and index order) the residual is left as it was, but consume may have run for some
-  // pieces; decoded() is not written.
-  using PieceProducer = std::function<void(size_t piece, float* values)>;
-  using PieceConsumer = std::function<void(size_t piece, const float* decoded)>;
+  // while the piece is in cache: produce(i, piece, values) writes piece i's delta (piece.n floats),
+  // consume(i, piece, decoded) reads its decoded values (valid during the call). Pieces run on the
+  // pool, in no fixed order; the bytes and residual are those of Encode. On error (the first
+  // offending value in tensor and index order) the residual is left as it was, but consume may
+  // have run for some pieces; decoded() is not written.
+  using PieceProducer = std::function<void(size_t i, const Piece& piece, float* values)>;
+  using PieceConsumer = std::function<void(size_t i, const Piece& piece, const float* decoded)>;
   Status EncodeInPieces(uint32_t fragment, std::span<const uint64_t> numels, const PieceProducer& produce,
                         const PieceConsumer& consume, std::vector<uint8_t>* payload,
                         std::vector<uint64_t>* tensor_bytes, TaskPool* pool);

@@ -167,16 +167,12 @@ Status HeldDeltaReader::Read(size_t range, size_t begin, size_t n, std::vector<f
     *values = scratch->data();
     return Status::Ok();
   }
-  // int8 / int4: the tensor's bytes are its ceil(numel/B) fp32 scales, then its codes. The chunk
-  // decodes from whole blocks [a, e) around it, read where they lie.
+  // int8 / int4: the range decodes from the whole blocks [a, e) around it, where they lie.
   const size_t a = begin / B * B;
   const size_t e = std::min<size_t>(r.numel, (begin + n + B - 1) / B * B);
-  const size_t blocks = (e - a + B - 1) / B;
-  const size_t code_bytes = kind == CodecKind::kInt4 ? (e - a + 1) / 2 : e - a;
-  const uint8_t* codes = tensor + (r.numel + B - 1) / B * sizeof(float) + (kind == CodecKind::kInt4 ? a / 2 : a);
   scratch->resize(e - a);
-  DL_RETURN_IF_ERROR(DecodeBlocks(kind, B, std::span(tensor + a / B * sizeof(float), blocks * sizeof(float)),
-                                  std::span(codes, code_bytes), std::span(scratch->data(), e - a)));
+  DL_RETURN_IF_ERROR(DecodeTensorBlocks(kind, B, std::span(tensor, EncodedBytes(kind, r.numel, B)), r.numel, a,
+                                        std::span(scratch->data(), e - a)));
   *values = scratch->data() + (begin - a);
   return Status::Ok();
 }

@@ -117,15 +117,13 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
   const std::vector<ErrorFeedback::Piece> pieces = ErrorFeedback::Pieces(down_codec_, numels);
   std::vector<double> delta_squares(pieces.size()), update_squares(pieces.size());
   std::vector<uint32_t> crcs(pieces.size());
-  auto outer_step = [&](size_t i, float* update) {
-    const ErrorFeedback::Piece& p = pieces[i];
+  auto outer_step = [&](size_t i, const ErrorFeedback::Piece& p, float* update) {
     const double scale = range_scale[p.tensor];
     for (size_t j = 0; j < p.n; j++) update[j] = ScaledLater(scale, merged[p.offset + j]);
     delta_squares[i] = SumSquares(update, p.n);
     OuterNesterovUpdate(update, p.n, sync_.outer.lr, sync_.outer.momentum, fg->momentum.data() + p.offset, update);
   };
-  auto apply = [&](size_t i, const float* decoded) {
-    const ErrorFeedback::Piece& p = pieces[i];
+  auto apply = [&](size_t i, const ErrorFeedback::Piece& p, const float* decoded) {
     update_squares[i] = SumSquares(decoded, p.n);
     ApplyUpdate(decoded, p.n, fg->theta.data() + p.offset);
     crcs[i] = Crc32c(fg->theta.data() + p.offset, p.n * sizeof(float));
@@ -136,12 +134,12 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
                                                &out->tensor_bytes, &pool_)
                            .WithContext(context));
   } else {  // top-k picks over whole tensors: the update in place, then its encoding, then Θ
-    RunTasks(&pool_, pieces.size(), [&](size_t i, int) { outer_step(i, merged + pieces[i].offset); });
+    RunTasks(&pool_, pieces.size(), [&](size_t i, int) { outer_step(i, pieces[i], merged + pieces[i].offset); });
     DL_RETURN_IF_ERROR(down_ef_.Encode(fragment_index, std::span<const float>(merged, n), numels, &out->payload,
                                        &out->tensor_bytes, &pool_)
                            .WithContext(context));
     const float* decoded = down_ef_.decoded().data();
-    RunTasks(&pool_, pieces.size(), [&](size_t i, int) { apply(i, decoded + pieces[i].offset); });
+    RunTasks(&pool_, pieces.size(), [&](size_t i, int) { apply(i, pieces[i], decoded + pieces[i].offset); });
   }
   double sq = 0;
   for (double s : delta_squares) sq += s;

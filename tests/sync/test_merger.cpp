@@ -215,7 +215,10 @@ TEST_CASE("merger: a held payload is checked and measured as it is taken in", "[
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(bad.data() + h.payload_at[1] + 4 * 1000, &nan, sizeof nan);  // a scale deep in tensor 1
   std::span<const uint8_t> whole(bad);
-  CHECK_FALSE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
+  const Status bad_scale = HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out);
+  CHECK_FALSE(bad_scale.ok());
+  CHECK_THAT(bad_scale.message(), Catch::Contains("tensor 1") && Catch::Contains("scale") &&
+                                      Catch::Contains("index 64000"));  // block 1000 of 64 values
   whole = std::span<const uint8_t>(h.payload).first(h.payload.size() - 1);
   CHECK_FALSE(HoldPayload(f, h.codec, std::span(&whole, 1), tensor_bytes, &out).ok());
   whole = std::span<const uint8_t>(h.payload);
