@@ -27,6 +27,7 @@
 #include "kernels/comm/local_comm.h"
 #include "kernels/gpt.h"
 #include "kernels/optimizer.h"
+#include "kernels/shard.h"
 #include "kernels/sync_ops.h"
 #include "kernels/tensor_table.h"
 #include "kernels/train_step.h"
@@ -46,6 +47,12 @@ enum class FoldIncluded { kAtSend, kPreviousBase };
 struct BackendOptions {
   GptConfig model;
   int max_batch = 1;  // sequences per forward_backward (activation memory scales with it)
+  bool recompute = false;  // block-level activation recompute (GptOptions::recompute)
+  // A rank of a sharded ring keeps rank's part (ShardCounts(num_params, world)) of the state
+  // that shard says; ring_train_step then runs sharded_train_step.
+  ShardMode shard = ShardMode::kNone;
+  int rank = 0;
+  int world = 1;
 };
 
 class TrainingBackend {

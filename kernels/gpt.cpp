@@ -46,8 +46,9 @@ TensorTable gpt_tensor_table(const GptConfig& g) {
 
 bool gpt_tensor_decays(const TensorInfo& tensor) { return tensor.shape.size() == 2; }
 
-Gpt::Gpt(const GptConfig& config, int max_batch)
+Gpt::Gpt(const GptConfig& config, int max_batch, const GptOptions& options)
     : config_(config), max_batch_(max_batch), table_(gpt_tensor_table(config)) {
+  DL_CHECK(!options.recompute, "GptOptions::recompute is not implemented yet");
   DL_CHECK(config.n_embd % config.n_head == 0, "n_embd %d %% n_head %d", config.n_embd, config.n_head);
   DL_CHECK(max_batch > 0 && config.block_size > 0, "empty batch");
   params_.assign(table_.total_numel(), 0.0f);
@@ -181,7 +182,8 @@ double Gpt::forward(const int* inputs, const int* targets, int B, int T) {
 
 void Gpt::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
 
-void Gpt::backward() {
+void Gpt::backward(GradSink* sink) {
+  DL_CHECK(sink == nullptr, "Gpt::backward into a GradSink is not implemented yet");
   DL_CHECK(have_loss_, "backward() needs a forward() with targets first");
   have_loss_ = false;  // the logits buffer becomes their gradient below
   const int B = B_, T = T_, N = B * T;

@@ -31,11 +31,33 @@ bool gpt_tensor_decays(const TensorInfo& tensor);
 // (what Gpt::init_weights does; backends without a host Gpt use it).
 void gpt_init_params(const GptConfig& config, uint64_t seed, float* params);
 
+struct GptOptions {
+  // Block-level activation recompute: forward keeps each block's input only, and backward runs
+  // the block's forward again into one block's scratch before its backward. Gradients are
+  // bitwise those of the stored-activation path.
+  bool recompute = false;
+};
+
+// Where backward() puts gradients when the caller takes them bucket by bucket (ZeRO-2, a ring
+// that reduce-scatters a bucket as soon as the backward has finished it). Buckets are ranges of
+// the parameter table, in the order backward finishes them: ln_f, block L-1, ..., block 0, then
+// wte + wpe (the token embedding gets gradient at the start and at the end of backward, so its
+// bucket is open throughout).
+class GradSink {
+ public:
+  virtual ~GradSink() = default;
+  // A zeroed buffer of range.count floats for the gradients of `range` (table offsets), which
+  // backward adds to until Close(range).
+  virtual float* Open(size_t offset, size_t count) = 0;
+  // backward is done with the range: its gradients are final.
+  virtual void Close(size_t offset, size_t count) = 0;
+};
+
 class Gpt {
  public:
   // Allocates parameters, gradients and activations for batches of up to
   // max_batch sequences of up to block_size tokens.
-  Gpt(const GptConfig& config, int max_batch);
+  Gpt(const GptConfig& config, int max_batch, const GptOptions& options = {});
 
   const GptConfig& config() const { return config_; }
   const TensorTable& table() const { return table_; }
@@ -57,8 +79,9 @@ class Gpt {
   const float* logits() const { return acts_.logits; }
 
   void zero_grad();
-  // ADDS the gradient of the last forward()'s mean loss to grads().
-  void backward();
+  // ADDS the gradient of the last forward()'s mean loss to grads(); with a sink, writes it
+  // bucket by bucket into the sink's buffers instead and leaves grads() as it was.
+  void backward(GradSink* sink = nullptr);
 
   // Bytes held for activations and their gradients (the memory that scales
   // with batch size), for memory reports.

@@ -159,6 +159,9 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"train.time_limit_s", &t.time_limit_s},
       {"train.device", &t.device},
       {"train.ranks", &t.ranks},
+      {"train.hosts", &t.hosts},
+      {"train.shard", EnumOf(&t.shard, kShardModeNames)},
+      {"train.recompute", EnumOf(&t.recompute, kBoolNames)},
       {"eval.every", &e.every},
       {"eval.batches", &e.batches},
       {"sync.mode", EnumOf(&s.mode, kSyncModeNames)},
@@ -960,6 +963,14 @@ Status Validate(const RunConfig& c, const Origins& origins) {
     return fail("train.device", status.message(), {"train.device"});
   }
   DL_RETURN_IF_ERROR(at_least("train.ranks", t.ranks, 1, " (the learner's local ring size)"));
+  DL_RETURN_IF_ERROR(at_least("train.hosts", t.hosts, 1, " (the hosts of the site the learner's ring spans)"));
+  if (t.shard != ShardMode::kNone && t.hosts * t.ranks < 2) {
+    return fail("train.shard",
+                std::string(ToString(t.shard)) +
+                    " shards the learner's state over its ring, and a ring of 1 rank has nothing to shard: "
+                    "set train.ranks (or train.hosts) to 2 or more, or train.shard: none",
+                {"train.shard", "train.ranks", "train.hosts"});
+  }
 
   const EvalConfig& e = c.eval;
   DL_RETURN_IF_ERROR(at_least("eval.every", e.every, 0, " (0 = only at the end)"));

@@ -31,6 +31,7 @@
 #include "daemon/config/chaos_config.h"
 #include "daemon/config/sync_config.h"
 #include "daemon/util/status.h"
+#include "kernels/shard.h"  // ShardMode: a header of names only, no link dependency
 
 namespace diloco {
 
@@ -53,6 +54,7 @@ struct ModelConfig {
 enum class DataFormat { kBytes, kTokens };
 inline constexpr std::array<std::string_view, 2> kDataFormatNames = {"bytes", "tokens"};
 inline std::string_view ToString(DataFormat v) { return kDataFormatNames[static_cast<int>(v)]; }
+inline std::string_view ToString(ShardMode v) { return kShardModeNames[static_cast<int>(v)]; }
 
 struct DataConfig {
   // A file or a directory of files; always absolute and lexically normalized after loading (it need
@@ -89,6 +91,14 @@ struct TrainConfig {
   // The learner's local ring: ranks CPU threads (sharing train.threads) or GPUs, each taking
   // batch_size sequences per step, so one learner step sees ranks * batch_size sequences.
   int ranks = 1;
+  // Hosts of the learner's site that its ring spans (a ring of hosts × ranks ranks); more than
+  // one needs a site of that many hosts, each running dilocod.
+  int hosts = 1;
+  // How the ring shards its state (kernels/shard.h): none, optimizer (ZeRO-1), gradients (ZeRO-2).
+  ShardMode shard = ShardMode::kNone;
+  // Block-level activation recompute: the backward runs each block's forward again instead of
+  // keeping its activations (about a third more compute, activations of one block).
+  bool recompute = false;
   bool operator==(const TrainConfig&) const = default;
 };
 

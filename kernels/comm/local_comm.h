@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace diloco {
 
@@ -53,7 +54,21 @@ class LocalComm {
   // values (count doubles in host memory: losses, token counts) = the sum or
   // mean over ranks, the same bits on every rank.
   virtual CommStatus all_reduce_host(double* values, int count, ReduceOp op) = 0;
+
+  // The two halves of an all-reduce, for state sharded over the ranks (ZeRO).
+  // buf (memory()) holds parts laid back to back in rank order, part q of
+  // counts[q] floats (counts: world_size() entries, 0 allowed, the same on
+  // every rank).
+  // reduce_scatter: this rank's part of buf = the sum or mean over the ranks
+  // of that part; the other parts are left unspecified. Threads and Gloo sum
+  // in rank order, so a part gets the bits all_reduce would give it.
+  virtual CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) = 0;
+  // all_gather: every part of buf = its owner's part, on every rank.
+  virtual CommStatus all_gather(float* buf, const std::vector<size_t>& counts) = 0;
 };
+
+// Where part `rank` of buffers split by counts begins (the sum of the counts before it).
+size_t PartOffset(const std::vector<size_t>& counts, int rank);
 
 // A group of ranks: hands comm(r) to the thread of rank r. The group must
 // outlive its comms.

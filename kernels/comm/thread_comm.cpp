@@ -13,7 +13,7 @@ namespace diloco {
 // Shared by the ranks of a group. Collectives are phases separated by a
 // barrier; the last rank to arrive runs the phase's completion step.
 struct ThreadCommGroup::State {
-  explicit State(int n) : world(n), ptrs(n), host_ptrs(n), counts(n), roots(n) {}
+  explicit State(int n) : world(n), ptrs(n), host_ptrs(n), counts(n), roots(n), parts(n) {}
 
   const int world;
   std::mutex mu;
@@ -28,6 +28,7 @@ struct ThreadCommGroup::State {
   std::vector<double*> host_ptrs;
   std::vector<size_t> counts;
   std::vector<int> roots;
+  std::vector<const std::vector<size_t>*> parts;  // reduce_scatter / all_gather splits
   std::string phase_error;  // set by a completion step, read by every rank
   std::vector<float> scratch;
 
@@ -102,6 +103,35 @@ class ThreadComm final : public LocalComm {
     return CommStatus::Ok();
   }
 
+  CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    if (CommStatus st = post_parts("reduce_scatter", buf, counts); !st.ok()) return st;
+    // This rank's part, summed in rank order in place: no other rank reads it (each reads its own
+    // part of every buffer), and every value is read before it is written.
+    const size_t lo = PartOffset(counts, rank_), hi = lo + counts[rank_];
+    const int R = s_->world;
+    const float inv = 1.0f / (float)R;
+    for (size_t i = lo; i < hi; i++) {
+      float sum = s_->ptrs[0][i];
+      for (int q = 1; q < R; q++) sum += s_->ptrs[q][i];
+      buf[i] = op == ReduceOp::kMean ? sum * inv : sum;
+    }
+    // Others may still read our other parts.
+    if (!s_->arrive_and_wait()) return s_->aborted_status();
+    return CommStatus::Ok();
+  }
+
+  CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
+    if (CommStatus st = post_parts("all_gather", buf, counts); !st.ok()) return st;
+    size_t at = 0;
+    for (int q = 0; q < s_->world; q++) {
+      if (q != rank_ && counts[q]) std::memcpy(buf + at, s_->ptrs[q] + at, counts[q] * sizeof(float));
+      at += counts[q];
+    }
+    // Our part must stay as it is until everyone copied it.
+    if (!s_->arrive_and_wait()) return s_->aborted_status();
+    return CommStatus::Ok();
+  }
+
   CommStatus barrier() override {
     if (!s_->arrive_and_wait()) return s_->aborted_status();
     return CommStatus::Ok();
@@ -125,6 +155,29 @@ class ThreadComm final : public LocalComm {
   }
 
  private:
+  // Posts buf and its split, waits for every rank and checks that all passed the same split.
+  CommStatus post_parts(const char* what, float* buf, const std::vector<size_t>& counts) {
+    if ((int)counts.size() != s_->world)
+      return CommStatus::Error(std::string(what) + ": " + std::to_string(counts.size()) + " part counts for " +
+                               std::to_string(s_->world) + " ranks");
+    s_->ptrs[rank_] = buf;
+    s_->parts[rank_] = &counts;
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    s_->counts[rank_] = total;
+    s_->roots[rank_] = -1;
+    if (!s_->arrive_and_wait([this, what] {
+          check_counts(what, false);
+          for (int q = 1; q < s_->world && s_->phase_error.empty(); q++)
+            if (*s_->parts[q] != *s_->parts[0])
+              s_->phase_error = std::string(what) + ": rank " + std::to_string(q) +
+                                " split the buffer unlike rank 0; every rank must pass the same counts";
+        }))
+      return s_->aborted_status();
+    if (!s_->phase_error.empty()) return CommStatus::Error(s_->phase_error);
+    return CommStatus::Ok();
+  }
+
   // Completion step: all ranks must agree on sizes (and roots).
   void check_counts(const char* what, bool resize_scratch) {
     s_->phase_error.clear();
@@ -145,6 +198,12 @@ class ThreadComm final : public LocalComm {
 };
 
 }  // namespace
+
+size_t PartOffset(const std::vector<size_t>& counts, int rank) {
+  size_t at = 0;
+  for (int q = 0; q < rank; q++) at += counts[q];
+  return at;
+}
 
 ThreadCommGroup::ThreadCommGroup(int world_size) {
   DL_CHECK(world_size >= 1, "a ring needs at least one rank, not %d", world_size);

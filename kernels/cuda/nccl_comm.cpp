@@ -67,6 +67,42 @@ class NcclComm final : public LocalComm {
     return finish(ncclBroadcast(buf, buf, count, ncclFloat32, root, comm(), stream_), "ncclBroadcast");
   }
 
+  CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    if (CommStatus st = check_parts("reduce_scatter", counts); !st.ok()) return st;
+    if (equal_parts(counts)) {
+      float* mine = buf + PartOffset(counts, rank_);
+      return finish(ncclReduceScatter(buf, mine, counts[0], ncclFloat32, to_nccl(op), comm(), stream_),
+                    "ncclReduceScatter");
+    }
+    // Uneven parts (a bucket that straddles shard edges): one reduce to each part's owner.
+    ncclResult_t r = ncclGroupStart();
+    size_t at = 0;
+    for (int q = 0; q < world_size() && r == ncclSuccess; q++) {
+      if (counts[q]) r = ncclReduce(buf + at, buf + at, counts[q], ncclFloat32, to_nccl(op), q, comm(), stream_);
+      at += counts[q];
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return finish(r != ncclSuccess ? r : end, "ncclReduce (reduce_scatter)");
+  }
+
+  CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    if (CommStatus st = check_parts("all_gather", counts); !st.ok()) return st;
+    if (equal_parts(counts)) {
+      const float* mine = buf + PartOffset(counts, rank_);
+      return finish(ncclAllGather(mine, buf, counts[0], ncclFloat32, comm(), stream_), "ncclAllGather");
+    }
+    ncclResult_t r = ncclGroupStart();
+    size_t at = 0;
+    for (int q = 0; q < world_size() && r == ncclSuccess; q++) {
+      if (counts[q]) r = ncclBroadcast(buf + at, buf + at, counts[q], ncclFloat32, q, comm(), stream_);
+      at += counts[q];
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return finish(r != ncclSuccess ? r : end, "ncclBroadcast (all_gather)");
+  }
+
   CommStatus barrier() override {
     if (CommStatus st = enter(); !st.ok()) return st;
     float* one = static_cast<float*>(scratch(sizeof(float)));
@@ -88,6 +124,17 @@ class NcclComm final : public LocalComm {
 
  private:
   int device() const { return s_->devices[rank_]; }
+
+  CommStatus check_parts(const char* what, const std::vector<size_t>& counts) const {
+    if ((int)counts.size() == world_size()) return CommStatus::Ok();
+    return CommStatus::Error(std::string(what) + ": " + std::to_string(counts.size()) + " part counts for " +
+                             std::to_string(world_size()) + " ranks");
+  }
+  static bool equal_parts(const std::vector<size_t>& counts) {
+    for (size_t c : counts)
+      if (c != counts[0]) return false;
+    return counts[0] > 0;
+  }
   ncclComm_t comm() const { return s_->comms[rank_]; }
 
   CommStatus enter() {

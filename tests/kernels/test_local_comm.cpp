@@ -3,13 +3,17 @@
 // identical parameters, equal to one rank training on all R batches.
 #include "kernels/comm/local_comm.h"
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/shard.h"
 #include "tests/kernels/op_testing.h"
 
 namespace diloco {
@@ -180,6 +184,74 @@ TEST_CASE("2 CPU ranks with all-reduced gradients stay identical and match 1 ran
   double moved = 0;
   for (size_t i = 0; i < p.size(); i++) moved = std::max(moved, (double)std::fabs(p[i] - init[i]));
   CHECK(moved > 1e-2);
+}
+
+}  // namespace diloco
+
+namespace diloco {
+using namespace diloco::testing;
+
+TEST_CASE("thread ring: reduce_scatter gives each part all_reduce's bits; all_gather restores the whole",
+          "[unit][kernels]") {
+  for (int R : {1, 2, 3, 4}) {
+    ThreadCommGroup group(R);
+    // Uneven parts, one of them empty, as a bucket straddling shard edges has.
+    std::vector<size_t> counts;
+    for (int q = 0; q < R; q++) counts.push_back(q == 1 ? 0 : 100 + 37 * q);
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    std::vector<std::vector<float>> reduced(R), gathered(R), all(R);
+    std::atomic<int> failures{0};
+    run_ranks(group, [&](int r, LocalComm& comm) {
+      std::vector<float> a = random_vec<float>(n, 10 + r), b = a;
+      if (!comm.reduce_scatter(a.data(), counts, ReduceOp::kMean).ok()) failures++;
+      if (!comm.all_reduce(b.data(), n, ReduceOp::kMean).ok()) failures++;
+      const size_t lo = PartOffset(counts, r);
+      reduced[r].assign(a.begin() + lo, a.begin() + lo + counts[r]);
+      all[r].assign(b.begin() + lo, b.begin() + lo + counts[r]);
+      std::vector<float> g(n, -1.0f);
+      for (size_t i = lo; i < lo + counts[r]; i++) g[i] = (float)(1000 * r) + (float)(i - lo);
+      if (!comm.all_gather(g.data(), counts).ok()) failures++;
+      gathered[r] = g;
+    });
+    REQUIRE(failures == 0);
+    for (int r = 0; r < R; r++) {
+      REQUIRE(reduced[r].size() == all[r].size());
+      CHECK(std::memcmp(reduced[r].data(), all[r].data(), reduced[r].size() * sizeof(float)) == 0);
+      size_t at = 0;
+      for (int q = 0; q < R; q++)
+        for (size_t i = 0; i < counts[q]; i++, at++) CHECK(gathered[r][at] == (float)(1000 * q) + (float)i);
+    }
+  }
+}
+
+TEST_CASE("thread ring: a split that differs between ranks is an error on every rank", "[unit][kernels]") {
+  ThreadCommGroup group(2);
+  std::vector<std::string> errors(2);
+  run_ranks(group, [&](int r, LocalComm& comm) {
+    std::vector<float> a(10, 1.0f);
+    std::vector<size_t> counts = r == 0 ? std::vector<size_t>{5, 5} : std::vector<size_t>{4, 6};
+    errors[r] = comm.reduce_scatter(a.data(), counts, ReduceOp::kSum).error;
+  });
+  for (const std::string& e : errors) CHECK(e.find("same counts") != std::string::npos);
+}
+
+TEST_CASE("shard counts: contiguous, aligned to the norm chunk, as even as that allows", "[unit][kernels]") {
+  for (size_t n : {size_t{1}, kShardAlign - 1, kShardAlign, 3 * kShardAlign + 5, 100 * kShardAlign + 7}) {
+    for (int R : {1, 2, 3, 8}) {
+      const std::vector<size_t> counts = ShardCounts(n, R);
+      REQUIRE((int)counts.size() == R);
+      size_t total = 0, most = 0, least = SIZE_MAX;
+      for (int q = 0; q < R; q++) {
+        total += counts[q];
+        if (q + 1 < R && total < n) CHECK(total % kShardAlign == 0);
+        most = std::max(most, counts[q]);
+        least = std::min(least, counts[q]);
+      }
+      CHECK(total == n);
+      CHECK(most - least < 2 * kShardAlign);  // whole chunks differ by one, plus a partial last one
+    }
+  }
 }
 
 }  // namespace diloco
