@@ -132,10 +132,17 @@ std::string CreateBackend(const std::string& device, const BackendOptions& optio
            std::to_string(m.n_head) + ", max_batch " + std::to_string(options.max_batch) +
            "): n_embd must be a multiple of n_head and every size positive";
   }
+  if (options.world < 1 || options.rank < 0 || options.rank >= options.world)
+    return "rank " + std::to_string(options.rank) + " of a ring of " + std::to_string(options.world);
   if (device == "cpu") {
     *out = std::make_unique<CpuBackend>(options);
     return "";
   }
+  if (options.shard != ShardMode::kNone)
+    return "train.shard: " + std::string(kShardModeNames[(int)options.shard]) +
+           " runs on the cpu backend only so far; on " + device + " set train.shard: none";
+  if (options.recompute)
+    return "train.recompute runs on the cpu backend only so far; on " + device + " set train.recompute: false";
   if (const int index = CudaIndex(device); index >= 0) {
     // Not compiled, no GPU, index out of range: CheckDeviceAvailable says which, and what to do.
     if (std::string err = CheckDeviceAvailable(device, 1); !err.empty()) return "device \"" + device + "\": " + err;

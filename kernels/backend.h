@@ -80,9 +80,15 @@ class TrainingBackend {
   virtual float* param_buffer() = 0;
   virtual void params_written(size_t offset, size_t count) = 0;
 
-  // AdamW moments and step (checkpoints, a learner that rejoins).
+  // AdamW moments and step (checkpoints, a learner that rejoins), in table layout. A rank of a
+  // sharded ring keeps only optimizer_range(): download writes that range of out->m and out->v
+  // (sizing them to num_params first when they are not), upload takes that range of state, so
+  // each rank of a ring downloading into one state gathers it whole (LocalRing::Download).
   virtual void download_optimizer(AdamWState* out) const = 0;
   virtual void upload_optimizer(const AdamWState& state) = 0;
+  // The parameters whose AdamW state this rank keeps and updates: all of them unsharded.
+  virtual ParamRange optimizer_range() const { return {0, num_params()}; }
+  virtual ShardMode shard() const { return ShardMode::kNone; }
 
   // Runs forward and backward on inputs/targets (B,T) (host memory) and
   // OVERWRITES grad_buffer() with the gradient of the batch's mean loss,
@@ -97,6 +103,15 @@ class TrainingBackend {
   // gradient buffer, exactly as train_step() (kernels/train_step.h): nothing
   // changes and applied is false when the loss or the norm is not finite.
   virtual StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) = 0;
+
+  // One inner step of a rank of a sharded ring (shard() != kNone; ring_train_step calls it):
+  // the loss averaged over the ring first (a non-finite mean skips the step on every rank),
+  // backward, the gradients reduce-scattered (all at once for kOptimizer, bucket by bucket as
+  // backward finishes them for kGradients), the global norm from the ranks' chunk sums, clip +
+  // AdamW on this rank's shard, and the parameters all-gathered. Every rank ends with the
+  // parameters, bit for bit, of the unsharded ring.
+  virtual CommStatus sharded_train_step(LocalComm& comm, const int* inputs, const int* targets, int B, int T,
+                                        const AdamWHyper& hp, double grad_clip, StepStats* stats);
 
   // One whole step on one rank: forward_backward + apply_update.
   StepStats train_step(const int* inputs, const int* targets, int B, int T, const AdamWHyper& hp,

@@ -22,11 +22,18 @@ size_t TrainingBackend::checked_fragment_numel(const std::vector<ParamRange>& ra
   return numel;
 }
 
+CommStatus TrainingBackend::sharded_train_step(LocalComm&, const int*, const int*, int, int, const AdamWHyper&,
+                                               double, StepStats*) {
+  return CommStatus::Error("the " + name() + " backend does not shard its state yet: set train.shard: none");
+}
+
 CommStatus ring_train_step(TrainingBackend& backend, LocalComm& comm, const int* inputs, const int* targets, int B,
                            int T, const AdamWHyper& hp, double grad_clip, StepStats* stats) {
   DL_CHECK(comm.memory() == backend.grad_memory(),
            "ring %s and backend %s keep buffers in different memories", comm.name().c_str(),
            backend.name().c_str());
+  if (backend.shard() != ShardMode::kNone)
+    return backend.sharded_train_step(comm, inputs, targets, B, T, hp, grad_clip, stats);
   double loss = backend.forward_backward(inputs, targets, B, T);
   if (comm.world_size() > 1) {
     CommStatus st = comm.all_reduce(backend.grad_buffer(), backend.num_params(), ReduceOp::kMean);

@@ -19,4 +19,12 @@ struct AdamWState {
 void adamw_step(float* params, const float* grads, AdamWState& state,
                 const TensorTable& table, const AdamWHyper& hp);
 
+// The same step over the values [offset, offset + count) of the table only
+// (a rank's shard): state.m and state.v hold those count values, params and
+// grads point at the whole buffer. Every value gets the bits adamw_step
+// gives it.
+void adamw_step_range(float* params, const float* grads, AdamWState& state,
+                      const TensorTable& table, const AdamWHyper& hp, size_t offset,
+                      size_t count);
+
 }  // namespace diloco

@@ -246,12 +246,12 @@ Status SaveCheckpoint(const std::string& path, const GptConfig& model, const flo
                              "checkpoint");
 }
 
-Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, long step,
-                      const std::string& config_yaml) {
+Status SaveCheckpoint(const std::string& path, const LocalRing& ring, long step, const std::string& config_yaml) {
+  const TrainingBackend& backend = ring.backend(0);
   std::vector<float> params(backend.num_params());
   backend.download_params(params.data());
   AdamWState optimizer;
-  backend.download_optimizer(&optimizer);
+  ring.DownloadOptimizer(&optimizer);
   return SaveCheckpoint(path, backend.config(), params.data(), optimizer, step, config_yaml);
 }
 

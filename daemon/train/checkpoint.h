@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "daemon/util/status.h"
+#include "daemon/train/local_ring.h"
 #include "kernels/backend.h"
 #include "kernels/gpt.h"
 #include "kernels/optimizer.h"
@@ -60,9 +61,9 @@ struct Checkpoint {
 // on any other (cpu <-> cuda).
 Status SaveCheckpoint(const std::string& path, const GptConfig& model, const float* params,
                       const AdamWState& optimizer, long step, const std::string& config_yaml);
-// The backend's parameters and AdamW state, downloaded from wherever they live.
-Status SaveCheckpoint(const std::string& path, const TrainingBackend& backend, long step,
-                      const std::string& config_yaml);
+// A ring's parameters (rank 0's) and whole AdamW state (every rank's part when it is sharded),
+// downloaded from wherever they live. Call it from rank 0 while the other ranks wait.
+Status SaveCheckpoint(const std::string& path, const LocalRing& ring, long step, const std::string& config_yaml);
 
 // Reads and verifies (magic, version, dtype, both CRCs, sizes, table digest).
 Status LoadCheckpoint(const std::string& path, Checkpoint* out);

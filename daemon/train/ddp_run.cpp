@@ -142,11 +142,14 @@ class DdpHook final : public InnerLoopHook {
                              {"bytes_up", res_->bytes_up}});
     }
     if (learner_ == 0 && tc.checkpoint_every > 0 && done % tc.checkpoint_every == 0 && done < tc.steps)
-      return SaveCheckpoint(checkpoint_path_, backend, done, RunConfigToYaml(cfg_));
+      return SaveCheckpoint(checkpoint_path_, *ring_, done, RunConfigToYaml(cfg_));
     return Status::Ok();
   }
 
+ void SetRing(const LocalRing* ring) { ring_ = ring; }
+
  private:
+  const LocalRing* ring_ = nullptr;  // checkpoints gather the AdamW state of every rank
   const RunConfig& cfg_;
   const int learner_;
   const uint64_t ring_bytes_;
@@ -221,12 +224,13 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   if (!cfg.chaos.empty()) {
     chaos_target = std::make_unique<DdpChaos>(M);
     // A fault before the first periodic checkpoint rolls back to the start.
-    DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, ring->backend(0), start_step, RunConfigToYaml(cfg)));
+    DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, *ring, start_step, RunConfigToYaml(cfg)));
   }
   std::vector<std::unique_ptr<DdpHook>> hooks;
   for (int i = 0; i < M; i++)
     hooks.push_back(std::make_unique<DdpHook>(cfg, i, R, ring_bytes, &metrics, &metrics_mu, checkpoint_path,
                                               &results[i], chaos_target.get(), &step_log, run_hooks.before_step));
+  for (auto& hook : hooks) hook->SetRing(ring.get());
   long step = start_step;
   std::vector<uint32_t> param_crc(M * R);
   std::vector<std::vector<std::pair<int64_t, int64_t>>> down_spans(M), blocked_spans(M);
@@ -285,7 +289,7 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
     if (param_crc[g] != param_crc[0])
       return Status::Error("ddp: rank " + std::to_string(g) + " ended with other parameters than rank 0 " +
                            "(the all-reduce must leave every copy bitwise equal); this is a bug");
-  DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, ring->backend(0), step, RunConfigToYaml(cfg)));
+  DL_RETURN_IF_ERROR(SaveCheckpoint(checkpoint_path, *ring, step, RunConfigToYaml(cfg)));
 
   if (details) *details = {};
   for (int i = 0; i < M; i++) {

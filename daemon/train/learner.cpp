@@ -934,7 +934,7 @@ double LearnerLoop::StretchStep(double step_s) {
 // The learner's own moments, for a restart (its parameters then come from a snapshot).
 Status LearnerLoop::SaveMomentsIfDue(long done) {
   if (!o_.run_dir.empty() && tc_.checkpoint_every > 0 && done % tc_.checkpoint_every == 0)
-    DL_RETURN_IF_ERROR(SaveCheckpoint(LearnerCheckpointPath(o_.run_dir, o_.index), backend_, done,
+    DL_RETURN_IF_ERROR(SaveCheckpoint(LearnerCheckpointPath(o_.run_dir, o_.index), ring_, done,
                                       RunConfigToYaml(cfg_))
                            .WithContext(me_ + ": saving its moments"));
   return Status::Ok();

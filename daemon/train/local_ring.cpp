@@ -16,13 +16,21 @@ uint32_t ParamsCrc32c(const TrainingBackend& backend) {
 
 Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out) {
   if (options.ranks < 1) return Status::Error("train.ranks must be at least 1, not " + std::to_string(options.ranks));
+  if (options.hosts != 1)
+    return Status::Error("train.hosts " + std::to_string(options.hosts) +
+                         ": a learner's ring across several hosts is not built yet; this ring runs on one host "
+                         "(set train.hosts: 1 and use train.ranks)");
   std::unique_ptr<LocalRing> ring(new LocalRing());
   ring->options_ = options;
   ring->threads_per_rank_ = std::max(1, options.threads / options.ranks);
   BackendOptions bo;
   bo.model = options.model;
   bo.max_batch = options.batch_size;
+  bo.recompute = options.recompute;
+  bo.shard = options.shard;
+  bo.world = options.ranks;
   for (int r = 0; r < options.ranks; r++) {
+    bo.rank = r;
     std::unique_ptr<TrainingBackend> backend;
     if (std::string err = CreateBackend(RankDevice(options.device, r), bo, &backend); !err.empty())
       return Status::Error("train.device " + options.device + " (rank " + std::to_string(r) + " of " +
@@ -47,6 +55,14 @@ void LocalRing::Upload(const float* params, const AdamWState* optimizer) {
   for (auto& b : backends_) {
     b->upload_params(params);
     b->upload_optimizer(optimizer ? *optimizer : AdamWState{});
+  }
+}
+
+void LocalRing::DownloadOptimizer(AdamWState* out) const {
+  *out = AdamWState{};
+  for (const auto& b : backends_) {
+    b->download_optimizer(out);
+    if (b->shard() == ShardMode::kNone) return;  // rank 0 holds it all
   }
 }
 

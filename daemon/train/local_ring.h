@@ -20,6 +20,9 @@ struct LocalRingOptions {
   GptConfig model;
   int batch_size = 1;  // sequences per rank per forward_backward (train.batch_size)
   int threads = 1;     // CPU threads for the whole ring (OpenMP), shared by the ranks
+  int hosts = 1;       // train.hosts: a ring across hosts is not built yet (Create refuses more than 1)
+  ShardMode shard = ShardMode::kNone;  // train.shard
+  bool recompute = false;              // train.recompute
 };
 
 // CRC32C of a backend's parameters: the ranks of a ring must agree bit for bit.
@@ -36,11 +39,16 @@ class LocalRing {
   // "cpu × 2" or "cuda:0 NVIDIA H200 (...) × 4": for logs and status.
   std::string description() const;
   TrainingBackend& backend(int rank) { return *backends_[rank]; }
+  const TrainingBackend& backend(int rank) const { return *backends_[rank]; }
   LocalComm& comm(int rank) { return *comms_[rank]; }
   int threads_per_rank() const { return threads_per_rank_; }
 
-  // Every rank from the same host parameters (and AdamW state, when given).
+  // Every rank from the same host parameters (and AdamW state, when given; each rank of a
+  // sharded ring keeps its part).
   void Upload(const float* params, const AdamWState* optimizer = nullptr);
+  // The ring's whole AdamW state: rank 0's, or every rank's part of a sharded ring. Call it while
+  // the other ranks wait (in a hook of rank 0), as checkpoints do.
+  void DownloadOptimizer(AdamWState* out) const;
 
   // Runs fn(rank) on one thread per rank (rank 0 on this thread), each with threads_per_rank()
   // OpenMP threads. A rank that fails aborts the ring, so no rank waits forever in a collective.

@@ -121,6 +121,9 @@ LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads) {
   ro.model = GptConfigOf(config.model);
   ro.batch_size = config.train.batch_size;
   ro.threads = threads;
+  ro.hosts = config.train.hosts;
+  ro.shard = config.train.shard;
+  ro.recompute = config.train.recompute;
   return ro;
 }
 
@@ -185,8 +188,10 @@ class SingleLearnerHook final : public InnerLoopHook {
         start_step_(start_step), s_(summary), progress_(options.progress, options.config.train.log_every),
         config_yaml_(RunConfigToYaml(options.config)), started_(Clock::now()) {}
 
-  Status Save(TrainingBackend& backend, long at_step) {
-    DL_RETURN_IF_ERROR(SaveCheckpoint(s_->checkpoint, backend, at_step, config_yaml_));
+  void SetRing(const LocalRing* ring) { ring_ = ring; }
+
+  Status Save(TrainingBackend&, long at_step) {
+    DL_RETURN_IF_ERROR(SaveCheckpoint(s_->checkpoint, *ring_, at_step, config_yaml_));
     return metrics_->Write({{"event", "checkpoint"}, {"step", at_step}, {"path", s_->checkpoint}});
   }
 
@@ -274,6 +279,7 @@ class SingleLearnerHook final : public InnerLoopHook {
   TrainSummary* s_;
   ProgressLine progress_;
   const std::string config_yaml_;
+  const LocalRing* ring_ = nullptr;  // checkpoints gather the AdamW state of every rank
   const Clock::time_point started_;
   double recent_loss_sum_ = 0;
   int recent_count_ = 0;
@@ -318,6 +324,7 @@ Status RunTraining(const TrainOptions& options, TrainSummary* summary) {
 
   StopSignals signals;
   SingleLearnerHook hook(options, &metrics, &val, (long)R * B * T, start_step, &s);
+  hook.SetRing(ring.get());
   long step = start_step;
   DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
     long done = 0;

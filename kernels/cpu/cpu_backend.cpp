@@ -9,7 +9,71 @@
 
 namespace diloco {
 
-CpuBackend::CpuBackend(const BackendOptions& options) : model_(options.model, options.max_batch) {}
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : model_(options.model, options.max_batch, GptOptions{options.recompute}), shard_mode_(options.shard) {
+  shard_ = {0, num_params()};
+  if (shard_mode_ != ShardMode::kNone) {
+    shard_counts_ = ShardCounts(num_params(), options.world);
+    shard_ = {PartOffset(shard_counts_, options.rank), shard_counts_[options.rank]};
+  }
+}
+
+void CpuBackend::download_optimizer(AdamWState* out) const {
+  if (shard_mode_ == ShardMode::kNone) {
+    *out = optimizer_;
+    return;
+  }
+  const size_t n = num_params();
+  if (out->m.size() != n) out->m.assign(n, 0.0f);
+  if (out->v.size() != n) out->v.assign(n, 0.0f);
+  out->step = optimizer_.step;
+  if (optimizer_.m.empty()) return;  // no step yet: zero moments
+  std::copy(optimizer_.m.begin(), optimizer_.m.end(), out->m.begin() + shard_.offset);
+  std::copy(optimizer_.v.begin(), optimizer_.v.end(), out->v.begin() + shard_.offset);
+}
+
+void CpuBackend::upload_optimizer(const AdamWState& state) {
+  if (shard_mode_ == ShardMode::kNone) {
+    optimizer_ = state;
+    return;
+  }
+  optimizer_ = AdamWState{};
+  optimizer_.step = state.step;
+  if (state.m.empty()) return;  // a fresh optimizer: the first step sizes the moments
+  DL_CHECK(state.m.size() == num_params() && state.v.size() == num_params(), "optimizer state of %zu values, model %zu",
+           state.m.size(), num_params());
+  optimizer_.m.assign(state.m.begin() + shard_.offset, state.m.begin() + shard_.offset + shard_.count);
+  optimizer_.v.assign(state.v.begin() + shard_.offset, state.v.begin() + shard_.offset + shard_.count);
+}
+
+CommStatus CpuBackend::sharded_train_step(LocalComm& comm, const int* inputs, const int* targets, int B, int T,
+                                          const AdamWHyper& hp, double grad_clip, StepStats* stats) {
+  DL_CHECK(comm.world_size() == (int)shard_counts_.size(), "a backend sharded %zu ways on a ring of %d",
+           shard_counts_.size(), comm.world_size());
+  StepStats s;
+  // The mean loss first: a rank whose loss is not finite makes every rank skip the step together.
+  s.loss = model_.forward(inputs, targets, B, T);
+  if (CommStatus st = comm.all_reduce_host(&s.loss, 1, ReduceOp::kMean); !st.ok()) return st;
+  *stats = s;
+  if (!std::isfinite(s.loss)) return CommStatus::Ok();
+  model_.zero_grad();
+  model_.backward();
+  float* grads = model_.grads();
+  if (CommStatus st = comm.reduce_scatter(grads, shard_counts_, ReduceOp::kMean); !st.ok()) return st;
+  // Every norm chunk lies in one shard: each rank sums its own, the ring adds zeros to the rest.
+  std::vector<double> partial((num_params() + kNormChunk - 1) / kNormChunk, 0.0);
+  norm_chunk_sums(grads + shard_.offset, shard_.count, partial.data() + shard_.offset / kNormChunk);
+  if (CommStatus st = comm.all_reduce_host(partial.data(), (int)partial.size(), ReduceOp::kSum); !st.ok()) return st;
+  s.grad_norm = norm_of_chunk_sums(partial.data(), partial.size());
+  *stats = s;
+  if (!std::isfinite(s.grad_norm)) return CommStatus::Ok();
+  AdamWHyper clipped = hp;
+  clipped.grad_scale = hp.grad_scale * clip_scale(s.grad_norm, grad_clip);
+  adamw_step_range(model_.params(), grads, optimizer_, model_.table(), clipped, shard_.offset, shard_.count);
+  if (CommStatus st = comm.all_gather(model_.params(), shard_counts_); !st.ok()) return st;
+  stats->applied = true;
+  return CommStatus::Ok();
+}
 
 void CpuBackend::upload_params(const float* host, size_t offset, size_t count) {
   DL_CHECK(offset + count <= num_params(), "params range [%zu, +%zu) outside %zu", offset, count, num_params());

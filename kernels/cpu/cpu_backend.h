@@ -18,8 +18,12 @@ class CpuBackend final : public TrainingBackend {
   void download_params(float* host, size_t offset, size_t count) const override;
   float* param_buffer() override { return model_.params(); }
   void params_written(size_t, size_t) override {}  // no second copy on the CPU
-  void download_optimizer(AdamWState* out) const override { *out = optimizer_; }
-  void upload_optimizer(const AdamWState& state) override { optimizer_ = state; }
+  void download_optimizer(AdamWState* out) const override;
+  void upload_optimizer(const AdamWState& state) override;
+  ParamRange optimizer_range() const override { return shard_; }
+  ShardMode shard() const override { return shard_mode_; }
+  CommStatus sharded_train_step(LocalComm& comm, const int* inputs, const int* targets, int B, int T,
+                                const AdamWHyper& hp, double grad_clip, StepStats* stats) override;
 
   double forward_backward(const int* inputs, const int* targets, int B, int T) override;
   float* grad_buffer() override { return model_.grads(); }
@@ -54,6 +58,10 @@ class CpuBackend final : public TrainingBackend {
   void scatter(const SyncFragment& f, const float* packed);
 
   Gpt model_;
+  // Sharded rings: this rank keeps AdamW moments for shard_ only (the whole table unsharded).
+  ShardMode shard_mode_;
+  std::vector<size_t> shard_counts_;  // every rank's share, ShardCounts(num_params, world)
+  ParamRange shard_;
   AdamWState optimizer_;
   std::vector<SyncFragment> sync_;
   std::vector<float> scratch_, scratch2_, residual_scratch_;

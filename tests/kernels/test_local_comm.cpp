@@ -255,3 +255,136 @@ TEST_CASE("shard counts: contiguous, aligned to the norm chunk, as even as that 
 }
 
 }  // namespace diloco
+
+namespace diloco {
+using namespace diloco::testing;
+
+namespace {
+
+struct RingRun {
+  std::vector<std::vector<float>> params;  // per rank, at the end
+  std::vector<StepStats> last;             // per rank, the last step's stats
+  AdamWState optimizer;                    // gathered from every rank's part
+};
+
+// `steps` steps of a ring of R CPU ranks with the given sharding, from init seed 3, the ranks
+// taking rows [r * B, +B) of each step's batch. Every step must apply.
+RingRun run_ring(const GptConfig& c, int R, ShardMode shard, int steps, double clip, const AdamWState* start = nullptr,
+                 const std::vector<float>* start_params = nullptr, int first_step = 0) {
+  const int B = 2, T = c.block_size;
+  const AdamWHyper hp{.lr = 1e-2f, .weight_decay = 0.1f};
+  RingRun run;
+  run.params.resize(R);
+  run.last.resize(R);
+  std::vector<AdamWState> parts(R);
+  ThreadCommGroup group(R);
+  std::atomic<int> failures{0};
+  run_ranks(group, [&](int r, LocalComm& comm) {
+    std::unique_ptr<TrainingBackend> backend;
+    BackendOptions o{c, B};
+    o.shard = shard;
+    o.rank = r;
+    o.world = R;
+    if (!CreateBackend("cpu", o, &backend).empty()) {
+      failures++;
+      return;
+    }
+    if (start_params) {
+      backend->upload_params(start_params->data());
+    } else {
+      backend->init_weights(3);
+    }
+    if (start) backend->upload_optimizer(*start);
+    std::vector<int> in, tg;
+    for (int s = first_step; s < first_step + steps; s++) {
+      ring_batch(s, r * B, B, T, &in, &tg);
+      StepStats st;
+      if (!ring_train_step(*backend, comm, in.data(), tg.data(), B, T, hp, clip, &st).ok() || !st.applied)
+        failures++;
+      run.last[r] = st;
+    }
+    run.params[r].resize(backend->num_params());
+    backend->download_params(run.params[r].data());
+    backend->download_optimizer(&parts[r]);
+  });
+  REQUIRE(failures == 0);
+  // What LocalRing::DownloadOptimizer does: each rank writes its part into one state.
+  for (int r = 0; r < R; r++) {
+    AdamWState& part = parts[r];
+    if (shard == ShardMode::kNone) {
+      if (r == 0) run.optimizer = part;
+      continue;
+    }
+    if (run.optimizer.m.empty()) run.optimizer = part;
+    const std::vector<size_t> counts = ShardCounts(part.m.size(), R);
+    const size_t lo = PartOffset(counts, r);
+    std::copy_n(part.m.begin() + lo, counts[r], run.optimizer.m.begin() + lo);
+    std::copy_n(part.v.begin() + lo, counts[r], run.optimizer.v.begin() + lo);
+  }
+  return run;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+GptConfig shard_config(int n_embd) {
+  GptConfig c;
+  c.vocab_size = 256;  // ring_batch's bytes
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_embd = n_embd;
+  c.n_head = 2;
+  return c;
+}
+
+}  // namespace
+
+// Bitwise, not only close: reduce_scatter sums each value in the rank order all_reduce uses, the
+// norm's chunks are whole on one rank each and added in chunk order, and AdamW is elementwise.
+TEST_CASE("a sharded ring (ZeRO-1) trains bit for bit as the unsharded ring", "[unit][kernels]") {
+  // 64 wide: ~117k parameters, 8 norm chunks (a partial last one), so every rank of 2 and 4
+  // owns a part; 8 wide: ~3.9k parameters, one chunk, so ranks 1.. own nothing.
+  for (int width : {64, 8}) {
+    for (int R : {2, 4}) {
+      for (double clip : {1.0, 0.0}) {
+        CAPTURE(width, R, clip);
+        const GptConfig c = shard_config(width);
+        const RingRun plain = run_ring(c, R, ShardMode::kNone, 20, clip);
+        const RingRun sharded = run_ring(c, R, ShardMode::kOptimizer, 20, clip);
+        for (int r = 0; r < R; r++) {
+          CHECK(same_bits(sharded.params[r], plain.params[0]));
+          CHECK(sharded.last[r].loss == plain.last[0].loss);
+          CHECK(sharded.last[r].grad_norm == plain.last[0].grad_norm);
+        }
+        CHECK(same_bits(sharded.optimizer.m, plain.optimizer.m));
+        CHECK(same_bits(sharded.optimizer.v, plain.optimizer.v));
+        CHECK(sharded.optimizer.step == plain.optimizer.step);
+      }
+    }
+  }
+}
+
+TEST_CASE("a sharded ring resumes from a gathered optimizer state as the unsharded ring does", "[unit][kernels]") {
+  const GptConfig c = shard_config(64);
+  const RingRun whole = run_ring(c, 4, ShardMode::kNone, 10, 1.0);
+  const RingRun first = run_ring(c, 4, ShardMode::kOptimizer, 6, 1.0);
+  // A checkpoint at step 6 (gathered moments), loaded by a new sharded ring of another size.
+  const RingRun second = run_ring(c, 4, ShardMode::kOptimizer, 4, 1.0, &first.optimizer, &first.params[0], 6);
+  CHECK(same_bits(second.params[0], whole.params[0]));
+  CHECK(same_bits(second.optimizer.m, whole.optimizer.m));
+}
+
+TEST_CASE("a backend refuses a rank outside its ring, and the cpu alone shards", "[unit][kernels]") {
+  std::unique_ptr<TrainingBackend> backend;
+  BackendOptions o{shard_config(8), 1};
+  o.shard = ShardMode::kOptimizer;
+  o.rank = 2;
+  o.world = 2;
+  CHECK(CreateBackend("cpu", o, &backend).find("rank 2 of a ring of 2") != std::string::npos);
+  o.rank = 0;
+  const std::string err = CreateBackend("cuda", o, &backend);
+  CHECK(err.find("train.shard: optimizer runs on the cpu backend only") != std::string::npos);
+}
+
+}  // namespace diloco
