@@ -964,7 +964,9 @@ Status Validate(const RunConfig& c, const Origins& origins) {
   }
   DL_RETURN_IF_ERROR(at_least("train.ranks", t.ranks, 1, " (the learner's local ring size)"));
   DL_RETURN_IF_ERROR(at_least("train.hosts", t.hosts, 1, " (the hosts of the site the learner's ring spans)"));
-  if (t.shard != ShardMode::kNone && t.hosts * t.ranks < 2) {
+  // ddp runs every learner in one ring.
+  const int ring_ranks = t.hosts * t.ranks * (c.sync.mode == SyncMode::kDdp ? std::max(1, c.sync.learners) : 1);
+  if (t.shard != ShardMode::kNone && ring_ranks < 2) {
     return fail("train.shard",
                 std::string(ToString(t.shard)) +
                     " shards the learner's state over its ring, and a ring of 1 rank has nothing to shard: "

@@ -245,6 +245,11 @@ TEST_CASE("invalid values name the key and the limit", "[unit][config]") {
       {"model.n_head=0", "model.n_head: must be >= 1, got 0"},
       {"model.block_size=0", "model.block_size: must be >= 1, got 0"},
       {"train.batch_size=0", "train.batch_size: must be >= 1, got 0"},
+      {"train.hosts=0", "train.hosts: must be >= 1 (the hosts of the site the learner's ring spans), got 0"},
+      {"train.shard=optimizer", "train.shard: optimizer shards the learner's state over its ring, and a ring of 1 "
+                                "rank has nothing to shard"},
+      {"train.shard=zero3", "train.shard"},
+      {"train.recompute=yes", "train.recompute"},
       {"train.steps=-1", "train.steps: must be >= 0, got -1"},
       {"train.lr=-0.1", "train.lr: must be >= 0, got -0.1"},
       {"train.min_lr=0.01", "train.min_lr: 0.01 is greater than train.lr 0.001"},
@@ -434,6 +439,12 @@ TEST_CASE("device, ranks, vocabulary and data format", "[unit][config]") {
   REQUIRE(Parse(kMinimal, {"data.format=tokens"}, &config).ok());  // 256 is a valid token vocabulary
   REQUIRE(Parse(kMinimal, {"train.device=cuda"}, &config).ok());
   REQUIRE(Parse(kMinimal, {"train.device=cpu", "train.ranks=16"}, &config).ok());
+  REQUIRE(Parse(kMinimal, {"train.ranks=2", "train.shard=gradients", "train.recompute=true"}, &config).ok());
+  CHECK(config.train.shard == ShardMode::kGradients);
+  CHECK(config.train.recompute);
+  CHECK(RunConfigToYaml(config).find("shard: gradients") != std::string::npos);
+  // ddp's ring is every learner's ranks.
+  REQUIRE(Parse(kMinimal, {"sync.mode=ddp", "sync.learners=2", "train.shard=optimizer"}, &config).ok());
 
   // Each bad value names the place, the key and the rule.
   const std::string head = std::string(kMinimal) + "model:\n";  // line 3
