@@ -459,6 +459,10 @@ struct Daemon::Impl {
     // The learners placed here must fit this site's devices (daemon config) and this machine; each
     // gets its own GPUs (StartRoles).
     const int here = (int)std::count(cfg.placement.learners.begin(), cfg.placement.learners.end(), config.site);
+    if (here > 0 && cfg.train.hosts > 1)
+      return Status::Error("site '" + config.site + "' runs a learner on this one host; the job asks for train.hosts " +
+                           std::to_string(cfg.train.hosts) +
+                           ": a learner's ring across several hosts is not built yet, set train.hosts: 1");
     if (here > 0) {
       TrainConfig all = cfg.train;
       all.ranks *= here;
