@@ -1,5 +1,6 @@
 #include "kernels/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -47,16 +48,18 @@ TensorTable gpt_tensor_table(const GptConfig& g) {
 bool gpt_tensor_decays(const TensorInfo& tensor) { return tensor.shape.size() == 2; }
 
 Gpt::Gpt(const GptConfig& config, int max_batch, const GptOptions& options)
-    : config_(config), max_batch_(max_batch), table_(gpt_tensor_table(config)) {
-  DL_CHECK(!options.recompute, "GptOptions::recompute is not implemented yet");
+    : config_(config), max_batch_(max_batch), options_(options), table_(gpt_tensor_table(config)) {
   DL_CHECK(config.n_embd % config.n_head == 0, "n_embd %d %% n_head %d", config.n_embd, config.n_head);
   DL_CHECK(max_batch > 0 && config.block_size > 0, "empty batch");
   params_.assign(table_.total_numel(), 0.0f);
-  grads_.assign(table_.total_numel(), 0.0f);
+  if (options.keep_grads) grads_.assign(table_.total_numel(), 0.0f);
 
   const size_t B = max_batch, T = config.block_size, C = config.n_embd;
   const size_t L = config.n_layer, NH = config.n_head, V = config.vocab_size;
   const size_t N = B * T;
+  // Per-layer slots: one per layer, or with recompute one shared by all blocks. residual3 keeps
+  // L slots either way, since block l's output is what block l+1's recompute starts from.
+  const size_t LS = options.recompute ? std::min<size_t>(L, 1) : L;
   // Carve every activation out of one buffer.
   struct Slot {
     float** ptr;
@@ -65,11 +68,11 @@ Gpt::Gpt(const GptConfig& config, int max_batch, const GptOptions& options)
   Activations& a = acts_;
   const Slot slots[] = {
       {&a.encoded, N * C},
-      {&a.ln1, L * N * C}, {&a.ln1_mean, L * N}, {&a.ln1_rstd, L * N},
-      {&a.qkv, L * N * 3 * C}, {&a.atty, L * N * C}, {&a.att, L * B * NH * T * T},
-      {&a.attproj, L * N * C}, {&a.residual2, L * N * C},
-      {&a.ln2, L * N * C}, {&a.ln2_mean, L * N}, {&a.ln2_rstd, L * N},
-      {&a.fch, L * N * 4 * C}, {&a.fch_gelu, L * N * 4 * C}, {&a.fcproj, L * N * C},
+      {&a.ln1, LS * N * C}, {&a.ln1_mean, LS * N}, {&a.ln1_rstd, LS * N},
+      {&a.qkv, LS * N * 3 * C}, {&a.atty, LS * N * C}, {&a.att, LS * B * NH * T * T},
+      {&a.attproj, LS * N * C}, {&a.residual2, LS * N * C},
+      {&a.ln2, LS * N * C}, {&a.ln2_mean, LS * N}, {&a.ln2_rstd, LS * N},
+      {&a.fch, LS * N * 4 * C}, {&a.fch_gelu, LS * N * 4 * C}, {&a.fcproj, LS * N * C},
       {&a.residual3, L * N * C},
       {&a.lnf, N * C}, {&a.lnf_mean, N}, {&a.lnf_rstd, N},
       {&a.logits, N * V}, {&a.losses, N},
@@ -93,11 +96,34 @@ float* Gpt::tensor(float* base, const char* name) const {
 }
 
 Gpt::LayerParams Gpt::layer(float* base, int l) const {
-  // Block l's tensors follow wte and wpe in kBlockTensors order.
+  return layer_in_block(base + block_range(l).offset, l);
+}
+
+Gpt::LayerParams Gpt::layer_in_block(float* block, int l) const {
+  // Block l's tensors follow wte and wpe in kBlockTensors order, back to back.
   const std::vector<TensorInfo>& ts = table_.tensors();
+  const size_t start = block_range(l).offset;
   float* p[kNumBlockTensors];
-  for (int k = 0; k < kNumBlockTensors; k++) p[k] = base + ts[2 + l * kNumBlockTensors + k].offset;
+  for (int k = 0; k < kNumBlockTensors; k++) p[k] = block + (ts[2 + l * kNumBlockTensors + k].offset - start);
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+}
+
+Gpt::Range Gpt::embedding_range() const {
+  const TensorInfo* wpe = table_.find("wpe");
+  return {0, wpe->offset + wpe->numel};  // wte is at 0, wpe right after it
+}
+
+Gpt::Range Gpt::block_range(int l) const {
+  const std::vector<TensorInfo>& ts = table_.tensors();
+  const TensorInfo& first = ts[2 + l * kNumBlockTensors];
+  const TensorInfo& last = ts[2 + l * kNumBlockTensors + kNumBlockTensors - 1];
+  return {first.offset, last.offset + last.numel - first.offset};
+}
+
+Gpt::Range Gpt::lnf_range() const {
+  const TensorInfo* w = table_.find("ln_f.weight");
+  const TensorInfo* b = table_.find("ln_f.bias");
+  return {w->offset, b->offset + b->numel - w->offset};
 }
 
 void gpt_init_params(const GptConfig& config, uint64_t seed, float* params) {
@@ -121,49 +147,59 @@ void gpt_init_params(const GptConfig& config, uint64_t seed, float* params) {
 
 void Gpt::init_weights(uint64_t seed) { gpt_init_params(config_, seed, params_.data()); }
 
+void Gpt::block_forward(int l, int slot, const float* residual, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head;
+  const int N = B * T;
+  // Activation strides are fixed by max_batch and block_size; a smaller
+  // batch uses the front of each slot.
+  const size_t NC = (size_t)max_batch_ * config_.block_size * C;
+  const size_t NR = (size_t)max_batch_ * config_.block_size;
+  const size_t ATT = (size_t)max_batch_ * NH * config_.block_size * config_.block_size;
+  const LayerParams w = layer(params(), l);
+  Activations& a = acts_;
+  float* ln1 = a.ln1 + slot * NC;
+  float* qkv = a.qkv + slot * 3 * NC;
+  float* atty = a.atty + slot * NC;
+  float* attproj = a.attproj + slot * NC;
+  float* residual2 = a.residual2 + slot * NC;
+  float* ln2 = a.ln2 + slot * NC;
+  float* fch = a.fch + slot * 4 * NC;
+  float* fch_gelu = a.fch_gelu + slot * 4 * NC;
+  float* fcproj = a.fcproj + slot * NC;
+  float* residual3 = a.residual3 + l * NC;
+  layernorm_forward(ln1, a.ln1_mean + slot * NR, a.ln1_rstd + slot * NR, residual, w.ln1w, w.ln1b, N, C);
+  matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
+  attention_forward(atty, a.att + slot * ATT, qkv, B, T, C, NH);
+  matmul_forward(attproj, atty, w.attprojw, w.attprojb, N, C, C);
+  residual_forward(residual2, residual, attproj, (size_t)N * C);
+  layernorm_forward(ln2, a.ln2_mean + slot * NR, a.ln2_rstd + slot * NR, residual2, w.ln2w, w.ln2b, N, C);
+  matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
+  gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
+  matmul_forward(fcproj, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
+  residual_forward(residual3, residual2, fcproj, (size_t)N * C);
+}
+
 double Gpt::forward(const int* inputs, const int* targets, int B, int T) {
   DL_CHECK(B >= 1 && B <= max_batch_, "batch %d outside [1, %d]", B, max_batch_);
   DL_CHECK(T >= 1 && T <= config_.block_size, "sequence %d outside [1, %d]", T, config_.block_size);
-  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int C = config_.n_embd, V = config_.vocab_size;
   const int L = config_.n_layer;
   const int N = B * T;
   for (int i = 0; i < N; i++) {
     DL_CHECK(inputs[i] >= 0 && inputs[i] < V, "token %d out of vocabulary", inputs[i]);
     if (targets) DL_CHECK(targets[i] >= 0 && targets[i] < V, "target %d out of vocabulary", targets[i]);
   }
-  // Activation strides are fixed by max_batch and block_size; a smaller
-  // batch uses the front of each layer's slot.
   const size_t NC = (size_t)max_batch_ * config_.block_size * C;
-  const size_t NR = (size_t)max_batch_ * config_.block_size;
-  const size_t ATT = (size_t)max_batch_ * NH * config_.block_size * config_.block_size;
   Activations& a = acts_;
 
   encoder_forward(a.encoded, inputs, tensor(params(), "wte"), tensor(params(), "wpe"), B, T, C);
-  const float* residual = a.encoded;
+  // Without recompute each block keeps its own slot; with it they all share slot 0 and only
+  // the outputs (residual3) survive the loop.
   for (int l = 0; l < L; l++) {
-    const LayerParams w = layer(params(), l);
-    float* ln1 = a.ln1 + l * NC;
-    float* qkv = a.qkv + l * 3 * NC;
-    float* atty = a.atty + l * NC;
-    float* attproj = a.attproj + l * NC;
-    float* residual2 = a.residual2 + l * NC;
-    float* ln2 = a.ln2 + l * NC;
-    float* fch = a.fch + l * 4 * NC;
-    float* fch_gelu = a.fch_gelu + l * 4 * NC;
-    float* fcproj = a.fcproj + l * NC;
-    float* residual3 = a.residual3 + l * NC;
-    layernorm_forward(ln1, a.ln1_mean + l * NR, a.ln1_rstd + l * NR, residual, w.ln1w, w.ln1b, N, C);
-    matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
-    attention_forward(atty, a.att + l * ATT, qkv, B, T, C, NH);
-    matmul_forward(attproj, atty, w.attprojw, w.attprojb, N, C, C);
-    residual_forward(residual2, residual, attproj, (size_t)N * C);
-    layernorm_forward(ln2, a.ln2_mean + l * NR, a.ln2_rstd + l * NR, residual2, w.ln2w, w.ln2b, N, C);
-    matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
-    gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
-    matmul_forward(fcproj, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
-    residual_forward(residual3, residual2, fcproj, (size_t)N * C);
-    residual = residual3;
+    const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+    block_forward(l, options_.recompute ? 0 : l, residual, B, T);
   }
+  const float* residual = L > 0 ? a.residual3 + (L - 1) * NC : a.encoded;
   layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, tensor(params(), "ln_f.weight"),
                     tensor(params(), "ln_f.bias"), N, C);
   matmul_forward(a.logits, a.lnf, tensor(params(), "wte"), nullptr, N, C, V);
@@ -180,10 +216,14 @@ double Gpt::forward(const int* inputs, const int* targets, int B, int T) {
   return sum / N;
 }
 
-void Gpt::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+void Gpt::zero_grad() {
+  if (!grads_.empty()) std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+}
 
 void Gpt::backward(GradSink* sink) {
-  DL_CHECK(sink == nullptr, "Gpt::backward into a GradSink is not implemented yet");
+  DL_CHECK(sink != nullptr || !grads_.empty(),
+           "Gpt::backward() without a GradSink needs grads(): construct the Gpt with "
+           "GptOptions::keep_grads = true, or pass a sink");
   DL_CHECK(have_loss_, "backward() needs a forward() with targets first");
   have_loss_ = false;  // the logits buffer becomes their gradient below
   const int B = B_, T = T_, N = B * T;
@@ -194,33 +234,65 @@ void Gpt::backward(GradSink* sink) {
   const size_t ATT = (size_t)max_batch_ * NH * config_.block_size * config_.block_size;
   Activations& a = acts_;
 
+  // Gradient buckets: a range's gradients go to the sink's buffer for it, or without a sink to
+  // the same range of grads(). Either way the kernels add into zeroed memory.
+  auto open = [&](Range r) {
+    if (!sink) return grads_.data() + r.offset;
+    float* buf = sink->Open(r.offset, r.count);
+    DL_CHECK(buf != nullptr, "GradSink::Open(%zu, %zu) gave no buffer", r.offset, r.count);
+    return buf;
+  };
+  auto close = [&](Range r) {
+    if (sink) sink->Close(r.offset, r.count);
+  };
+
+  // wte + wpe: the LM head adds to wte's gradient now, the encoder at the very end.
+  const Range emb = embedding_range();
+  float* gemb = open(emb);
+  float* gwte = gemb + (table_.find("wte")->offset - emb.offset);
+  float* gwpe = gemb + (table_.find("wpe")->offset - emb.offset);
+
   float* dlogits = a.logits;  // in place over the probabilities
   softmax_crossentropy_backward(dlogits, a.logits, targets_.data(), 1.0f / N, N, V);
-  matmul_backward(a.dln, tensor(grads(), "wte"), nullptr, dlogits, a.lnf, tensor(params(), "wte"), N, C, V);
+  matmul_backward(a.dln, gwte, nullptr, dlogits, a.lnf, tensor(params(), "wte"), N, C, V);
   // dresidual carries the gradient of the residual stream down the blocks.
   std::memset(a.dresidual, 0, (size_t)N * C * sizeof(float));
   const float* last = L > 0 ? a.residual3 + (L - 1) * NC : a.encoded;
-  layernorm_backward(a.dresidual, tensor(grads(), "ln_f.weight"), tensor(grads(), "ln_f.bias"), a.dln, last,
-                     tensor(params(), "ln_f.weight"), a.lnf_mean, a.lnf_rstd, N, C);
+  const Range lnf = lnf_range();
+  float* glnf = open(lnf);  // ln_f.weight then ln_f.bias
+  layernorm_backward(a.dresidual, glnf, glnf + C, a.dln, last, tensor(params(), "ln_f.weight"), a.lnf_mean,
+                     a.lnf_rstd, N, C);
+  close(lnf);
 
   for (int l = L - 1; l >= 0; l--) {
-    const LayerParams w = layer(params(), l);
-    const LayerParams g = layer(grads(), l);
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+    // With recompute, run the block's forward again into the shared slot 0 from its saved
+    // input: the same kernels on the same inputs, so the same bits as the stored activations.
+    // Block L-1 ran last in forward(), so slot 0 still holds its activations.
+    int s = l;
+    if (options_.recompute) {
+      s = 0;
+      if (l != L - 1) block_forward(l, s, residual, B, T);
+    }
+    const LayerParams w = layer(params(), l);
+    const Range block = block_range(l);
+    const LayerParams g = layer_in_block(open(block), l);
     // residual3 = residual2 + fcproj: both get dresidual as it is.
-    matmul_backward(a.dfch_gelu, g.fcprojw, g.fcprojb, a.dresidual, a.fch_gelu + l * 4 * NC, w.fcprojw, N, 4 * C, C);
-    gelu_backward(a.dfch, a.fch + l * 4 * NC, a.dfch_gelu, (size_t)N * 4 * C);
-    matmul_backward(a.dln, g.fcw, g.fcb, a.dfch, a.ln2 + l * NC, w.fcw, N, C, 4 * C);
-    layernorm_backward(a.dresidual, g.ln2w, g.ln2b, a.dln, a.residual2 + l * NC, w.ln2w, a.ln2_mean + l * NR,
-                       a.ln2_rstd + l * NR, N, C);
+    matmul_backward(a.dfch_gelu, g.fcprojw, g.fcprojb, a.dresidual, a.fch_gelu + s * 4 * NC, w.fcprojw, N, 4 * C, C);
+    gelu_backward(a.dfch, a.fch + s * 4 * NC, a.dfch_gelu, (size_t)N * 4 * C);
+    matmul_backward(a.dln, g.fcw, g.fcb, a.dfch, a.ln2 + s * NC, w.fcw, N, C, 4 * C);
+    layernorm_backward(a.dresidual, g.ln2w, g.ln2b, a.dln, a.residual2 + s * NC, w.ln2w, a.ln2_mean + s * NR,
+                       a.ln2_rstd + s * NR, N, C);
     // residual2 = residual + attproj: both get dresidual as it is.
-    matmul_backward(a.datty, g.attprojw, g.attprojb, a.dresidual, a.atty + l * NC, w.attprojw, N, C, C);
-    attention_backward(a.dqkv, a.datty, a.qkv + l * 3 * NC, a.att + l * ATT, B, T, C, NH);
-    matmul_backward(a.dln, g.qkvw, g.qkvb, a.dqkv, a.ln1 + l * NC, w.qkvw, N, C, 3 * C);
-    layernorm_backward(a.dresidual, g.ln1w, g.ln1b, a.dln, residual, w.ln1w, a.ln1_mean + l * NR,
-                       a.ln1_rstd + l * NR, N, C);
+    matmul_backward(a.datty, g.attprojw, g.attprojb, a.dresidual, a.atty + s * NC, w.attprojw, N, C, C);
+    attention_backward(a.dqkv, a.datty, a.qkv + s * 3 * NC, a.att + s * ATT, B, T, C, NH);
+    matmul_backward(a.dln, g.qkvw, g.qkvb, a.dqkv, a.ln1 + s * NC, w.qkvw, N, C, 3 * C);
+    layernorm_backward(a.dresidual, g.ln1w, g.ln1b, a.dln, residual, w.ln1w, a.ln1_mean + s * NR,
+                       a.ln1_rstd + s * NR, N, C);
+    close(block);
   }
-  encoder_backward(tensor(grads(), "wte"), tensor(grads(), "wpe"), a.dresidual, inputs_.data(), B, T, C);
+  encoder_backward(gwte, gwpe, a.dresidual, inputs_.data(), B, T, C);
+  close(emb);
 }
 
 }  // namespace diloco

@@ -36,6 +36,10 @@ struct GptOptions {
   // the block's forward again into one block's scratch before its backward. Gradients are
   // bitwise those of the stored-activation path.
   bool recompute = false;
+  // Whether the Gpt allocates its own gradient buffer, grads(). A backend that only ever calls
+  // backward(sink) (sharded gradients) sets false to save num_params() floats; grads() is then
+  // null and backward() without a sink fails.
+  bool keep_grads = true;
 };
 
 // Where backward() puts gradients when the caller takes them bucket by bucket (ZeRO-2, a ring
@@ -64,8 +68,9 @@ class Gpt {
   size_t num_params() const { return table_.total_numel(); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* grads() const { return grads_.data(); }
+  // Null when GptOptions::keep_grads is false.
+  float* grads() { return grads_.empty() ? nullptr : grads_.data(); }
+  const float* grads() const { return grads_.empty() ? nullptr : grads_.data(); }
 
   // GPT-2 init: weights N(0, 0.02), residual projections (attn.c_proj,
   // mlp.c_proj) N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weight 1.
@@ -78,9 +83,11 @@ class Gpt {
   // (B,T,V) logits of the last forward() without targets.
   const float* logits() const { return acts_.logits; }
 
+  // Zeroes grads() (nothing to do without keep_grads).
   void zero_grad();
   // ADDS the gradient of the last forward()'s mean loss to grads(); with a sink, writes it
-  // bucket by bucket into the sink's buffers instead and leaves grads() as it was.
+  // bucket by bucket into the sink's buffers instead and leaves grads() as it was. Either way
+  // the gradients are bitwise the same (same kernels adding into zeroed memory).
   void backward(GradSink* sink = nullptr);
 
   // Bytes held for activations and their gradients (the memory that scales
@@ -90,10 +97,12 @@ class Gpt {
  private:
   struct Activations {
     float* encoded;                   // (B,T,C)
-    float *ln1, *ln1_mean, *ln1_rstd;  // per layer
+    // Per-layer slots: L of each, or with recompute one (slot 0, scratch shared by all blocks).
+    float *ln1, *ln1_mean, *ln1_rstd;
     float *qkv, *atty, *att, *attproj, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu, *fcproj, *residual3;
+    float *fch, *fch_gelu, *fcproj;
+    float* residual3;  // L slots always: block l's output is block l+1's saved input
     float *lnf, *lnf_mean, *lnf_rstd;  // (B,T,C), (B,T), (B,T)
     float* logits;                    // (B,T,V); probabilities after a loss
     float* losses;                    // (B,T)
@@ -105,11 +114,24 @@ class Gpt {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
+  // Block l's tensors in a buffer that holds the whole table.
   LayerParams layer(float* base, int l) const;
+  // Block l's tensors in a buffer that holds only block l (a sink's bucket).
+  LayerParams layer_in_block(float* block, int l) const;
   float* tensor(float* base, const char* name) const;
+  // A contiguous range of the parameter table: a gradient bucket.
+  struct Range {
+    size_t offset, count;
+  };
+  Range embedding_range() const;  // wte then wpe
+  Range block_range(int l) const;
+  Range lnf_range() const;
+  // Runs block l on `residual` (B,T,C) into activation slot `slot` and a.residual3 + l*(B,T,C).
+  void block_forward(int l, int slot, const float* residual, int B, int T);
 
   GptConfig config_;
   int max_batch_;
+  GptOptions options_;
   TensorTable table_;
   std::vector<float> params_, grads_, act_buffer_;
   Activations acts_{};

@@ -1,10 +1,18 @@
 #include "kernels/gpt.h"
 
 #include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "kernels/train_step.h"
 #include "tests/kernels/op_testing.h"
@@ -200,6 +208,236 @@ TEST_CASE("a non-finite loss leaves the model untouched", "[unit][model]") {
   CHECK_FALSE(s.applied);
   CHECK(opt.step == 0);
   CHECK(std::memcmp(before.data(), model.params(), before.size() * sizeof(float)) == 0);
+}
+
+
+namespace {
+
+bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// Index and values of the first differing float, for failure messages.
+std::string first_difference(const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return "first difference at " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " +
+             std::to_string(b[i]);
+  return "none";
+}
+
+// Records every Open/Close and hands out zeroed buffers `shift` floats past a 64-byte boundary,
+// so the kernels write gradients at other alignments than grads() has.
+class RecordingSink : public GradSink {
+ public:
+  struct Event {
+    bool open;
+    size_t offset, count;
+    bool operator==(const Event&) const = default;
+  };
+  RecordingSink(size_t num_params, size_t shift) : assembled_(num_params, NAN), shift_(shift) {}
+
+  float* Open(size_t offset, size_t count) override {
+    events_.push_back({true, offset, count});
+    std::vector<float>& buf = buffers_[offset];
+    buf.assign(count + shift_ + 16, 0.0f);
+    float* p = buf.data();
+    while (reinterpret_cast<uintptr_t>(p) % 64 != 0) p++;
+    return p + shift_;
+  }
+  void Close(size_t offset, size_t count) override {
+    events_.push_back({false, offset, count});
+    const float* p = buffers_[offset].data();
+    while (reinterpret_cast<uintptr_t>(p) % 64 != 0) p++;
+    p += shift_;
+    for (size_t i = 0; i < count; i++) {
+      // Each parameter belongs to exactly one bucket: NaN marks "not delivered yet".
+      if (!std::isnan(assembled_[offset + i])) overlaps_++;
+      assembled_[offset + i] = p[i];
+    }
+  }
+
+  std::vector<Event> events_;
+  std::vector<float> assembled_;  // every delivered bucket at its table offset
+  size_t overlaps_ = 0;
+
+ private:
+  std::map<size_t, std::vector<float>> buffers_;
+  size_t shift_;
+};
+
+// Buckets in the order GradSink documents: wte+wpe opens first and closes last; ln_f; blocks
+// from the last to the first.
+std::vector<RecordingSink::Event> expected_events(const TensorTable& t, int n_layer) {
+  auto range = [&](const std::string& first, const std::string& last) {
+    const TensorInfo* a = t.find(first);
+    const TensorInfo* b = t.find(last);
+    return std::pair{a->offset, b->offset + b->numel - a->offset};
+  };
+  std::vector<RecordingSink::Event> e;
+  const auto [emb_off, emb_n] = range("wte", "wpe");
+  e.push_back({true, emb_off, emb_n});
+  const auto [lnf_off, lnf_n] = range("ln_f.weight", "ln_f.bias");
+  e.push_back({true, lnf_off, lnf_n});
+  e.push_back({false, lnf_off, lnf_n});
+  for (int l = n_layer - 1; l >= 0; l--) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    const auto [off, n] = range(h + "ln_1.weight", h + "mlp.c_proj.bias");
+    e.push_back({true, off, n});
+    e.push_back({false, off, n});
+  }
+  e.push_back({false, emb_off, emb_n});
+  return e;
+}
+
+struct GradRun {
+  double loss;
+  std::vector<float> grads;
+  size_t activation_bytes;
+};
+
+// Two accumulated forward+backward passes (the second reuses the recompute scratch) from
+// zero_grad(), then the loss of the second and the gradients.
+GradRun run_grads(const GptConfig& c, int max_batch, GptOptions options, int B, int T) {
+  Gpt model(c, max_batch, options);
+  model.init_weights(11);
+  // Larger weights than GPT-2 init so every gradient is clearly non-zero.
+  for (size_t i = 0; i < model.num_params(); i++) model.params()[i] *= 3.0f;
+  model.zero_grad();
+  GradRun r{};
+  for (int pass = 0; pass < 2; pass++) {
+    const Batch b = text_batch(B, T, pass * 5);
+    r.loss = model.forward(b.inputs.data(), b.targets.data(), B, T);
+    model.backward();
+  }
+  r.grads.assign(model.grads(), model.grads() + model.num_params());
+  r.activation_bytes = model.activation_bytes();
+  return r;
+}
+
+// (config, max_batch, B, T) cases: full batch, B < max_batch and T < block_size, n_layer 1 and 3.
+std::vector<std::tuple<GptConfig, int, int, int>> recompute_shapes() {
+  GptConfig two = tiny_config();
+  GptConfig one = tiny_config(3);
+  one.n_layer = 1;
+  one.n_embd = 9;
+  one.block_size = 11;
+  GptConfig three = tiny_config(2);
+  three.n_layer = 3;
+  three.n_embd = 16;
+  return {{two, 3, 3, two.block_size}, {one, 4, 2, 7}, {three, 3, 1, 5}, {three, 2, 2, three.block_size}};
+}
+
+}  // namespace
+
+TEST_CASE("recompute gives the same loss and bitwise the same gradients", "[unit][model]") {
+  for (const auto& [c, max_batch, B, T] : recompute_shapes()) {
+    INFO("n_layer " << c.n_layer << " n_embd " << c.n_embd << " max_batch " << max_batch << " B " << B << " T " << T);
+    const GradRun stored = run_grads(c, max_batch, GptOptions{}, B, T);
+    const GradRun recomputed = run_grads(c, max_batch, GptOptions{.recompute = true}, B, T);
+    CHECK(std::memcmp(&stored.loss, &recomputed.loss, sizeof(double)) == 0);
+    INFO(first_difference(stored.grads.data(), recomputed.grads.data(), stored.grads.size()));
+    CHECK(bitwise_equal(stored.grads.data(), recomputed.grads.data(), stored.grads.size()));
+    // One block saves nothing: its slot is the scratch.
+    if (c.n_layer > 1) CHECK(recomputed.activation_bytes < stored.activation_bytes);
+    CHECK(recomputed.activation_bytes <= stored.activation_bytes);
+  }
+}
+
+TEST_CASE("recompute: forward without targets gives the same logits", "[unit][model]") {
+  GptConfig c = tiny_config(2);
+  c.n_layer = 3;
+  Gpt stored(c, 3), recomputed(c, 3, GptOptions{.recompute = true});
+  stored.init_weights(5);
+  recomputed.init_weights(5);
+  for (const auto& [B, T] : {std::pair{3, c.block_size}, std::pair{2, 9}}) {
+    const Batch b = text_batch(B, T);
+    CHECK(stored.forward(b.inputs.data(), nullptr, B, T) == 0.0);
+    CHECK(recomputed.forward(b.inputs.data(), nullptr, B, T) == 0.0);
+    const size_t n = (size_t)B * T * c.vocab_size;
+    CHECK(bitwise_equal(stored.logits(), recomputed.logits(), n));
+  }
+  // Training still works after an eval forward reused the scratch.
+  const Batch b = text_batch(3, c.block_size);
+  stored.zero_grad();
+  recomputed.zero_grad();
+  stored.forward(b.inputs.data(), b.targets.data(), 3, c.block_size);
+  recomputed.forward(b.inputs.data(), b.targets.data(), 3, c.block_size);
+  stored.backward();
+  recomputed.backward();
+  CHECK(bitwise_equal(stored.grads(), recomputed.grads(), stored.num_params()));
+}
+
+TEST_CASE("backward into a GradSink: bucket order, coverage, bitwise grads()", "[unit][model]") {
+  for (const auto& [c, max_batch, B, T] : recompute_shapes()) {
+    for (const bool recompute : {false, true}) {
+      for (const size_t shift : {0, 1, 3}) {
+        INFO("n_layer " << c.n_layer << " B " << B << " T " << T << " recompute " << recompute << " shift "
+                        << shift);
+        Gpt model(c, max_batch, GptOptions{.recompute = recompute});
+        model.init_weights(13);
+        for (size_t i = 0; i < model.num_params(); i++) model.params()[i] *= 3.0f;
+        const Batch b = text_batch(B, T);
+        const double loss = model.forward(b.inputs.data(), b.targets.data(), B, T);
+        model.zero_grad();
+        model.backward();
+        const std::vector<float> reference(model.grads(), model.grads() + model.num_params());
+
+        // grads() must stay as it was: fill it with a marker the sink path must not touch.
+        std::fill(model.grads(), model.grads() + model.num_params(), 7.0f);
+        CHECK(model.forward(b.inputs.data(), b.targets.data(), B, T) == loss);
+        RecordingSink sink(model.num_params(), shift);
+        model.backward(&sink);
+        CHECK(sink.events_ == expected_events(model.table(), c.n_layer));
+        CHECK(sink.overlaps_ == 0);
+        CHECK(std::none_of(sink.assembled_.begin(), sink.assembled_.end(), [](float x) { return std::isnan(x); }));
+        INFO(first_difference(reference.data(), sink.assembled_.data(), reference.size()));
+        CHECK(bitwise_equal(reference.data(), sink.assembled_.data(), reference.size()));
+        CHECK(std::all_of(model.grads(), model.grads() + model.num_params(), [](float x) { return x == 7.0f; }));
+      }
+    }
+  }
+}
+
+TEST_CASE("keep_grads = false: no grads(), backward(sink) still works", "[unit][model]") {
+  GptConfig c = tiny_config();
+  Gpt with(c, 2), without(c, 2, GptOptions{.recompute = true, .keep_grads = false});
+  CHECK(without.grads() == nullptr);
+  CHECK(with.grads() != nullptr);
+  with.init_weights(3);
+  without.init_weights(3);
+  const Batch b = text_batch(2, c.block_size);
+  with.forward(b.inputs.data(), b.targets.data(), 2, c.block_size);
+  with.zero_grad();
+  with.backward();
+  without.zero_grad();  // nothing to zero, and no crash
+  without.forward(b.inputs.data(), b.targets.data(), 2, c.block_size);
+  RecordingSink sink(without.num_params(), 0);
+  without.backward(&sink);
+  CHECK(sink.events_ == expected_events(without.table(), c.n_layer));
+  CHECK(bitwise_equal(with.grads(), sink.assembled_.data(), with.num_params()));
+
+  // backward() without a sink has nowhere to put gradients: it aborts, saying why. The child
+  // fails the check before any OpenMP work, so forking here is safe.
+  int err[2];
+  REQUIRE(pipe(err) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // not Catch2's handler, which would report a failure
+    dup2(err[1], 2);
+    without.backward();
+    _exit(0);  // not reached
+  }
+  close(err[1]);
+  std::string message;
+  char buf[512];
+  for (ssize_t n; (n = read(err[0], buf, sizeof buf)) > 0;) message.append(buf, n);
+  close(err[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGABRT);
+  INFO(message);
+  CHECK(message.find("keep_grads") != std::string::npos);
 }
 
 }  // namespace diloco
