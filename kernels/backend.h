@@ -128,6 +128,19 @@ class TrainingBackend {
   // max_batch), for memory reports.
   virtual size_t activation_bytes() const = 0;
 
+  // What the backend holds now, by component, in bytes (dilococtl plan's figures are checked
+  // against it). Moments and the outer-sync state appear once allocated (the first step,
+  // sync_setup); ZeRO-2's gradient buckets once a step has opened them.
+  struct Allocated {
+    size_t params = 0;         // fp32 parameters (the master copy)
+    size_t params_low = 0;     // a low-precision copy (bf16 on a GPU)
+    size_t grads = 0;          // gradients: all, or a shard plus its buckets
+    size_t moments = 0;        // AdamW m and v
+    size_t outer_state = 0;    // per fragment: base, previous base, θ at send, residual, scratch
+    size_t activations = 0;
+  };
+  virtual Allocated allocated() const = 0;
+
   // ---- The learner's outer sync, where the parameters live (DESIGN.md §3) ----
   // Fragment p is a list of parameter ranges; its packed form lays them back to back. For each
   // fragment the backend keeps, in its own memory, base_p (the global fragment last folded), the

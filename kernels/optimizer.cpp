@@ -36,7 +36,7 @@ void adamw_step_range(float* params, const float* grads, AdamWState& state,
     AdamWHyper h = hp;
     if (!gpt_tensor_decays(t)) h.weight_decay = 0.0f;
     adamw_update(params + lo, state.m.data() + (lo - offset), state.v.data() + (lo - offset),
-                 grads + lo, hi - lo, h, state.step);
+                 grads + (lo - offset), hi - lo, h, state.step);
   }
 }
 

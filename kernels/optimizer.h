@@ -20,8 +20,8 @@ void adamw_step(float* params, const float* grads, AdamWState& state,
                 const TensorTable& table, const AdamWHyper& hp);
 
 // The same step over the values [offset, offset + count) of the table only
-// (a rank's shard): state.m and state.v hold those count values, params and
-// grads point at the whole buffer. Every value gets the bits adamw_step
+// (a rank's shard): state.m, state.v and grads hold those count values,
+// params points at the whole buffer. Every value gets the bits adamw_step
 // gives it.
 void adamw_step_range(float* params, const float* grads, AdamWState& state,
                       const TensorTable& table, const AdamWHyper& hp, size_t offset,

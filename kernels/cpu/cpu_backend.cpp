@@ -9,13 +9,108 @@
 
 namespace diloco {
 
+// ZeRO-2's gradients: backward hands each bucket (a range of the table: ln_f, a block, the
+// embeddings) over as soon as it is final; the ring reduce-scatters it at once, each rank keeping
+// the mean of its shard's part, and the bucket's buffer is reused. So a rank holds its shard of the
+// gradients plus the buckets open at one time (the embeddings' and one block's), not all of them.
+class CpuBackend::ShardedGrads final : public GradSink {
+ public:
+  ShardedGrads(const std::vector<size_t>& counts, ParamRange shard) : counts_(counts), shard_(shard) {
+    grads_.assign(shard.count, 0.0f);
+  }
+
+  void Start(LocalComm* comm) {
+    comm_ = comm;
+    status_ = CommStatus::Ok();
+  }
+  const CommStatus& status() const { return status_; }
+  const float* grads() const { return grads_.data(); }
+  size_t bytes() const {
+    size_t n = grads_.size();
+    for (const Bucket& b : buckets_) n += b.values.size();
+    return n * sizeof(float);
+  }
+
+  float* Open(size_t offset, size_t count) override {
+    Bucket* free = nullptr;
+    for (Bucket& b : buckets_)
+      if (!b.open && (free == nullptr || b.values.size() > free->values.size())) free = &b;
+    if (free == nullptr) free = &buckets_.emplace_back();
+    free->open = true;
+    free->offset = offset;
+    free->values.assign(count, 0.0f);
+    return free->values.data();
+  }
+
+  void Close(size_t offset, size_t count) override {
+    Bucket* b = nullptr;
+    for (Bucket& c : buckets_)
+      if (c.open && c.offset == offset) b = &c;
+    DL_CHECK(b != nullptr && b->values.size() == count, "bucket [%zu, +%zu) closed but not open", offset, count);
+    b->open = false;
+    if (!status_.ok()) return;  // the ring failed on an earlier bucket: every rank gives up together
+    // Each rank's part of the bucket is where the bucket meets its shard.
+    std::vector<size_t> parts(counts_.size(), 0);
+    size_t lo = 0;
+    for (size_t q = 0; q < counts_.size(); q++) {
+      const size_t a = std::max(lo, offset), z = std::min(lo + counts_[q], offset + count);
+      if (a < z) parts[q] = z - a;
+      lo += counts_[q];
+    }
+    status_ = comm_->reduce_scatter(b->values.data(), parts, ReduceOp::kMean);
+    if (!status_.ok()) return;
+    const size_t a = std::max(shard_.offset, offset), z = std::min(shard_.offset + shard_.count, offset + count);
+    if (a < z) std::copy(b->values.begin() + (a - offset), b->values.begin() + (z - offset), grads_.begin() + (a - shard_.offset));
+  }
+
+ private:
+  struct Bucket {
+    bool open = false;
+    size_t offset = 0;
+    std::vector<float> values;
+  };
+  const std::vector<size_t> counts_;
+  const ParamRange shard_;
+  std::vector<float> grads_;  // the shard's mean gradients
+  std::vector<Bucket> buckets_;
+  LocalComm* comm_ = nullptr;
+  CommStatus status_;
+};
+
+namespace {
+
+GptOptions GptOptionsOf(const BackendOptions& o) {
+  GptOptions g;
+  g.recompute = o.recompute;
+  g.keep_grads = o.shard != ShardMode::kGradients;
+  return g;
+}
+
+}  // namespace
+
 CpuBackend::CpuBackend(const BackendOptions& options)
-    : model_(options.model, options.max_batch, GptOptions{options.recompute}), shard_mode_(options.shard) {
+    : model_(options.model, options.max_batch, GptOptionsOf(options)), shard_mode_(options.shard) {
   shard_ = {0, num_params()};
   if (shard_mode_ != ShardMode::kNone) {
     shard_counts_ = ShardCounts(num_params(), options.world);
     shard_ = {PartOffset(shard_counts_, options.rank), shard_counts_[options.rank]};
   }
+  if (shard_mode_ == ShardMode::kGradients) sharded_grads_ = std::make_unique<ShardedGrads>(shard_counts_, shard_);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+TrainingBackend::Allocated CpuBackend::allocated() const {
+  Allocated a;
+  a.params = num_params() * sizeof(float);
+  a.grads = sharded_grads_ ? sharded_grads_->bytes() : num_params() * sizeof(float);
+  a.moments = (optimizer_.m.size() + optimizer_.v.size()) * sizeof(float);
+  size_t outer = scratch_.size() + scratch2_.size() + residual_scratch_.size();
+  for (const SyncFragment& f : sync_)
+    outer += f.base.size() + f.previous_base.size() + f.at_send.size() + f.residual.size();
+  a.outer_state = outer * sizeof(float);
+  a.activations = model_.activation_bytes();
+  return a;
 }
 
 void CpuBackend::download_optimizer(AdamWState* out) const {
@@ -56,13 +151,12 @@ CommStatus CpuBackend::sharded_train_step(LocalComm& comm, const int* inputs, co
   if (CommStatus st = comm.all_reduce_host(&s.loss, 1, ReduceOp::kMean); !st.ok()) return st;
   *stats = s;
   if (!std::isfinite(s.loss)) return CommStatus::Ok();
-  model_.zero_grad();
-  model_.backward();
-  float* grads = model_.grads();
-  if (CommStatus st = comm.reduce_scatter(grads, shard_counts_, ReduceOp::kMean); !st.ok()) return st;
+  CommStatus reduced;
+  const float* grads = ReduceShardGradients(comm, &reduced);
+  if (!reduced.ok()) return reduced;
   // Every norm chunk lies in one shard: each rank sums its own, the ring adds zeros to the rest.
   std::vector<double> partial((num_params() + kNormChunk - 1) / kNormChunk, 0.0);
-  norm_chunk_sums(grads + shard_.offset, shard_.count, partial.data() + shard_.offset / kNormChunk);
+  norm_chunk_sums(grads, shard_.count, partial.data() + shard_.offset / kNormChunk);
   if (CommStatus st = comm.all_reduce_host(partial.data(), (int)partial.size(), ReduceOp::kSum); !st.ok()) return st;
   s.grad_norm = norm_of_chunk_sums(partial.data(), partial.size());
   *stats = s;
@@ -73,6 +167,19 @@ CommStatus CpuBackend::sharded_train_step(LocalComm& comm, const int* inputs, co
   if (CommStatus st = comm.all_gather(model_.params(), shard_counts_); !st.ok()) return st;
   stats->applied = true;
   return CommStatus::Ok();
+}
+
+const float* CpuBackend::ReduceShardGradients(LocalComm& comm, CommStatus* status) {
+  if (sharded_grads_) {
+    sharded_grads_->Start(&comm);
+    model_.backward(sharded_grads_.get());
+    *status = sharded_grads_->status();
+    return sharded_grads_->grads();
+  }
+  model_.zero_grad();
+  model_.backward();
+  *status = comm.reduce_scatter(model_.grads(), shard_counts_, ReduceOp::kMean);
+  return model_.grads() + shard_.offset;
 }
 
 void CpuBackend::upload_params(const float* host, size_t offset, size_t count) {
@@ -86,7 +193,12 @@ void CpuBackend::download_params(float* host, size_t offset, size_t count) const
 }
 
 void CpuBackend::download_grads(float* host) const {
-  std::memcpy(host, model_.grads(), num_params() * sizeof(float));
+  if (!sharded_grads_) {
+    std::memcpy(host, model_.grads(), num_params() * sizeof(float));
+    return;
+  }
+  std::fill_n(host, num_params(), 0.0f);
+  std::copy_n(sharded_grads_->grads(), shard_.count, host + shard_.offset);
 }
 
 double CpuBackend::forward_backward(const int* inputs, const int* targets, int B, int T) {

@@ -9,6 +9,7 @@ namespace diloco {
 class CpuBackend final : public TrainingBackend {
  public:
   explicit CpuBackend(const BackendOptions& options);
+  ~CpuBackend() override;
 
   std::string name() const override { return "cpu"; }
   const GptConfig& config() const override { return model_.config(); }
@@ -28,10 +29,12 @@ class CpuBackend final : public TrainingBackend {
   double forward_backward(const int* inputs, const int* targets, int B, int T) override;
   float* grad_buffer() override { return model_.grads(); }
   MemorySpace grad_memory() const override { return MemorySpace::kHost; }
+  // A rank of shard kGradients keeps its shard of the gradients only: the rest reads as zeros.
   void download_grads(float* host) const override;
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
   double eval_loss(const int* inputs, const int* targets, int B, int T) override;
   size_t activation_bytes() const override { return model_.activation_bytes(); }
+  Allocated allocated() const override;
   void next_token_logits(const int* tokens, int T, float* out) override;
 
   void sync_setup(const std::vector<std::vector<ParamRange>>& fragments) override;
@@ -57,11 +60,19 @@ class CpuBackend final : public TrainingBackend {
   void gather(const SyncFragment& f, float* packed) const;
   void scatter(const SyncFragment& f, const float* packed);
 
+  class ShardedGrads;  // kGradients: the GradSink that reduce-scatters each bucket (cpp)
+
+  // The mean gradients of this rank's shard, into the rank's part of the model's gradients
+  // (kOptimizer) or into sharded_grads_ (kGradients); nullptr with *status set when the ring failed.
+  const float* ReduceShardGradients(LocalComm& comm, CommStatus* status);
+
   Gpt model_;
-  // Sharded rings: this rank keeps AdamW moments for shard_ only (the whole table unsharded).
+  // Sharded rings: this rank keeps AdamW moments for shard_ only (the whole table unsharded), and
+  // with kGradients the model keeps no gradient buffer: sharded_grads_ holds the shard's.
   ShardMode shard_mode_;
   std::vector<size_t> shard_counts_;  // every rank's share, ShardCounts(num_params, world)
   ParamRange shard_;
+  std::unique_ptr<ShardedGrads> sharded_grads_;
   AdamWState optimizer_;
   std::vector<SyncFragment> sync_;
   std::vector<float> scratch_, scratch2_, residual_scratch_;

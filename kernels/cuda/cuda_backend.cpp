@@ -56,6 +56,19 @@ class CudaBackend final : public TrainingBackend {
   void sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) override;
   void sync_shift_at_send(int p) override;
   void sync_read_base(int p, float* packed) const override;
+  Allocated allocated() const override {
+    Allocated a;
+    a.params = params_.size() * sizeof(float);
+    a.params_low = params16_.size() * sizeof(bf16);
+    a.grads = grads_.size() * sizeof(float);
+    a.moments = (m_.size() + v_.size()) * sizeof(float);
+    size_t outer = sync_theta_.size() + sync_values_.size() + sync_residual_.size();
+    for (const SyncFragment& f : sync_)
+      outer += f.base.size() + f.previous_base.size() + f.at_send.size() + f.residual.size();
+    a.outer_state = outer * sizeof(float) + sync_payload_.size();
+    a.activations = activation_bytes();
+    return a;
+  }
   size_t activation_bytes() const override {
     return act16_.size() * sizeof(bf16) + act32_.size() * sizeof(float) + scratch_.size() * sizeof(float);
   }

@@ -342,7 +342,7 @@ GptConfig shard_config(int n_embd) {
 
 // Bitwise, not only close: reduce_scatter sums each value in the rank order all_reduce uses, the
 // norm's chunks are whole on one rank each and added in chunk order, and AdamW is elementwise.
-TEST_CASE("a sharded ring (ZeRO-1) trains bit for bit as the unsharded ring", "[unit][kernels]") {
+TEST_CASE("a sharded ring (ZeRO-1 and ZeRO-2) trains bit for bit as the unsharded ring", "[unit][kernels]") {
   // 64 wide: ~117k parameters, 8 norm chunks (a partial last one), so every rank of 2 and 4
   // owns a part; 8 wide: ~3.9k parameters, one chunk, so ranks 1.. own nothing.
   for (int width : {64, 8}) {
@@ -351,15 +351,18 @@ TEST_CASE("a sharded ring (ZeRO-1) trains bit for bit as the unsharded ring", "[
         CAPTURE(width, R, clip);
         const GptConfig c = shard_config(width);
         const RingRun plain = run_ring(c, R, ShardMode::kNone, 20, clip);
-        const RingRun sharded = run_ring(c, R, ShardMode::kOptimizer, 20, clip);
-        for (int r = 0; r < R; r++) {
-          CHECK(same_bits(sharded.params[r], plain.params[0]));
-          CHECK(sharded.last[r].loss == plain.last[0].loss);
-          CHECK(sharded.last[r].grad_norm == plain.last[0].grad_norm);
+        for (ShardMode mode : {ShardMode::kOptimizer, ShardMode::kGradients}) {
+          CAPTURE(kShardModeNames[(int)mode]);
+          const RingRun sharded = run_ring(c, R, mode, 20, clip);
+          for (int r = 0; r < R; r++) {
+            CHECK(same_bits(sharded.params[r], plain.params[0]));
+            CHECK(sharded.last[r].loss == plain.last[0].loss);
+            CHECK(sharded.last[r].grad_norm == plain.last[0].grad_norm);
+          }
+          CHECK(same_bits(sharded.optimizer.m, plain.optimizer.m));
+          CHECK(same_bits(sharded.optimizer.v, plain.optimizer.v));
+          CHECK(sharded.optimizer.step == plain.optimizer.step);
         }
-        CHECK(same_bits(sharded.optimizer.m, plain.optimizer.m));
-        CHECK(same_bits(sharded.optimizer.v, plain.optimizer.v));
-        CHECK(sharded.optimizer.step == plain.optimizer.step);
       }
     }
   }
@@ -373,6 +376,45 @@ TEST_CASE("a sharded ring resumes from a gathered optimizer state as the unshard
   const RingRun second = run_ring(c, 4, ShardMode::kOptimizer, 4, 1.0, &first.optimizer, &first.params[0], 6);
   CHECK(same_bits(second.params[0], whole.params[0]));
   CHECK(same_bits(second.optimizer.m, whole.optimizer.m));
+  // The same checkpoint taken up by a ZeRO-2 ring of 2.
+  const RingRun halves = run_ring(c, 2, ShardMode::kGradients, 4, 1.0, &first.optimizer, &first.params[0], 6);
+  const RingRun whole2 = run_ring(c, 2, ShardMode::kOptimizer, 4, 1.0, &first.optimizer, &first.params[0], 6);
+  CHECK(same_bits(halves.params[0], whole2.params[0]));
+}
+
+TEST_CASE("a ZeRO-2 rank keeps its shard of the gradients and two buckets, ZeRO-1 its shard of the moments",
+          "[unit][kernels]") {
+  const GptConfig c = shard_config(64);
+  const int R = 4, B = 2, T = c.block_size;
+  const TensorTable table = gpt_tensor_table(c);
+  const size_t n = table.total_numel(), C = c.n_embd;
+  const size_t embeddings = (size_t)(c.vocab_size + c.block_size) * C, block = 12 * C * C + 13 * C;
+  const std::vector<size_t> counts = ShardCounts(n, R);
+  for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kGradients}) {
+    CAPTURE(kShardModeNames[(int)mode]);
+    std::vector<TrainingBackend::Allocated> used(R);
+    ThreadCommGroup group(R);
+    run_ranks(group, [&](int r, LocalComm& comm) {
+      std::unique_ptr<TrainingBackend> backend;
+      BackendOptions o{c, B};
+      o.shard = mode;
+      o.rank = r;
+      o.world = R;
+      REQUIRE(CreateBackend("cpu", o, &backend).empty());
+      backend->init_weights(3);
+      std::vector<int> in, tg;
+      ring_batch(0, r * B, B, T, &in, &tg);
+      StepStats st;
+      CHECK(ring_train_step(*backend, comm, in.data(), tg.data(), B, T, AdamWHyper{}, 1.0, &st).ok());
+      used[r] = backend->allocated();
+    });
+    for (int r = 0; r < R; r++) {
+      const size_t shard = mode == ShardMode::kNone ? n : counts[r];
+      CHECK(used[r].params == n * 4);
+      CHECK(used[r].moments == 2 * shard * 4);
+      CHECK(used[r].grads == (mode == ShardMode::kGradients ? (shard + embeddings + block) * 4 : n * 4));
+    }
+  }
 }
 
 TEST_CASE("a backend refuses a rank outside its ring, and the cpu alone shards", "[unit][kernels]") {

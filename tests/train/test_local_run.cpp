@@ -532,10 +532,10 @@ TEST_CASE("local run: decoupled learners of train.ranks 2 keep their ranks bitwi
 namespace diloco {
 namespace {
 
-// ZeRO-1 through the real runs: the ddp ring of 2 learners shards its AdamW state; the run ends
+// ZeRO-1/2 through the real runs: the ddp ring of 2 learners shards its AdamW state; the run ends
 // bitwise where the unsharded run ends, and its checkpoint (every rank's moments gathered)
 // resumes to the same bits.
-TEST_CASE("local run: ddp with train.shard optimizer ends and resumes bitwise as unsharded", "[e2e]") {
+TEST_CASE("local run: ddp with train.shard gradients / optimizer ends and resumes bitwise as unsharded", "[e2e]") {
   TempDir tmp;
   TrainOptions plain = TinyRun(tmp, 2);
   plain.config.sync.mode = SyncMode::kDdp;
@@ -545,6 +545,10 @@ TEST_CASE("local run: ddp with train.shard optimizer ends and resumes bitwise as
   REQUIRE(RunLocal(plain, &s, {}, &whole).ok());
 
   TrainOptions o = plain;
+  o.config.train.shard = ShardMode::kGradients;
+  o.run_dir = (tmp.path() / "zero2").string();
+  REQUIRE(RunLocal(o, &s, {}, &sharded).ok());
+  CHECK(sharded.param_crc32c == whole.param_crc32c);
   o.config.train.shard = ShardMode::kOptimizer;
   o.run_dir = (tmp.path() / "sharded").string();
   REQUIRE(RunLocal(o, &s, {}, &sharded).ok());
