@@ -587,3 +587,24 @@ TEST_CASE("local run: decoupled learners of 2 sharded ranks train and keep their
 
 }  // namespace
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+TEST_CASE("local run: train.recompute ends bitwise where stored activations end", "[e2e]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.mode = SyncMode::kDdp;
+  o.config.train.steps = 20;
+  TrainSummary s;
+  LocalRunDetails stored, recomputed;
+  REQUIRE(RunLocal(o, &s, {}, &stored).ok());
+  o.config.train.recompute = true;
+  o.config.train.shard = ShardMode::kGradients;  // and with ZeRO-2's buckets
+  o.run_dir = (tmp.path() / "recompute").string();
+  REQUIRE(RunLocal(o, &s, {}, &recomputed).ok());
+  CHECK(recomputed.param_crc32c == stored.param_crc32c);
+}
+
+}  // namespace
+}  // namespace diloco
