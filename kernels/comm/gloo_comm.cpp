@@ -115,7 +115,10 @@ static_assert(sizeof(Signature) == 32);
 
 std::string describe(const Signature& s) {
   std::string out = std::string(kind_name(s.kind)) + " of " + std::to_string(s.count) + " values";
-  if ((Kind)s.kind == Kind::kBroadcast) out += " from root " + std::to_string(s.arg);
+  if ((Kind)s.kind == Kind::kBroadcast) out += " from root " + std::to_string((int64_t)s.arg);
+  if ((Kind)s.kind == Kind::kAllReduce || (Kind)s.kind == Kind::kAllReduceHost ||
+      (Kind)s.kind == Kind::kReduceScatter)
+    out += (ReduceOp)s.arg == ReduceOp::kMean ? " (mean)" : " (sum)";
   if ((Kind)s.kind == Kind::kReduceScatter || (Kind)s.kind == Kind::kAllGather)
     out += " (split hash " + std::to_string(s.split) + ")";
   return out;

@@ -214,7 +214,7 @@ TEST_CASE("gloo ring: ranks that disagree on a collective all get an error, and 
   for (int l = 0; l < 3; l++) {
     INFO(errors[l]);
     CHECK(errors[l].find("gloo ring 'mismatch' rank " + std::to_string(l) + "/3: all_reduce: rank 2 called "
-                         "all_reduce of 11 values and rank 0 all_reduce of 10 values") != std::string::npos);
+                         "all_reduce of 11 values (sum) and rank 0 all_reduce of 10 values (sum)") != std::string::npos);
     CHECK(errors[l].find(" | ") == std::string::npos);
     CHECK(after[l] == std::vector<float>(5, 3.0f));
   }
