@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev                        # CBLAS sgemm for the CPU engine
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2
   libzmq3-dev cppzmq-dev libsodium-dev   # transport and CURVE security
+  libgloo-dev                            # the local ring over processes (kernels/comm/gloo_comm.h; optional)
   libflatbuffers-dev flatbuffers-compiler
   libcpp-httplib-dev                     # the Prometheus /metrics endpoint
   fortunes                               # the demo corpus: /usr/share/games/fortunes

@@ -6,6 +6,8 @@
 //     a deterministic reduction (always summed in rank order 0, 1, ...).
 //   NcclCommGroup (kernels/cuda/nccl_comm.h): ranks are the site's GPUs,
 //     device buffers, fp32 or bf16 all-reduce over NCCL.
+//   GlooCommGroup (kernels/comm/gloo_comm.h): ranks are processes, possibly
+//     on several hosts, over Gloo's TCP transport; the bits of the threads.
 // Every rank of a group calls the same collectives in the same order with
 // the same sizes; each LocalComm is used by one thread.
 //
