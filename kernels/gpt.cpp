@@ -109,8 +109,9 @@ Gpt::LayerParams Gpt::layer_in_block(float* block, int l) const {
 }
 
 Gpt::Range Gpt::embedding_range() const {
+  const TensorInfo* wte = table_.find("wte");
   const TensorInfo* wpe = table_.find("wpe");
-  return {0, wpe->offset + wpe->numel};  // wte is at 0, wpe right after it
+  return {wte->offset, wpe->offset + wpe->numel - wte->offset};  // wpe right after wte
 }
 
 Gpt::Range Gpt::block_range(int l) const {
@@ -267,9 +268,10 @@ void Gpt::backward(GradSink* sink) {
   for (int l = L - 1; l >= 0; l--) {
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
     // With recompute, run the block's forward again into the shared slot 0 from its saved
-    // input: the same kernels on the same inputs, so the same bits as the stored activations.
-    // Block L-1 ran last in forward(), so slot 0 still holds its activations.
-    int s = l;
+    // input: the same kernels on the same inputs, so the same bits as the stored activations
+    // (it also rewrites the block's residual3 with the bits it already holds). Block L-1 ran
+    // last in forward(), so slot 0 still holds its activations.
+    int s = l;  // the activation slot block l's backward reads
     if (options_.recompute) {
       s = 0;
       if (l != L - 1) block_forward(l, s, residual, B, T);
