@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "daemon/train/ring_control.h"
 #include "daemon/train/trainer.h"
 #include "kernels/lr_schedule.h"
 
@@ -12,10 +13,6 @@ namespace diloco {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The control header every rank reduces (rank 0 writes it, the others add zeros): doubles hold
-// steps, flags and offsets exactly (below 2^53).
-enum ControlSlot { kStop, kRanges, kStep, kLrStep, kControlSlots };
 
 Status FromComm(const CommStatus& st, long step) {
   if (st.ok()) return Status::Ok();
@@ -38,26 +35,36 @@ void MergeRanges(std::vector<ParamRange>* ranges) {
   *ranges = std::move(merged);
 }
 
-// Every rank: learn rank 0's control for `step` and copy the parameters it changed.
+// Every rank: learn rank 0's control for `step` and copy the parameters it changed. A follower
+// first serves the commands rank 0 sends before it (commands; none expected when null).
 // On rank 0, *control is the input; elsewhere the output (stop and the step to take).
-CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, StepControl* control, long* step) {
+CommStatus ShareControl(LocalComm& comm, TrainingBackend& backend, RingCommandHandler* commands,
+                        StepControl* control, long* step) {
   if (comm.world_size() == 1) return CommStatus::Ok();
   const bool leader = comm.rank() == 0;
   if (leader) MergeRanges(&control->changed);
-  double header[kControlSlots] = {0, 0, 0, 0};
+  RingHeader h;
   if (leader) {
-    header[kStop] = control->stop;
-    header[kRanges] = (double)control->changed.size();
-    header[kStep] = (double)*step;
-    header[kLrStep] = (double)control->lr_step;
+    h.slot[kRingStop] = control->stop;
+    h.slot[kRingRanges] = (double)control->changed.size();
+    h.slot[kRingStep] = (double)*step;
+    h.slot[kRingLrStep] = (double)control->lr_step;
   }
-  CommStatus st = comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
-  if (!st.ok()) return st;
-  control->stop = header[kStop] != 0;
-  *step = (long)header[kStep];
-  control->lr_step = (long)header[kLrStep];
+  CommStatus st = CommStatus::Ok();
+  for (;;) {
+    st = ExchangeRingHeader(comm, &h);
+    if (!st.ok()) return st;
+    if (leader || h.slot[kRingCommand] == 0) break;
+    if (commands == nullptr || h.slot[kRingCommand] == kRingRelease)
+      return CommStatus::Error("rank " + std::to_string(comm.rank()) + " got command " +
+                               std::to_string((int)h.slot[kRingCommand]) + " from rank 0 and serves none; this is a bug");
+    if (Status served = commands->Serve(h); !served.ok()) return CommStatus::Error(served.message());
+  }
+  control->stop = h.slot[kRingStop] != 0;
+  *step = (long)h.slot[kRingStep];
+  control->lr_step = (long)h.slot[kRingLrStep];
   if (control->stop) return CommStatus::Ok();
-  const size_t n = (size_t)header[kRanges];
+  const size_t n = (size_t)h.slot[kRingRanges];
   std::vector<double> ranges(2 * n, 0.0);
   if (leader)
     for (size_t i = 0; i < n; i++) {
@@ -92,9 +99,9 @@ InnerLoopOptions RankLoopOptions(const RunConfig& config, const BatchSampler& sa
 }
 
 CommStatus StopFollowers(LocalComm& comm) {
-  if (comm.world_size() == 1) return CommStatus::Ok();
-  double header[kControlSlots] = {1, 0, 0, 0};
-  return comm.all_reduce_host(header, kControlSlots, ReduceOp::kSum);
+  RingHeader h;
+  h.slot[kRingStop] = 1;
+  return ExchangeRingHeader(comm, &h);
 }
 
 Status RunInnerLoop(const InnerLoopOptions& o, TrainingBackend& backend, LocalComm& comm, InnerLoopHook* hook,
@@ -121,7 +128,7 @@ Status RunInnerLoop(const InnerLoopOptions& o, TrainingBackend& backend, LocalCo
         }
       }
     }
-    DL_RETURN_IF_ERROR(FromComm(ShareControl(comm, backend, &control, &step), step));
+    DL_RETURN_IF_ERROR(FromComm(ShareControl(comm, backend, o.commands, &control, &step), step));
     DL_RETURN_IF_ERROR(hook_error);
     if (control.stop) break;
 

@@ -20,6 +20,7 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/train/data.h"
+#include "daemon/train/ring_control.h"
 #include "daemon/util/status.h"
 #include "kernels/backend.h"
 
@@ -59,6 +60,9 @@ struct InnerLoopOptions {
   int row_begin = 0;
   int rows = 1;
   int block_size = 1;  // T
+  // A follower's side of rank 0's outer-sync commands between steps (ring_control.h); null: rank 0
+  // sends none (its outer-sync state is its own).
+  RingCommandHandler* commands = nullptr;
 };
 
 // The loop of rank `rank` of a ring training config from start_step to train.steps: each rank
