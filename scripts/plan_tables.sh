@@ -25,17 +25,20 @@ plan() {  # args: --set ... ; prints the JSON (exit 1 = does not fit is fine her
   "$ctl" plan "$config" --json --device-memory 141 "$@" 2>/dev/null || [ $? -eq 1 ]
 }
 
-echo "Bytes per parameter per rank, cuda, 12.6B shape, outer sync on (8 learners), activations excluded"
+echo "Bytes per parameter per rank, cuda, 12.9B shape (configs/gpt-12b.yaml), activations excluded"
 echo
-echo "| ranks N | shard none | shard optimizer | shard gradients |"
-echo "| ---: | ---: | ---: | ---: |"
+echo "| ranks N | none | optimizer | gradients | none, no outer sync | optimizer, no outer sync | gradients, no outer sync |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for n in 1 8 16 64; do
   row="| $n |"
-  for shard in none optimizer gradients; do
-    if [ "$n" -eq 1 ] && [ "$shard" != none ]; then row="$row — |"; continue; fi
-    # shellcheck disable=SC2046
-    v=$(plan $(ring "$n") --set train.shard=$shard --set train.batch_size=1 | jq -r '.bytes_per_param_without_activations')
-    row="$row $(printf '%.2f' "$v") |"
+  for learners in 8 1; do
+    for shard in none optimizer gradients; do
+      if [ "$n" -eq 1 ] && [ "$shard" != none ]; then row="$row — |"; continue; fi
+      # shellcheck disable=SC2046
+      v=$(plan $(ring "$n") --set train.shard=$shard --set train.batch_size=1 --set sync.learners=$learners |
+        jq -r '.bytes_per_param_without_activations')
+      row="$row $(printf '%.2f' "$v") |"
+    done
   done
   echo "$row"
 done
@@ -44,14 +47,19 @@ done
 shapes=(
   "1.3B 24 2048 16"
   "2.7B 32 2560 32"
+  "4.2B 36 3072 24"
   "6.7B 32 4096 32"
-  "12.6B 40 5120 40"
+  "9.3B 40 4352 34"
+  "12.9B 40 5120 40"
+  "20B 44 6144 48"
   "30B 48 7168 56"
+  "40B 56 7680 60"
+  "52B 64 8192 64"
   "65B 80 8192 64"
   "175B 96 12288 96"
 )
 echo
-echo "Largest GPT that fits per H200 (141 GiB), batch 1 per rank, shard gradients when N > 1 (GiB per rank)"
+echo "Largest GPT that fits per H200 (141 GiB), batch 1 per rank, shard gradients when N > 1, outer sync on (GiB per rank)"
 echo
 echo "| H200s in the learner | T=2048 | T=2048 + recompute | T=4096 | T=4096 + recompute |"
 echo "| ---: | --- | --- | --- | --- |"

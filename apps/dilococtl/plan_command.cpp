@@ -30,7 +30,10 @@ int Usage(const std::string& message) {
 
 std::string Gib(uint64_t bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
+  if (bytes < kGiB / 10)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / (1024.0 * 1024.0));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
   return buf;
 }
 
