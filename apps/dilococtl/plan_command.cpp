@@ -113,8 +113,8 @@ void PrintTable(const std::string& path, const RunConfig& cfg, const MemoryPlan&
                 bool fits, int max_batch) {
   const TrainConfig& tc = cfg.train;
   const double n = (double)plan.num_params;
-  std::printf("%s: GPT of %.3fB parameters (n_layer %d, n_embd %d, n_head %d, block_size %d, vocab %d)\n",
-              path.c_str(), n / 1e9, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.block_size,
+  std::printf("%s: GPT of %.3f%s parameters (n_layer %d, n_embd %d, n_head %d, block_size %d, vocab %d)\n",
+              path.c_str(), n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M", cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.block_size,
               cfg.model.vocab_size);
   std::printf("%s, ring of %d ranks (%d hosts x %d), shard %s, recompute %s, batch %d per rank, outer sync %s\n",
               tc.device.c_str(), plan.world, tc.hosts, tc.ranks, std::string(ToString(tc.shard)).c_str(),
