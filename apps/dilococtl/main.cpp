@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/dilococtl/job_commands.h"
+#include "apps/dilococtl/plan_command.h"
 #include "daemon/ctl/commands.h"
 
 namespace {
@@ -25,6 +26,14 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--out", train.out_dir, "Run directory (default: runs/<config>-<time>)");
   train_cmd->add_flag("--resume", train.resume, "Continue the run in --out from its checkpoint");
   train_cmd->add_flag("--json", train.json, "Print the summary as one JSON object on the last line");
+
+  PlanCommand plan;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "Per-rank memory of a run's learner, and whether it fits a device");
+  plan_cmd->add_option("config", plan.config_path, "Run config (YAML)")->required()->check(CLI::ExistingFile);
+  plan_cmd->add_option("--set", plan.overrides, "Override a config key: --set train.shard=gradients (repeatable)");
+  plan_cmd->add_option("--device-memory", plan.device_memory_gib,
+                       "GiB per device (default: cpu this machine's MemTotal, cuda an H200's 141)");
+  plan_cmd->add_flag("--json", plan.json, "Print one JSON object");
 
   SampleCommand sample;
   CLI::App* sample_cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
@@ -205,6 +214,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (train_cmd->parsed()) return RunTrainCommand(train);
+  if (plan_cmd->parsed()) return RunPlanCommand(plan);
   if (sample_cmd->parsed()) return RunSampleCommand(sample);
   if (demo_cmd->parsed()) return RunClusterDemoCommand(demo);
   if (submit_cmd->parsed()) return RunSubmitCommand(submit);
