@@ -28,6 +28,7 @@
 #include "daemon/train/inner_loop.h"
 #include "daemon/train/liveness_sender.h"
 #include "daemon/train/local_ring.h"
+#include "daemon/train/outer_state.h"
 #include "daemon/train/run_dir.h"
 #include "daemon/train/step_stretch.h"
 #include "daemon/train/trainer.h"
@@ -82,6 +83,7 @@ class LearnerLoop final : public InnerLoopHook {
   // train: the learner's sampler (ranks × batch_size rows per step), shared with the followers.
   // frags: backend 0's table partitioned into fragments (PartitionFragments).
   LearnerLoop(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train, LocalRing& ring,
+              OuterState& outer,
               std::vector<Fragment> frags);
 
   // Start, train and flush. *loop_entered: the inner loop started (the followers are in it);
@@ -94,7 +96,7 @@ class LearnerLoop final : public InnerLoopHook {
 
  private:
   // Setup.
-  void SetUpSyncState();
+  Status SetUpSyncState();
   Status OpenDownlink();
   Status OpenUplink();
   Status OpenSnapshotDealer();
@@ -115,7 +117,7 @@ class LearnerLoop final : public InnerLoopHook {
   Status Heartbeat(LearnerState state);
   Status BeatIfDue();
   Status SendDelta(int p, long at_step);
-  bool EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes);
+  Status EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, bool* encoded);
   void ResetResidual(int p);
   Status SendFiringDeltas(long done);
   Status ResendLost();
@@ -158,6 +160,11 @@ class LearnerLoop final : public InnerLoopHook {
   const BatchSampler& train_;
   LocalRing& ring_;
   TrainingBackend& backend_;
+  // The outer-sync state: on backend_, or sharded over the ring (outer_state.h). A ring command
+  // that failed where no Status could be returned (a handler of a syncer status) is kept here and
+  // ends the learner at its next step.
+  OuterState& outer_;
+  Status outer_error_;
   LearnerResult res_;
   std::vector<ParamRange> changed_;  // parameters rewritten since the ring last copied them
 
@@ -229,7 +236,7 @@ class LearnerLoop final : public InnerLoopHook {
 };
 
 LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
-                         LocalRing& ring, std::vector<Fragment> frags)
+                         LocalRing& ring, OuterState& outer, std::vector<Fragment> frags)
     : context_(context),
       o_(o),
       cfg_(*o.config),
@@ -239,6 +246,7 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
       train_(train),
       ring_(ring),
       backend_(ring.backend(0)),
+      outer_(outer),
       frags_(std::move(frags)),
       P_((int)frags_.size()),
       H_(sc_.inner_steps),
@@ -259,7 +267,7 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
 }
 
 Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
-  SetUpSyncState();
+  DL_RETURN_IF_ERROR(SetUpSyncState());
   // The downlink first, so nothing published after the handshake is missed.
   DL_RETURN_IF_ERROR(OpenDownlink());
   DL_RETURN_IF_ERROR(OpenUplink());
@@ -297,14 +305,15 @@ Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResul
   return Status::Ok();
 }
 
-void LearnerLoop::SetUpSyncState() {
+Status LearnerLoop::SetUpSyncState() {
   std::vector<std::vector<ParamRange>> ranges;
   for (const Fragment& frag : frags_) ranges.push_back(RangesOf(frag));
-  backend_.sync_setup(ranges);
+  DL_RETURN_IF_ERROR(outer_.Setup(ranges, sc_.codec.block).WithContext(me_));
   for (int p = 0; p < P_; p++) {
     bases_[p].resize(frags_[p].numel);
-    backend_.sync_read_base(p, bases_[p].data());
+    DL_RETURN_IF_ERROR(outer_.ReadBase(p, bases_[p].data()).WithContext(me_));
   }
+  return Status::Ok();
 }
 
 Status LearnerLoop::OpenDownlink() {
@@ -545,7 +554,9 @@ Status LearnerLoop::SendDelta(int p, long at_step) {
   const Fragment& frag = frags_[p];
   auto payload = std::make_shared<std::vector<uint8_t>>();
   std::vector<uint64_t> tensor_bytes;
-  if (!EncodeUplink(p, payload.get(), &tensor_bytes))
+  bool encoded = false;
+  DL_RETURN_IF_ERROR(EncodeUplink(p, payload.get(), &tensor_bytes, &encoded));
+  if (!encoded)
     return Status::Error(me_ + ": the delta of fragment " + std::to_string(p) + " at step " +
                          std::to_string(at_step) + " is NaN or Inf (or overflows the codec); try a lower train.lr");
   DeltaMsg d;
@@ -566,18 +577,23 @@ Status LearnerLoop::SendDelta(int p, long at_step) {
 // dense codecs by the backend; top-k on the host from the backend's exact fp32 Δ + residual,
 // whose residual is then zero (fp32 loses nothing), the top-k one kept in up_topk_ef_. false
 // when a value is not finite.
-bool LearnerLoop::EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes) {
+Status LearnerLoop::EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes,
+                                 bool* encoded) {
   if (up_codec_.topk_fraction == 0)
-    return backend_.sync_encode_delta(p, SyncCodecOf(up_codec_.kind), up_codec_.block_size, payload, tensor_bytes);
-  if (!backend_.sync_encode_delta(p, SyncCodec::kFp32, up_codec_.block_size, payload, tensor_bytes)) return false;
+    return outer_.EncodeDelta(p, SyncCodecOf(up_codec_.kind), up_codec_.block_size, payload, tensor_bytes, encoded)
+        .WithContext(me_);
+  DL_RETURN_IF_ERROR(
+      outer_.EncodeDelta(p, SyncCodec::kFp32, up_codec_.block_size, payload, tensor_bytes, encoded).WithContext(me_));
+  if (!*encoded) return Status::Ok();
   up_values_.resize(payload->size() / sizeof(float));
   std::memcpy(up_values_.data(), payload->data(), up_values_.size() * sizeof(float));
-  return up_topk_ef_.Encode((uint32_t)p, up_values_, FragmentNumels(frags_[p]), payload, tensor_bytes).ok();
+  *encoded = up_topk_ef_.Encode((uint32_t)p, up_values_, FragmentNumels(frags_[p]), payload, tensor_bytes).ok();
+  return Status::Ok();
 }
 
 // Drops what error feedback carries for fragment p (its delta was dropped, lost or resynced).
 void LearnerLoop::ResetResidual(int p) {
-  backend_.sync_reset_residual(p);
+  if (Status st = outer_.ResetResidual(p); !st.ok() && outer_error_.ok()) outer_error_ = st.WithContext(me_);
   up_topk_ef_.Reset((uint32_t)p);
 }
 
@@ -665,8 +681,13 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
   if (!topk) ContiguousPayload(m, &contiguous_);
   const uint8_t* update = topk ? reinterpret_cast<const uint8_t*>(scratch_.data()) : contiguous_.data();
   const size_t update_bytes = topk ? frag.numel * sizeof(float) : contiguous_.size();
-  if (!backend_.sync_apply_update((int)g->fragment, update, update_bytes,
-                                  topk ? SyncCodec::kFp32 : SyncCodecOf(g->payload.codec), g->payload.block_size))
+  bool applied = false;
+  DL_RETURN_IF_ERROR(outer_
+                         .ApplyUpdate((int)g->fragment, update, update_bytes,
+                                      topk ? SyncCodec::kFp32 : SyncCodecOf(g->payload.codec), g->payload.block_size,
+                                      &applied)
+                         .WithContext(me_));
+  if (!applied)
     return Status::Error(me_ + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
                          " that the wire codec accepted; this is a bug");
   if (Crc32c(base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
@@ -679,9 +700,11 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
     return Status::Ok();
   }
   const GlobalFold fold = ledger_.OnGlobal(p, g->version, included_self);
-  backend_.sync_fold(p, FoldModeOf(sc_.fold), sc_.alpha,
-                     fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase);
-  if (fold.shift_at_send) backend_.sync_shift_at_send(p);
+  DL_RETURN_IF_ERROR(outer_
+                         .Fold(p, FoldModeOf(sc_.fold), sc_.alpha,
+                               fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase)
+                         .WithContext(me_));
+  if (fold.shift_at_send) DL_RETURN_IF_ERROR(outer_.ShiftAtSend(p).WithContext(me_));
   MarkChanged(p);
   res_.globals_applied++;
   progress_.last_fragment_folded = (int)g->fragment;
@@ -810,7 +833,7 @@ Status LearnerLoop::InstallSnapshotPart(ParsedMessage& part) {
                     Crc32c(bases_[p].data(), frag.numel * sizeof(float)) == sm.fragment_crc32c;
   if (!same) {
     bases_[p] = scratch_;
-    backend_.sync_install(p, bases_[p].data());
+    DL_RETURN_IF_ERROR(outer_.Install(p, bases_[p].data()).WithContext(me_));
     up_topk_ef_.Reset((uint32_t)p);
     MarkChanged(p);
     ledger_.OnSnapshot(p, sm.version);
@@ -834,6 +857,7 @@ Status LearnerLoop::ApplyBufferedGlobals(const std::map<uint64_t, uint64_t>& ver
 
 Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) {
   step_ = at;
+  DL_RETURN_IF_ERROR(outer_error_);
   if (TimeLimitReached(tc_, train_start_)) {
     control->stop = true;
     return Status::Ok();
@@ -903,6 +927,7 @@ Status LearnerLoop::WaitUntil(const std::function<bool()>& done, const std::stri
 }
 
 Status LearnerLoop::AfterStep(const StepResult& r, TrainingBackend&) {
+  DL_RETURN_IF_ERROR(outer_error_);
   const StepStats& st = r.stats;
   if (!st.applied)
     return Status::Error(me_ + ": training diverged at step " + std::to_string(step_) +
@@ -963,6 +988,7 @@ void LearnerLoop::LogStep(const StepResult& r, long done, double step_s) {
 
 // The parameters of fragment p changed on rank 0: the ring copies them before the next step.
 void LearnerLoop::MarkChanged(int p) {
+  if (outer_.SpreadsParameters()) return;  // every rank already holds the new θ_p
   for (const FragmentRange& r : frags_[p].ranges) changed_.push_back({r.offset, r.numel});
 }
 
@@ -1003,10 +1029,11 @@ bool LearnerLoop::Crashed() const {
 bool LearnerLoop::Stopping() const { return o_.stop && o_.stop->load(); }
 
 Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
-                        LocalRing& ring, bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
+                        LocalRing& ring, OuterState& outer, bool* loop_entered, uint32_t* loop_end_crc,
+                        LearnerResult* result) {
   std::vector<Fragment> frags;
   DL_RETURN_IF_ERROR(PartitionFragments(ring.backend(0).table(), EffectiveFragments(o.config->sync), &frags));
-  LearnerLoop loop(context, o, train, ring, std::move(frags));
+  LearnerLoop loop(context, o, train, ring, outer, std::move(frags));
   return loop.Run(loop_entered, loop_end_crc, result);
 }
 
@@ -1038,18 +1065,27 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   const BatchSampler train = TrainSampler(*corpus, ring->ranks() * cfg.train.batch_size, cfg.model.block_size,
                                           mix_seed(cfg.train.seed, (uint64_t)o.index));
   std::vector<uint32_t> crcs(ring->ranks(), 0);
+  // With train.shard the ring shards the outer-sync state too: the followers serve rank 0's
+  // commands between steps and after the loop until rank 0 releases them.
+  const bool sharded = OuterStateSharded(*ring, cfg.train.shard);
+  std::unique_ptr<OuterState> outer = MakeOuterState(*ring, cfg.train.shard);
   DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
     if (rank == 0) {
       bool loop_entered = false;
-      Status st = RunLearnerLeader(context, o, train, *ring, &loop_entered, &crcs[0], result);
+      Status st = RunLearnerLeader(context, o, train, *ring, *outer, &loop_entered, &crcs[0], result);
       // Ended before training (a crash or a stop during the handshake): release the followers.
       if (st.ok() && !loop_entered) (void)StopFollowers(ring->comm(0));
+      if (st.ok()) st = outer->Release();
       return st;
     }
+    std::unique_ptr<RingCommandHandler> commands;
+    if (sharded) commands = MakeOuterStateFollower(ring->backend(rank), ring->comm(rank));
+    InnerLoopOptions lo = RankLoopOptions(cfg, train, rank, 0);
+    lo.commands = commands.get();
     long done = 0;  // a follower takes each step's number from rank 0
-    DL_RETURN_IF_ERROR(
-        RunInnerLoop(RankLoopOptions(cfg, train, rank, 0), ring->backend(rank), ring->comm(rank), nullptr, &done));
+    DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &done));
     crcs[rank] = ParamsCrc32c(ring->backend(rank));
+    if (commands) DL_RETURN_IF_ERROR(ServeRing(ring->comm(rank), *commands));
     return Status::Ok();
   }));
   if (ring->ranks() > 1 && crcs[0] != 0) result->rank_param_crc32c = crcs;
