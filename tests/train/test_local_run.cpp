@@ -613,8 +613,9 @@ namespace diloco {
 namespace {
 
 // The outer-sync state sharded over each learner's ring of 2 (train.shard): lock-step diloco makes
-// the same merges whatever the timing, so the run ends where the unsharded one does, bit for bit,
-// with the same delta bytes on the wire (rank 0 assembles the very payloads one backend writes).
+// the same merges whatever the timing, so the run ends where the unsharded one does, bit for bit:
+// rank 0 assembles the very payloads one backend writes (a byte off would move every merge after
+// it). The summaries' byte counts also hold timed heartbeats, so they are not compared.
 TEST_CASE("local run: diloco learners with sharded outer state end bitwise as unsharded", "[e2e]") {
   for (const char* codec : {"int4", "bf16"}) {
     CAPTURE(codec);
@@ -638,7 +639,7 @@ TEST_CASE("local run: diloco learners with sharded outer state end bitwise as un
     INFO(st.message());
     REQUIRE(st.ok());
     CHECK(sharded.outer_steps == plain.outer_steps);
-    CHECK(sharded.bytes_up == plain.bytes_up);  // bytes_down also counts the syncer's timed status messages
+    CHECK(sharded.versions == plain.versions);
     CHECK(sharded.final_val_loss == plain.final_val_loss);
     REQUIRE(ds.rank_param_crc32c.size() == 2);
     for (size_t i = 0; i < 2; i++) {
