@@ -68,8 +68,11 @@ Status MakeShape(const RunConfig& cfg, PlanShape* s) {
       blocks[l] += t.numel;
     }
   }
-  s->bucket = std::max(embed, lnf);
-  for (uint64_t b : blocks) s->bucket = std::max(s->bucket, b);
+  // ZeRO-2's buckets open at once (CpuBackend's ShardedGrads): the embeddings' throughout the
+  // backward, and one more for ln_f and then each block in turn.
+  uint64_t largest = lnf;
+  for (uint64_t b : blocks) largest = std::max(largest, b);
+  s->bucket = embed + largest;
 
   const SyncConfig& sc = cfg.sync;
   s->outer_sync = sc.mode != SyncMode::kDdp && sc.learners > 1;
@@ -138,7 +141,8 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
   c.clear();
   host.clear();
   const std::string shard_of = "the rank's shard (" + std::to_string(shard) + " of " + std::to_string(n) + ")";
-  const std::string grads_of = "its shard + one bucket (" + std::to_string(shard) + " + " + std::to_string(s.bucket) + ")";
+  const std::string grads_of =
+      "its shard + the buckets open at once (" + std::to_string(shard) + " + " + std::to_string(s.bucket) + ")";
   const uint64_t grad_values = zero2 ? shard + s.bucket : n;
   const bool sync_here = s.outer_sync && (s.cuda ? true : rank0);
   const uint64_t frag = s.largest_fragment;
@@ -147,10 +151,19 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
     c.push_back({"params", "parameters (fp32)", kF32 * n, PerParam(4, "params (Gpt::params)"), false});
     c.push_back({"bf16_copy", "bf16 copy", 0, "none on the cpu", false});
     c.push_back({"grads", "gradients (fp32)", kF32 * grad_values,
-                 zero2 ? PerParam(4, grads_of.c_str()) : PerParam(4, "params (Gpt::grads)"), zero2});
+                 zero2 ? PerParam(4, grads_of.c_str()) : PerParam(4, "params (Gpt::grads)"), false});
     c.push_back({"moments", "AdamW moments", 8 * (sharded ? shard : n),
-                 sharded ? PerParam(8, shard_of.c_str()) : PerParam(8, "params (m, v)"), sharded});
-    if (sync_here) {
+                 sharded ? PerParam(8, shard_of.c_str()) : PerParam(8, "params (m, v)"), false});
+    if (s.outer_sync && sharded) {
+      // outer_state.h: every rank keeps its pieces (~1/world of each range); rank 0 also the host
+      // mirror of the bases.
+      const uint64_t part = CeilDiv(n, s.world), frag_part = CeilDiv(frag, s.world);
+      c.push_back({"outer_sync", "outer-sync state",
+                   16 * part + 3 * kF32 * frag_part + (rank0 ? kF32 * n : 0) + kF32 * frag,
+                   "base, previous base, θ at send, residual (16 B) x the rank's pieces (~" + std::to_string(part) +
+                       ") + their scratch + one packed fragment" + (rank0 ? " + the host mirror of the bases (4 B x params)" : ""),
+                   false});
+    } else if (sync_here) {
       c.push_back({"outer_sync", "outer-sync state", 20 * n + 3 * kF32 * frag,
                    "base, previous base, θ at send, residual (16 B) + the learner's host mirror of the bases "
                    "(4 B) x params + 3 x 4 B x the largest fragment (" + std::to_string(frag) + ") of scratch",
@@ -161,7 +174,7 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
     }
     c.push_back({"activations", "activations", CpuActivationBytes(m, (int)B, tc.recompute),
                  "Gpt's activation buffer at batch " + std::to_string(B) + (tc.recompute ? " (recompute)" : ""),
-                 tc.recompute});
+                 false});
     uint64_t workspace = 2 * B * T * kI32;  // the inner loop's inputs and targets
     std::string what = "batch buffers (inputs, targets)";
     if (rank0) {
@@ -290,8 +303,6 @@ Status PlanLearnerMemory(const RunConfig& cfg, MemoryPlan* out) {
       plan.notes.push_back("the " + std::to_string(cfg.train.ranks) +
                            " CPU ranks of a host share its memory: the fit is checked for rank 0 + " +
                            std::to_string(cfg.train.ranks - 1) + " other ranks");
-    if (cfg.train.shard != ShardMode::kNone || cfg.train.recompute)
-      plan.notes.push_back("sharding and recompute on the cpu follow the design (modelled)");
   } else {
     plan.notes.push_back("not modelled: the CUDA context, NCCL buffers and allocator rounding (about 0.5-1 GiB per GPU)");
     if (cfg.train.shard != ShardMode::kNone || cfg.train.recompute)
