@@ -13,7 +13,8 @@
 #      --set train.device=cuda` for TRAIN_STEPS steps on a token corpus made
 #      here (the repo's text as bytes spread over GPT-2's 50257 ids: the loss
 #      must fall from ln 50257), then a 2-learner decoupled local job sharing
-#      the one GPU (loss falls; tokens/s printed)
+#      the one GPU (loss falls; tokens/s printed); `dilococtl plan`'s device memory for the first
+#      run against nvidia-smi's peak memory.used during it
 # Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
 # step, summary.txt); a short table is printed last.
 # Budget: the build takes a few minutes on a 16-core machine; the checks
@@ -211,16 +212,29 @@ print("%.3f %.3f %.0f %.3f" % (j.get("initial_val_loss", 0), j["final_val_loss"]
                               j["final_train_loss"]))
 PY
     }
+    # The device's memory in use, sampled through the run: dilococtl plan's figure is checked against
+    # its peak (which also holds the CUDA context, which the plan does not model).
+    (while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; sleep 0.5; done) \
+      > "$LOG_DIR/memory_used_mib.txt" &
+    sampler=$!
     if run train_gpt2 150 "$bin/dilococtl" train configs/gpt2-124m.yaml --json --out "$LOG_DIR/run-gpt2" \
         --set data.corpus="$tokens" --set train.device=cuda --set train.steps="$TRAIN_STEPS" \
         --set train.warmup_steps=30 --set train.batch_size=8 --set eval.every=0 --set eval.batches=4 \
         --set train.checkpoint_every=0; then
+      kill "$sampler" 2>/dev/null
+      peak_mib=$(sort -n "$LOG_DIR/memory_used_mib.txt" | tail -1)
+      plan_mib=$("$bin/dilococtl" plan configs/gpt2-124m.yaml --json --set data.corpus="$tokens" \
+        --set train.device=cuda --set train.batch_size=8 2>/dev/null |
+        python3 -c 'import json,sys; print(round(json.loads(sys.stdin.read().strip().splitlines()[-1])["total_bytes"] / 2**20))')
+      ok=$(awk -v p="${plan_mib:-0}" -v m="${peak_mib:-0}" 'BEGIN { print (m > 0 && p > 0.85 * m && p < 1.05 * m) ? "PASS" : "BELOW" }')
+      row "plan vs nvidia-smi peak (gpt2, B=8)" "plan ${plan_mib:-?} MiB, used ${peak_mib:-?} MiB" "-15%..+5%" "$ok"
       read -r _ val tps train_loss <<<"$(summary_of "$LOG_DIR/train_gpt2.log")"
       mfu=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 100 * t * 6 * 124.4e6 / 989e12 }')
       ok=$(awk -v l="$train_loss" 'BEGIN { print (l < 10.0 - 2) ? "PASS" : "FAIL" }')  # ln 50257 = 10.8
       row "dilococtl train gpt2-124m cuda" "train loss $train_loss, $tps tok/s (~$mfu% MFU)" "loss < 8" "$ok"
       [[ $ok == PASS ]] || failed=1
     else
+      kill "$sampler" 2>/dev/null
       row "dilococtl train gpt2-124m cuda" "see train_gpt2.log" "runs" FAIL
       failed=1
     fi

@@ -5,6 +5,7 @@
 
 #include "daemon/net/codec.h"
 #include "daemon/sync/fragments.h"
+#include "daemon/sync/protocol.h"
 #include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
 #include "kernels/shard.h"
@@ -80,13 +81,7 @@ Status MakeShape(const RunConfig& cfg, PlanShape* s) {
   std::vector<Fragment> frags;
   if (Status st = PartitionFragments(table, EffectiveFragments(sc), &frags); !st.ok())
     return st.WithContext("sync.fragments " + std::to_string(sc.fragments));
-  CodecOptions up, down;
-  up.kind = sc.codec.up;
-  up.block_size = sc.codec.block;
-  up.topk_fraction = sc.codec.up_topk;
-  down.kind = sc.codec.down;
-  down.block_size = sc.codec.block;
-  down.topk_fraction = sc.codec.down_topk;
+  const CodecOptions up = UplinkCodec(sc), down = DownlinkCodec(sc);
   for (const Fragment& f : frags) {
     s->largest_fragment = std::max<uint64_t>(s->largest_fragment, f.numel);
     uint64_t up_bytes = 0, down_bytes = 0, device_bytes = 0;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "daemon/train/checkpoint.h"
+#include "tests/apps/dilococtl_testing.h"
 #include "kernels/backend.h"
 
 namespace diloco {
@@ -19,30 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code;
-  std::string out, err;
-};
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Runs dilococtl with args (already shell-quoted) in dir.
-Result Dilococtl(const fs::path& dir, const std::string& args) {
-  const std::string cmd = "cd '" + dir.string() + "' && " DILOCO_BINARY_DIR "/bin/dilococtl " + args +
-                          " > out.txt 2> err.txt";
-  const int rc = std::system(cmd.c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(dir / "out.txt"), ReadFile(dir / "err.txt")};
-}
-
-nlohmann::json LastLineJson(const std::string& out) {
-  const std::string trimmed = out.substr(0, out.find_last_not_of('\n') + 1);
-  return nlohmann::json::parse(trimmed.substr(trimmed.find_last_of('\n') + 1));
-}
+using namespace diloco::testing;
 
 // A fresh directory with a small corpus and a tiny run config.
 fs::path MakeWorkDir(const std::string& name) {
