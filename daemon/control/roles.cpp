@@ -553,7 +553,7 @@ nlohmann::json Role::Progress() const {
   nlohmann::json out = {{"role", LearnerName(im.index)},
           {"learner", im.index},
           {"device", p.device.empty() ? tc.device : p.device},
-          {"ranks", tc.ranks},
+          {"ranks", tc.ranks * std::max(1, tc.hosts)},  // the whole ring, over the site's hosts
           {"state", StateName(p.state)},
           {"step", p.step},
           {"steps", im.options.config.train.steps},
