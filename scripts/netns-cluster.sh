@@ -4,7 +4,7 @@
 # Faults are real ones: a link taken down, a daemon killed with -9, a link slowed. Needs root.
 #
 #   scripts/netns-cluster.sh check                         # exit 0 if namespaces work here, 77 if not
-#   scripts/netns-cluster.sh up 3 [--rate 200mbit] [--dir DIR]
+#   scripts/netns-cluster.sh up 3 [--rate 200mbit] [--hosts 2] [--dir DIR]
 #   scripts/netns-cluster.sh submit configs/demo.yaml --set train.steps=300   # prints the job id
 #   scripts/netns-cluster.sh status JOB [--json]
 #   scripts/netns-cluster.sh partition 1 5 [--wait]      # site 1's link down for 5 s
@@ -29,6 +29,13 @@
 #   site<i>/chaos.log       output of delayed actions (link back up, restart)
 # Submit puts the syncer on site 0 and one learner on each other site. dilococtl reaches each
 # daemon over its control socket (a file, so it works from the root namespace).
+# Sites of several hosts (up --hosts H): every learner site (1 .. N-1) is H hosts, each its own
+# dilocod with the same site name in its own namespace: host 0 is namespace <prefix>site<i> as
+# above (peers reach the site there), host h >= 1 is <prefix>site<i>h<h> at 10.77.0.(100+8i+h),
+# directory DIR/site<i>h<h>, named "I.H" where a command takes a SITE (kill 1.1 kills site 1's
+# host 1). Every host's config lists the site's hosts (site_hosts; ring_address: its eth0
+# address, the same bridge here: on real hosts, a private network), and submit sets
+# train.hosts=H, so each learner's ring spans its site's H hosts (Gloo).
 #
 # Environment: DILOCO_BIN (dilocod and dilococtl; default build/bin), DILOCOD_NETNS_DIR (DIR),
 # DLC_DATA_ROOTS (the sites' data_roots, default /usr/share/games),
@@ -45,13 +52,16 @@ READY_S=${DLC_NETNS_READY_S:-30}
 SUBNET=10.77.0
 N=0
 RATE=200mbit
+HOSTS=1
 
 usage() {
   cat <<EOF
 usage: $(basename "$0") [--dir DIR] COMMAND [ARGS]
   check                              exit 0 if network namespaces can be made here, else 77 and why
-  up N [--rate R] [--dir DIR]        N sites (2..64) in namespaces ${PREFIX}site0.., links shaped to R
-                                     (default 200mbit; tc units: kbit, mbit, gbit), daemons started
+  up N [--rate R] [--hosts H] [--dir DIR]
+                                     N sites (2..64) in namespaces ${PREFIX}site0.., links shaped to R
+                                     (default 200mbit; tc units: kbit, mbit, gbit), daemons started;
+                                     --hosts H (1..8, N <= 19): every learner site is H hosts
   submit CONFIG [--set k=v ...]      submit to site 0: syncer on site0, a learner on each other site
   status [JOB] [--json]              dilococtl status through site 0 (no JOB: the job list)
   wait JOB [--timeout S]             until the job ends: exit 0 completed, 1 failed, 3 stopped,
@@ -65,7 +75,7 @@ usage: $(basename "$0") [--dir DIR] COMMAND [ARGS]
   slow SITE RATE                     re-shape SITE's link to RATE, both directions
   down [--purge]                     stop the daemons, delete namespaces and links (idempotent);
                                      --purge also deletes DIR
-SITE is an index, 0..N-1. DIR defaults to \$DILOCOD_NETNS_DIR or /tmp/dilocod-netns.
+SITE is an index, 0..N-1, or I.H for host H >= 1 of site I (up --hosts). DIR defaults to \$DILOCOD_NETNS_DIR or /tmp/dilocod-netns.
 EOF
 }
 
@@ -81,11 +91,24 @@ usage_error() {
 now_ms() { date +%s%3N; }
 note() { echo "$(now_ms) $*" >> "$DIR/events.log"; }
 
-ns_site() { echo "${PREFIX}site$1"; }
+# A daemon is "I" (site I, its host 0) or "I.H" (host H >= 1 of site I).
+site_of() { echo "${1%%.*}"; }
+host_of() { [[ "$1" == *.* ]] && echo "${1#*.}" || echo 0; }
+dname() { [[ "$1" == *.* ]] && echo "site${1%%.*}h${1#*.}" || echo "site$1"; }
+ns_site() { echo "${PREFIX}$(dname "$1")"; }
 ns_hub() { echo "${PREFIX}hub"; }
-addr_of() { echo "$SUBNET.$((10 + $1))"; }
-site_dir() { echo "$DIR/site$1"; }
-socket_of() { echo "$DIR/site$1/state/control.sock"; }
+addr_of() { [[ "$1" == *.* ]] && echo "$SUBNET.$((100 + 8 * ${1%%.*} + ${1#*.}))" || echo "$SUBNET.$((10 + $1))"; }
+site_dir() { echo "$DIR/$(dname "$1")"; }
+socket_of() { echo "$(site_dir "$1")/state/control.sock"; }
+link_of() { [[ "$1" == *.* ]] && echo "s${1%%.*}h${1#*.}" || echo "s$1"; }
+hosts_of() { [[ "$1" -gt 0 ]] && echo "$HOSTS" || echo 1; }  # hosts_of SITE
+all_daemons() { # every daemon of the cluster: 0 1 1.1 2 2.1 ...
+  local i h
+  for ((i = 0; i < N; i++)); do
+    echo "$i"
+    for ((h = 1; h < $(hosts_of "$i"); h++)); do echo "$i.$h"; done
+  done
+}
 ctl() { "$BIN/dilococtl" "$@"; }
 
 require_root() { [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces, veth, tc); try sudo"; }
@@ -103,8 +126,13 @@ load_env() {
   source "$DIR/cluster.env"
 }
 
-check_site() { # check_site INDEX: a valid site index of the cluster
-  [[ "$1" =~ ^[0-9]+$ && "$1" -lt "$N" ]] || die "site '$1' is not a site of this cluster: give an index 0..$((N - 1))"
+check_site() { # check_site INDEX: a valid site index (or I.H, a host of a site) of the cluster
+  if [[ "$1" =~ ^([0-9]+)[.]([0-9]+)$ ]]; then
+    [[ ${BASH_REMATCH[1]} -lt "$N" && ${BASH_REMATCH[2]} -ge 1 && ${BASH_REMATCH[2]} -lt $(hosts_of "${BASH_REMATCH[1]}") ]] ||
+      die "'$1' is not a host of this cluster: site $((BASH_REMATCH[1])) has $(hosts_of "${BASH_REMATCH[1]}") host(s) (I.H, H >= 1)"
+    return 0
+  fi
+  [[ "$1" =~ ^[0-9]+$ && "$1" -lt "$N" ]] || die "site '$1' is not a site of this cluster: give an index 0..$((N - 1)) (or I.H for a host)"
 }
 
 check_seconds() { # check_seconds NAME VALUE
@@ -130,7 +158,7 @@ shape_link() { # shape_link INDEX RATE: egress of both ends
   local i=$1 args
   read -ra args <<< "$(tbf_args "$2")"
   tc -n "$(ns_site "$i")" qdisc replace dev eth0 root tbf "${args[@]}"
-  tc -n "$(ns_hub)" qdisc replace dev "s$i" root tbf "${args[@]}"
+  tc -n "$(ns_hub)" qdisc replace dev "$(link_of "$i")" root tbf "${args[@]}"
 }
 
 alive() { # alive PID: a running process (a zombie is dead)
@@ -152,10 +180,35 @@ pid_of() { # pid_of INDEX: the running daemon's pid, or nothing (exit 1)
   echo "$pid"
 }
 
-write_config() { # write_config INDEX
+site_hosts_yaml() { # site_hosts_yaml SITE: its site_hosts list, relative to a host's directory
+  local i=$1 h m
+  echo "site_hosts:  # this site's hosts; host 0 first"
+  for ((h = 0; h < $(hosts_of "$i"); h++)); do
+    m=$i
+    [[ $h -gt 0 ]] && m="$i.$h"
+    echo "  - {control: tcp://$(addr_of "$m"):7100, ring_address: $(addr_of "$m"), public_key_file: ../$(dname "$m")/keys/key.public}"
+  done
+  echo "ring_timeout_ms: ${DLC_RING_TIMEOUT_MS:-10000}"
+}
+
+write_config() { # write_config INDEX (or I.H)
   local i=$1 j d a
   d=$(site_dir "$i")
   a=$(addr_of "$i")
+  if [[ "$i" == *.* ]]; then
+    {
+      echo "# Written by scripts/netns-cluster.sh: host $(host_of "$i") of site $(site_of "$i"), in namespace $(ns_site "$i") at $a."
+      echo "site: site$(site_of "$i")"
+      echo "host: $(host_of "$i")"
+      echo "state_dir: state"
+      echo "keys: keys"
+      echo "threads: 1"
+      echo "listen: {control: tcp://$a:7100}"
+      echo "data_roots: [${DLC_DATA_ROOTS:-/usr/share/games}]"
+      site_hosts_yaml "$(site_of "$i")"
+    } > "$d/dilocod.yaml"
+    return 0
+  fi
   {
     echo "# Written by scripts/netns-cluster.sh: site $i of $N, in namespace $(ns_site "$i") at $a."
     echo "site: site$i"
@@ -176,6 +229,8 @@ write_config() { # write_config INDEX
       echo "  - {site: site$j, control: tcp://$b:7100, uplink: tcp://$b:7101, downlink: tcp://$b:7102,"
       echo "     snapshot: tcp://$b:7103, public_key_file: ../site$j/keys/key.public}"
     done
+    [[ $(hosts_of "$i") -gt 1 ]] && site_hosts_yaml "$i"
+    true
   } > "$d/dilocod.yaml"
 }
 
@@ -214,7 +269,7 @@ wait_ready() { # wait_ready INDEX: until the daemon answers dilococtl status, or
 }
 
 cluster_namespaces() { # every namespace of this prefix that exists
-  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX//./\\.}(site[0-9]+|hub)\$" || true
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX//./\\.}(site[0-9]+(h[0-9]+)?|hub)\$" || true
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -259,12 +314,15 @@ cmd_up() {
   while [[ $# -gt 0 ]]; do
     case $1 in
       --rate) [[ $# -ge 2 ]] || usage_error "--rate needs a value"; RATE=$2; shift 2 ;;
+      --hosts) [[ $# -ge 2 ]] || usage_error "--hosts needs a number"; HOSTS=$2; shift 2 ;;
       -*) usage_error "up: unknown option '$1'" ;;
       *) [[ -z "$n" ]] || usage_error "up: one N only"; n=$1; shift ;;
     esac
   done
   [[ "$n" =~ ^[0-9]+$ && "$n" -ge 2 && "$n" -le 64 ]] || usage_error "up: N must be a number of sites, 2..64 (got '${n}')"
   N=$n
+  [[ "$HOSTS" =~ ^[0-9]+$ && "$HOSTS" -ge 1 && "$HOSTS" -le 8 ]] || usage_error "up: --hosts must be 1..8 (got '$HOSTS')"
+  [[ "$HOSTS" -eq 1 || "$N" -le 19 ]] || usage_error "up: --hosts $HOSTS takes at most 19 sites"
   tbf_args "$RATE" > /dev/null
   require_root
   require_bins
@@ -279,6 +337,7 @@ cmd_up() {
     echo "PREFIX=$PREFIX"
     echo "RATE=$RATE"
     echo "BIN=$BIN"
+    echo "HOSTS=$HOSTS"
   } > "$DIR/cluster.env"
   : >> "$DIR/events.log"
   # From here on a failure tears down what was made.
@@ -290,19 +349,19 @@ cmd_up() {
   ip -n "$hub" link set lo up
   ip -n "$hub" link add br0 type bridge
   ip -n "$hub" link set br0 up
-  for ((i = 0; i < N; i++)); do
+  for i in $(all_daemons); do
     local ns
     ns=$(ns_site "$i")
     ip netns add "$ns"
     ip -n "$ns" link set lo up
-    ip -n "$hub" link add "s$i" type veth peer name eth0 netns "$ns"
-    ip -n "$hub" link set "s$i" master br0
-    ip -n "$hub" link set "s$i" up
+    ip -n "$hub" link add "$(link_of "$i")" type veth peer name eth0 netns "$ns"
+    ip -n "$hub" link set "$(link_of "$i")" master br0
+    ip -n "$hub" link set "$(link_of "$i")" up
     ip -n "$ns" addr add "$(addr_of "$i")/24" dev eth0
     ip -n "$ns" link set eth0 up
     shape_link "$i" "$RATE"
   done
-  for ((i = 0; i < N; i++)); do
+  for i in $(all_daemons); do
     local d
     d=$(site_dir "$i")
     mkdir -p "$d/state"
@@ -310,13 +369,13 @@ cmd_up() {
       ctl keygen --out "$d/keys" > /dev/null 2> "$d/keygen.err" || { cat "$d/keygen.err" >&2; die "site $i: dilococtl keygen failed"; }
     fi
   done
-  for ((i = 0; i < N; i++)); do write_config "$i"; done
-  for ((i = 0; i < N; i++)); do launch_daemon "$i"; done
-  for ((i = 0; i < N; i++)); do wait_ready "$i"; done
+  for i in $(all_daemons); do write_config "$i"; done
+  for i in $(all_daemons); do launch_daemon "$i"; done
+  for i in $(all_daemons); do wait_ready "$i"; done
   trap - EXIT
-  note "up $N $RATE"
-  for ((i = 0; i < N; i++)); do
-    echo "site$i: $(ns_site "$i") $(addr_of "$i"), pid $(pid_of "$i"), config $(site_dir "$i")/dilocod.yaml, log $(site_dir "$i")/dilocod.log"
+  note "up $N $RATE hosts $HOSTS"
+  for i in $(all_daemons); do
+    echo "$(dname "$i"): $(ns_site "$i") $(addr_of "$i"), pid $(pid_of "$i"), config $(site_dir "$i")/dilocod.yaml, log $(site_dir "$i")/dilocod.log"
   done
   echo "up: $N sites, links at $RATE; submit with: $(basename "$0") --dir $DIR submit CONFIG"
 }
@@ -332,7 +391,8 @@ cmd_submit() {
   # The placement and learner count come from the cluster; --set after them may override.
   local job
   job=$(ctl submit "$config" --socket "$(socket_of 0)" --set placement.syncer=site0 \
-    --set "placement.learners=[$learners]" --set "sync.learners=$((N - 1))" "$@") || die "submit: dilococtl submit failed (see above)"
+    --set "placement.learners=[$learners]" --set "sync.learners=$((N - 1))" --set "train.hosts=$HOSTS" "$@") ||
+    die "submit: dilococtl submit failed (see above)"
   note "submit $job"
   echo "$job"
 }
@@ -399,12 +459,12 @@ cmd_partition() {
     old=$(cat "$(site_dir "$site")/heal.pid")
     if alive "$old"; then kill -KILL "$old" 2> /dev/null || true; fi
   fi
-  ip -n "$hub" link set "s$site" down
+  ip -n "$hub" link set "$(link_of "$site")" down
   note "partition-start site$site ${seconds}s"
   if [[ $wait -eq 1 ]]; then
     echo "site$site: link down for $seconds s"
     sleep "$seconds"
-    ip -n "$hub" link set "s$site" up
+    ip -n "$hub" link set "$(link_of "$site")" up
     note "partition-end site$site"
     echo "site$site: link up"
   else
@@ -412,7 +472,7 @@ cmd_partition() {
     d=$(site_dir "$site")
     # shellcheck disable=SC2016  # expanded by the inner bash
     setsid bash -c 'sleep "$1"; ip -n "$2" link set "$3" up && echo "$(date +%s%3N) partition-end site$4" >> "$5/events.log"' \
-      _ "$seconds" "$hub" "s$site" "$site" "$DIR" >> "$d/chaos.log" 2>&1 < /dev/null &
+      _ "$seconds" "$hub" "$(link_of "$site")" "$site" "$DIR" >> "$d/chaos.log" 2>&1 < /dev/null &
     echo $! > "$d/heal.pid"
     echo "site$site: link down; back up in $seconds s"
   fi
@@ -490,14 +550,14 @@ cmd_down() {
   fi
   local i pid f pids=()
   # Delayed actions first, so nothing comes back up behind us.
-  for f in "$DIR"/site*/heal.pid "$DIR"/site*/restart.pid; do
+  for f in "$DIR"/site*/heal.pid "$DIR"/site*/restart.pid; do  # hosts' directories too (site<i>h<h>)
     [[ -f "$f" ]] || continue
     pid=$(cat "$f")
     if alive "$pid"; then kill -KILL "$pid" 2> /dev/null || true; fi
     rm -f "$f"
   done
   # SIGTERM every daemon (roles save their state), then wait, then -9 what is left.
-  for ((i = 0; i < N; i++)); do
+  for i in $(all_daemons); do
     if pid=$(pid_of "$i"); then
       kill -TERM "$pid" 2> /dev/null || true
       pids+=("$pid")
@@ -527,7 +587,7 @@ cmd_down() {
   for ns in $(cluster_namespaces); do
     ip netns del "$ns" 2> /dev/null || echo "netns-cluster down: could not delete namespace $ns" >&2
   done
-  for ((i = 0; i < N; i++)); do rm -f "$(site_dir "$i")/dilocod.pid"; done
+  for i in $(all_daemons); do rm -f "$(site_dir "$i")/dilocod.pid"; done
   [[ -d "$DIR" && -f "$DIR/events.log" ]] && note "down"
   if [[ $purge -eq 1 && -f "$DIR/cluster.env" ]]; then
     rm -rf "$DIR"

@@ -186,6 +186,101 @@ Status ReadDevices(const Section& top, SiteDevices* out) {
   return Status::Ok();
 }
 
+// A public_key or public_key_file of a mapping (peers.N, site_hosts.N): the key text, or "".
+Status ReadPublicKey(const Section& s, const std::string& path, const std::string& base_dir, bool allow_plaintext,
+                     const std::string& what, std::string* out) {
+  std::string key, key_file;
+  DL_RETURN_IF_ERROR(s.String("public_key", &key));
+  DL_RETURN_IF_ERROR(s.String("public_key_file", &key_file));
+  if (!key_file.empty()) {
+    if (!key.empty())
+      return Status::Error(s.WhereOf("public_key_file") + ": " + path + ": give public_key or public_key_file, not both");
+    const std::string file = ResolvePath(key_file, base_dir);
+    std::ifstream f(file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (!f)
+      return Status::Error(s.WhereOf("public_key_file") + ": " + path + ".public_key_file: cannot read '" + file +
+                           "'; copy " + what + "'s key.public there");
+    key = ss.str();
+    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+  }
+  if (key.empty() && !allow_plaintext)
+    return Status::Error(s.WhereOf("control") + ": " + path + ": public_key (or public_key_file) is required: " + what +
+                         "'s key.public, so that CURVE can authenticate it");
+  if (!key.empty() && key.size() != 40)
+    return Status::Error(s.WhereOf(key_file.empty() ? "public_key" : "public_key_file") + ": " + path +
+                         ".public_key: expected a 40-character Z85 key (" + what + "'s key.public), got " +
+                         std::to_string(key.size()) + " characters");
+  *out = key;
+  return Status::Ok();
+}
+
+// site_hosts: [{control, ring_address, public_key | public_key_file}, ...], host, ring_timeout_ms.
+Status ReadSiteHosts(const Section& top, const std::string& base_dir, DaemonConfig* c) {
+  const YAML::Node found = top.Get("site_hosts");
+  const YAML::Node list = found.IsDefined() ? found : YAML::Node(YAML::NodeType::Null);
+  if (!list.IsNull() && !list.IsSequence())
+    return Status::Error(top.WhereOf("site_hosts") + ": site_hosts: expected a list of this site's hosts ({control, "
+                                                     "ring_address, public_key}), got " + Describe(list));
+  std::set<std::string> controls, rings, keys;
+  for (size_t i = 0; list.IsSequence() && i < list.size(); ++i) {
+    const std::string path = "site_hosts." + std::to_string(i);
+    const Section hs(list[i], path, top.source(), {"control", "ring_address", "public_key", "public_key_file"});
+    DL_RETURN_IF_ERROR(hs.CheckKeys());
+    if (!list[i].IsMap())
+      return Status::Error(Where(top.source(), list[i].Mark()) + ": " + path +
+                           ": expected {control: tcp://ADDR:PORT, ring_address: ADDR, public_key: ...}, got " +
+                           Describe(list[i]));
+    SiteHost h;
+    DL_RETURN_IF_ERROR(hs.String("control", &h.control));
+    DL_RETURN_IF_ERROR(hs.String("ring_address", &h.ring_address));
+    if (h.control.rfind("tcp://", 0) != 0)
+      return Status::Error(hs.WhereOf("control") + ": " + path + ".control: " +
+                           (h.control.empty() ? std::string("is required") : "'" + h.control + "' is not a tcp endpoint") +
+                           ": host " + std::to_string(i) + "'s listen.control as this site's hosts reach it, e.g. "
+                           "tcp://10.1.0.2:7100");
+    if (h.ring_address.empty() || h.ring_address.find_first_of(" /:") != std::string::npos)
+      return Status::Error(hs.WhereOf("ring_address") + ": " + path + ".ring_address: " +
+                           (h.ring_address.empty() ? std::string("is required") : "'" + h.ring_address + "' is not an address") +
+                           ": the IP (or host name) of host " + std::to_string(i) +
+                           " on the site's private network, where its Gloo ring binds, e.g. 192.168.0.2");
+    DL_RETURN_IF_ERROR(ReadPublicKey(hs, path, base_dir, c->allow_plaintext, "host " + std::to_string(i), &h.public_key));
+    if (!controls.insert(h.control).second)
+      return Status::Error(hs.WhereOf("control") + ": " + path + ".control: '" + h.control +
+                           "' is listed for two hosts; each host has its own control endpoint");
+    if (!rings.insert(h.ring_address).second)
+      return Status::Error(hs.WhereOf("ring_address") + ": " + path + ".ring_address: '" + h.ring_address +
+                           "' is listed for two hosts; give each host its own address on the private network");
+    if (!h.public_key.empty() && !keys.insert(h.public_key).second)
+      return Status::Error(hs.WhereOf("public_key") + ": " + path +
+                           ": the same public key as another host; each host has its own keys (dilococtl keygen)");
+    for (const PeerConfig& p : c->peers)
+      if (!h.public_key.empty() && p.public_key == h.public_key)
+        return Status::Error(hs.WhereOf("public_key") + ": " + path + ": the key of peer site '" + p.site +
+                             "'; a host of this site has its own keys");
+    c->site_hosts.push_back(std::move(h));
+  }
+  const int hosts = c->SiteHostCount();
+  if (c->host < 0 || c->host >= hosts)
+    return Status::Error(top.WhereOf("host") + ": host: " + std::to_string(c->host) + " is not a host of this site: " +
+                         (c->site_hosts.empty() ? std::string("without site_hosts the site has one host, 0; list the "
+                                                              "site's hosts in site_hosts")
+                                                : "site_hosts lists " + std::to_string(hosts) + " hosts, 0 .. " +
+                                                      std::to_string(hosts - 1) + "; fix host or add the host to site_hosts"));
+  if (c->site_hosts.size() > 1 && c->listen.control.empty())
+    return Status::Error(top.WhereOf("listen") + ": listen.control: is required with site_hosts: the tcp endpoint "
+                                                 "this site's hosts reach this daemon on, e.g. tcp://0.0.0.0:7100");
+  if (c->host > 0 && !c->peers.empty())
+    return Status::Error(top.WhereOf("peers") + ": peers: host " + std::to_string(c->host) +
+                         " of a site talks only to its site's hosts; list peers on host 0 (the other sites reach "
+                         "the site there)");
+  if (c->ring_timeout_ms < 100 || c->ring_timeout_ms > 3600 * 1000)
+    return Status::Error(top.WhereOf("ring_timeout_ms") + ": ring_timeout_ms: " + std::to_string(c->ring_timeout_ms) +
+                         " is out of range; must be in [100, 3600000] ms (default 60000)");
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string SiteDevices::ToString() const {
@@ -217,6 +312,21 @@ Status CheckJobFitsSite(const std::string& site, const SiteDevices& devices, con
   return Status::Ok();
 }
 
+int DaemonConfig::SiteHostOfKey(const std::string& public_key) const {
+  for (size_t i = 0; i < site_hosts.size(); i++)
+    if (site_hosts[i].public_key == public_key) return (int)i;
+  return -1;
+}
+
+Status CheckJobFitsSiteHosts(const std::string& site, int site_hosts_count, int train_hosts, const std::string& source) {
+  if (train_hosts <= site_hosts_count) return Status::Ok();
+  return Status::Error("site '" + site + "' has " + std::to_string(site_hosts_count) +
+                       (site_hosts_count == 1 ? " host" : " hosts") + "; the job asks for train.hosts " +
+                       std::to_string(train_hosts) + ": lower train.hosts to " + std::to_string(site_hosts_count) +
+                       " or fewer, place the learner on a site with more hosts, or list the site's hosts in "
+                       "site_hosts of " + source);
+}
+
 const PeerConfig* DaemonConfig::FindPeer(const std::string& name) const {
   for (const PeerConfig& p : peers)
     if (p.site == name) return &p;
@@ -244,7 +354,8 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   const Section top(root, "", source_name,
                     {"site", "state_dir", "control_socket", "listen", "peers", "keys", "allow_plaintext", "threads",
                      "metrics_port", "devices", "chaos", "submitters", "data_roots", "max_jobs",
-                     "max_job_spec_bytes", "metrics_keep_finished_s", "net"});
+                     "max_job_spec_bytes", "metrics_keep_finished_s", "net", "host", "site_hosts",
+                     "ring_timeout_ms"});
   DL_RETURN_IF_ERROR(top.CheckKeys());
   DL_RETURN_IF_ERROR(top.String("site", &c.site));
   DL_RETURN_IF_ERROR(top.String("state_dir", &c.state_dir));
@@ -259,6 +370,8 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
   DL_RETURN_IF_ERROR(top.Int("max_jobs", &c.max_jobs));
   DL_RETURN_IF_ERROR(top.Int("max_job_spec_bytes", &c.max_job_spec_bytes));
   DL_RETURN_IF_ERROR(top.Int("metrics_keep_finished_s", &c.metrics_keep_finished_s));
+  DL_RETURN_IF_ERROR(top.Int("host", &c.host));
+  DL_RETURN_IF_ERROR(top.Int("ring_timeout_ms", &c.ring_timeout_ms));
   if (c.metrics_keep_finished_s < 0)
     return Status::Error(top.WhereOf("metrics_keep_finished_s") + ": metrics_keep_finished_s: must be >= 0");
   DL_RETURN_IF_ERROR(ReadDevices(top, &c.devices));
@@ -364,6 +477,7 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
     }
     c.peers.push_back(std::move(p));
   }
+  DL_RETURN_IF_ERROR(ReadSiteHosts(top, base_dir, &c));
   for (const std::string& site : c.submitters) {
     if (!c.FindPeer(site))
       return Status::Error(top.WhereOf("submitters") + ": submitters: '" + site +

@@ -14,6 +14,23 @@
 //        downlink: tcp://10.0.0.2:7102, snapshot: tcp://10.0.0.2:7103,
 //        public_key: "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}   # or public_key_file: PATH
 //   keys: /etc/dilocod/keys            # key.public + key.secret (`dilococtl keygen --out DIR`)
+//   host: 0                            # this daemon's index in site_hosts (default 0)
+//   site_hosts:                        # a site of several hosts, each with its own dilocod and the
+//                                      #   same site: name, in order; omit for a one-host site.
+//     - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1, public_key: "..."}  # or public_key_file
+//     - {control: tcp://10.1.0.2:7100, ring_address: 192.168.0.2, public_key_file: host1.public}
+//                                      # Host 0 runs the syncer's and the other sites' side of the
+//                                      #   site (peers reach it), rank 0 of each learner's ring and
+//                                      #   the ring's rendezvous store (control requests ring_set /
+//                                      #   ring_get, CURVE, only from these hosts' keys). A job with
+//                                      #   train.hosts H > 1 spans hosts 0 .. H-1: their dilocods
+//                                      #   get it from host 0. ring_address: the private interface
+//                                      #   address this host's Gloo ring binds on (its tensors
+//                                      #   travel unauthenticated and unencrypted: keep it on a
+//                                      #   private network, firewalled).
+//   ring_timeout_ms: 60000             # a ring across hosts: a collective (or the rendezvous)
+//                                      #   waiting longer on a stalled host fails the learner's
+//                                      #   incarnation (a dead host fails it at once)
 //   allow_plaintext: false             # true: no CURVE on loopback/ipc (development only)
 //   threads: 0                         # compute threads for this site's roles; 0 = all cores
 //   net:
@@ -71,8 +88,19 @@ struct PeerConfig {
   bool operator==(const PeerConfig&) const = default;
 };
 
+// One host of a site of several (the `site_hosts` key).
+struct SiteHost {
+  std::string control;       // tcp://ADDR:PORT, this host's listen.control as its site's hosts reach it
+  std::string ring_address;  // the address its Gloo ring binds on and its site's hosts reach it at
+  std::string public_key;    // Z85 (40 characters); from public_key_file when given
+  bool operator==(const SiteHost&) const = default;
+};
+
 struct DaemonConfig {
   std::string site;
+  int host = 0;                      // this daemon's index in site_hosts
+  std::vector<SiteHost> site_hosts;  // empty: a site of one host
+  int ring_timeout_ms = 60000;
   std::string state_dir;       // absolute
   std::string control_socket;  // absolute file path (served as ipc://PATH)
   DaemonEndpoints listen;
@@ -94,6 +122,10 @@ struct DaemonConfig {
 
   // The peer named site, or nullptr.
   const PeerConfig* FindPeer(const std::string& site) const;
+  // The hosts of this site: site_hosts.size(), or 1 without site_hosts.
+  int SiteHostCount() const { return site_hosts.empty() ? 1 : (int)site_hosts.size(); }
+  // The index in site_hosts of the host whose key is public_key, or -1.
+  int SiteHostOfKey(const std::string& public_key) const;
 };
 
 Status LoadDaemonConfig(const std::string& path, DaemonConfig* out);
@@ -106,6 +138,10 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
 // N .. N+R-1 listed in devices ("cuda" is cuda:0). The error names the site, what it has and what
 // the job asks, e.g. "site 'a' has devices cpu; the job asks for train.device cuda with 2 ranks".
 Status CheckJobFitsSite(const std::string& site, const SiteDevices& devices, const std::string& device, int ranks);
+
+// Whether site (this daemon's, with site_hosts of site_hosts_count hosts) can run a learner
+// whose ring spans train.hosts hosts. The error names the site, its host count and train.hosts.
+Status CheckJobFitsSiteHosts(const std::string& site, int site_hosts_count, int train_hosts, const std::string& source);
 
 // Where a client on this machine reaches an endpoint a daemon binds: a wildcard host
 // (tcp://*:7101, tcp://0.0.0.0:7101) becomes 127.0.0.1.

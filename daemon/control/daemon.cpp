@@ -23,6 +23,7 @@
 #include "daemon/control/job_store.h"
 #include "daemon/control/off_loop.h"
 #include "daemon/control/peer_views.h"
+#include "daemon/control/ring_store.h"
 #include "daemon/control/roles.h"
 #include "daemon/control/site_chaos.h"
 #include "daemon/control/site_metrics.h"
@@ -210,6 +211,9 @@ struct Daemon::Impl {
   Clock::time_point last_metrics = Clock::now() - std::chrono::hours(1);
 
   std::map<std::string, Clock::time_point> ended_jobs;  // jobs whose series are still in /metrics
+  // Host 0 of a site of several hosts: the rendezvous store of its learners' rings across the
+  // site's hosts (ring_store.h), per job, dropped when the job ends here.
+  RingStoreTable ring_store;
 
   void UpdateMetrics() {
     if (!metrics_server || Clock::now() - last_metrics < std::chrono::seconds(1)) return;
@@ -238,12 +242,47 @@ struct Daemon::Impl {
     const int ms = (int)(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
     char stamp[32];
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::gmtime(&t));
-    std::fprintf(stderr, "%s.%03dZ dilocod[%s] %s\n", stamp, ms, config.site.c_str(), line.c_str());
+    std::fprintf(stderr, "%s.%03dZ dilocod[%s] %s\n", stamp, ms, SiteAndHost().c_str(), line.c_str());
     std::fflush(stderr);
   }
   void JobLog(const std::string& id, const std::string& line) const {
     Log("job " + id + ": " + line);
-    store->AppendLog(id, "[" + config.site + "] " + line);
+    store->AppendLog(id, "[" + SiteAndHost() + "] " + line);
+  }
+  // "site1", or "site1 host 1" on a site of several hosts.
+  std::string SiteAndHost() const {
+    return config.site_hosts.size() > 1 ? config.site + " host " + std::to_string(config.host) : config.site;
+  }
+
+  // Host h of this site (site_hosts), as a control target.
+  ControlTarget SiteHostTarget(int h, int timeout_ms) const {
+    ControlTarget t;
+    t.endpoint = config.site_hosts[h].control;
+    t.sender = config.site;
+    t.timeout_ms = timeout_ms;
+    if (keys) {
+      net::CurveOptions c;
+      c.public_key_z85 = keys->public_z85;
+      c.secret_key_z85 = keys->secret_z85;
+      c.server_public_key_z85 = config.site_hosts[h].public_key;
+      t.curve = c;
+    }
+    return t;
+  }
+
+  // A role of a learner whose ring spans train.hosts > 1 of this site's hosts: this host's place in
+  // it and the ring store on host 0.
+  void SetRingOptions(const std::string& id, int learner, RoleOptions* ro) const {
+    if (ro->config.train.hosts <= 1 || config.site_hosts.empty()) return;
+    ro->ring_host = config.host;
+    ro->ring_address = config.site_hosts[config.host].ring_address;
+    ro->ring_timeout_ms = config.ring_timeout_ms;
+    const ControlTarget host0 = SiteHostTarget(0, 2000);
+    net::NetContext* ctx = context.get();
+    ro->ring_store = [ctx, host0, id, learner](const std::string& ring, const std::atomic<bool>* cancel) {
+      return std::make_shared<ControlCommStore>(*ctx, host0, id, ring, learner, cancel);
+    };
+    ro->log = [this, id](const std::string& line) { JobLog(id, line); };
   }
 
   ControlTarget PeerTarget(const PeerConfig& peer, int timeout_ms) const {
@@ -366,7 +405,7 @@ struct Daemon::Impl {
     ro.resume = resume;
     ro.chaos_link = config.chaos;
     ro.bind_retry_s = resume ? 15 : 0;  // the ports of the role it replaces may take a moment to be free
-    if (cfg.placement.syncer == config.site && wanted(kSyncerName)) {
+    if (cfg.placement.syncer == config.site && config.host == 0 && wanted(kSyncerName)) {
       RoleOptions so = ro;
       so.uplink = config.listen.uplink;
       so.downlink = config.listen.downlink;
@@ -399,7 +438,17 @@ struct Daemon::Impl {
       if (cfg.placement.learners[i] != config.site) continue;
       ordinal++;
       if (!wanted(LearnerName((int)i))) continue;
+      if (config.host > 0) {  // another host of the site: its part of the learner's ring, if any
+        if (config.host >= cfg.train.hosts) continue;
+        RoleOptions mo = ro;
+        SetRingOptions(id, (int)i, &mo);
+        std::unique_ptr<Role> role;
+        DL_RETURN_IF_ERROR(Role::StartRingMember(*context, mo, (int)i, &role).WithContext("starting " + LearnerName(i) + "'s ring member"));
+        job.roles[LearnerName(i)] = std::move(role);
+        continue;
+      }
       RoleOptions lo = ro;
+      SetRingOptions(id, (int)i, &lo);
       lo.device = RankDevice(cfg.train.device, ordinal * cfg.train.ranks);
       std::string server_key;
       if (cfg.placement.syncer == config.site) {
@@ -459,10 +508,7 @@ struct Daemon::Impl {
     // The learners placed here must fit this site's devices (daemon config) and this machine; each
     // gets its own GPUs (StartRoles).
     const int here = (int)std::count(cfg.placement.learners.begin(), cfg.placement.learners.end(), config.site);
-    if (here > 0 && cfg.train.hosts > 1)
-      return Status::Error("site '" + config.site + "' runs a learner on this one host; the job asks for train.hosts " +
-                           std::to_string(cfg.train.hosts) +
-                           ": a learner's ring across several hosts is not built yet, set train.hosts: 1");
+    if (here > 0) DL_RETURN_IF_ERROR(CheckJobFitsSiteHosts(config.site, config.SiteHostCount(), cfg.train.hosts, config.source));
     if (here > 0) {
       TrainConfig all = cfg.train;
       all.ranks *= here;
@@ -477,6 +523,8 @@ struct Daemon::Impl {
     if (!cfg.chaos.empty() && !config.chaos)
       return Status::Error("the job has a chaos: section, which site " + config.site + " refuses: its daemon config (" +
                            config.source + ") says chaos: false (set chaos: true on test clusters only)");
+    // Host 0 of a site of several hosts: the hosts of the learners' rings take the job first.
+    if (here > 0 && config.host == 0 && cfg.train.hosts > 1) DL_RETURN_IF_ERROR(ForwardToSiteHosts(id, cfg));
     JobRecord rec;
     rec.id = id;
     rec.submitted_to = submitted_to;
@@ -496,6 +544,58 @@ struct Daemon::Impl {
     return Status::Ok();
   }
 
+  // The job to hosts 1 .. train.hosts - 1 of this site, each of which starts its ring members; any
+  // refusal (or no answer in 5 s) refuses the job, and those that took it stop it again.
+  Status ForwardToSiteHosts(const std::string& id, const RunConfig& cfg) {
+    std::vector<std::string> hosts;
+    for (int h = 1; h < cfg.train.hosts; h++) hosts.push_back(std::to_string(h));
+    const std::string yaml = RunConfigToYaml(cfg);
+    const PeerAnswers answers = AtOnce(hosts, [&](const std::string& h, ControlArgs* reply) {
+      return CallControl(*context, SiteHostTarget(std::stoi(h), 5000), id, MessageBody(JobSpecMsg{yaml}), reply)
+          .WithContext("host " + h + " of site " + config.site + " (" + config.site_hosts[std::stoi(h)].control + ")");
+    });
+    std::string refused;
+    std::vector<std::string> took;
+    for (const PeerAnswer& a : answers) {
+      if (a.status.ok()) took.push_back(a.site);
+      else refused += (refused.empty() ? "" : "; ") + a.status.message();
+    }
+    if (refused.empty()) return Status::Ok();
+    for (const std::string& h : took) {
+      ControlArgs reply;
+      (void)CallControl(*context, SiteHostTarget(std::stoi(h), 2000), "peer_stop", id, {}, &reply);
+    }
+    return Status::Error(refused + ": every host of the learner's ring (train.hosts " + std::to_string(cfg.train.hosts) +
+                         ") must be up and take the job");
+  }
+
+  // ring_set / ring_get (ring_store.h) from a host of this site, on host 0.
+  ControlArgs RingRequest(const std::string& job, const std::string& name, const ControlArgs& a) {
+    const auto get = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string() : it->second; };
+    if (config.host != 0 || config.site_hosts.size() < 2)
+      return {{"error", "site " + SiteAndHost() + " is not host 0 of a site of several hosts: it serves no ring store"}};
+    auto jit = jobs.find(job);
+    const int learner = std::atoi(get("learner").c_str());
+    bool running = jit != jobs.end();
+    if (running && !get("learner").empty()) {
+      const Job& j = jit->second;
+      const std::string lname = LearnerName(learner);
+      running = j.roles.count(lname) || j.rejoining.count(lname) || j.killed.count(lname) ||
+                std::any_of(j.dying.begin(), j.dying.end(), [&](const auto& r) { return r->name() == lname; });
+    }
+    if (!running) return {{"ok", "1"}, {"ended", "1"}};
+    if (name == "ring_set") {
+      std::vector<char> value;
+      if (!HexDecode(get("value"), &value)) return {{"error", "ring_set: value is not hex"}};
+      if (Status st = ring_store.Set(job, get("ring"), get("key"), std::string(value.begin(), value.end())); !st.ok())
+        return {{"error", st.message()}};
+      return {{"ok", "1"}};
+    }
+    std::string value;
+    if (!ring_store.Get(job, get("ring"), get("key"), &value)) return {{"ok", "1"}, {"missing", "1"}};
+    return {{"ok", "1"}, {"value", HexEncode(std::vector<char>(value.begin(), value.end()))}};
+  }
+
   Status LoadJobConfig(const std::string& id, RunConfig* cfg) const {
     std::string text;
     DL_RETURN_IF_ERROR(ReadWholeFile(store->ConfigPath(id), "job config", &text));
@@ -506,6 +606,9 @@ struct Daemon::Impl {
 
   MaybeReply Submit(const ControlArgs& a, const ReplyTo& to) {
     const auto get = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string() : it->second; };
+    if (config.host > 0)
+      return ControlArgs{{"error", "this dilocod is host " + std::to_string(config.host) + " of site " + config.site +
+                                       ": submit jobs on host 0 (" + config.site_hosts[0].control + "), which the other sites reach"}};
     if ((int64_t)(get("config_yaml").size() + get("overrides").size()) > config.max_job_spec_bytes)
       return ControlArgs{{"error", get("source") + ": the run config and its overrides are larger than site " + config.site +
                             " takes (max_job_spec_bytes " + std::to_string(config.max_job_spec_bytes) + " in " + config.source + ")"},
@@ -1035,7 +1138,8 @@ struct Daemon::Impl {
     const std::string& job = m.header.job_id;
     if (const JobSpecMsg* spec = m.get<JobSpecMsg>()) {
       if (!IsJobId(job)) return {{"error", "'" + job + "' is not a job id"}};
-      if (std::find(config.submitters.begin(), config.submitters.end(), sender) == config.submitters.end()) {
+      const bool from_host0 = sender == config.site && config.host > 0;  // key checked in Run
+      if (!from_host0 && std::find(config.submitters.begin(), config.submitters.end(), sender) == config.submitters.end()) {
         Log("refused job " + job + " from " + sender + ": not among submitters");
         return {{"error", "site " + config.site + " takes jobs only from its local CLI and the sites in its submitters; " +
                               sender + " is not one (add it to submitters in " + config.site + "'s config)"}};
@@ -1054,6 +1158,10 @@ struct Daemon::Impl {
     }
     const ControlMsg* c = m.get<ControlMsg>();
     const ControlArgs a = ArgsOf(*c);
+    if (c->name == "ring_set" || c->name == "ring_get") {
+      if (sender != config.site) return {{"error", "'" + c->name + "' is for the hosts of site " + config.site + " only"}};
+      return RingRequest(job, c->name, a);
+    }
     if (!store->Exists(job)) return UnknownJob(job);
     if (c->name == "peer_status") return {{"ok", "1"}, {"json", JsonText(LocalView(job))}};
     if (c->name == "peer_stop") {
@@ -1211,6 +1319,7 @@ struct Daemon::Impl {
       if (changed) (void)store->Save(rec);
       if (job.roles.empty() && !roles_pending) {
         ended_jobs[id] = Clock::now();  // its metrics go after metrics_keep_finished_s
+        ring_store.DropJob(id);
         it = jobs.erase(it);
         UpdateSdStatus();
       } else {
@@ -1327,6 +1436,15 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     if (!p.public_key.empty())
       DL_RETURN_IF_ERROR(net::ValidateZ85Key(p.public_key, ("public key of peer " + p.site).c_str()).WithContext(config.source));
   }
+  for (size_t h = 0; h < config.site_hosts.size(); h++) {
+    const std::string& key = config.site_hosts[h].public_key;
+    if (key.empty()) continue;
+    DL_RETURN_IF_ERROR(net::ValidateZ85Key(key, ("public key of site host " + std::to_string(h)).c_str()).WithContext(config.source));
+    if ((int)h == config.host && im.keys && key != im.keys->public_z85)
+      return Status::Error(config.source + ": site_hosts." + std::to_string(h) + ".public_key is not this daemon's key (" +
+                           config.keys_dir + "/key.public), yet host: " + std::to_string(config.host) +
+                           " says this is that host; fix host or the key");
+  }
   net::NetContextOptions context_options;
   context_options.io_threads = config.net_io_threads > 0 ? config.net_io_threads : net::DefaultIoThreads();
   DL_RETURN_IF_ERROR(net::NetContext::Create(context_options, &im.context).WithContext(config.source + ": net.io_threads"));
@@ -1334,6 +1452,8 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     std::vector<std::string> allow = {im.keys->public_z85};  // this site's own learners
     for (const PeerConfig& p : config.peers)
       if (!p.public_key.empty()) allow.push_back(p.public_key);
+    for (const SiteHost& h : config.site_hosts)
+      if (!h.public_key.empty() && h.public_key != im.keys->public_z85) allow.push_back(h.public_key);
     DL_RETURN_IF_ERROR(im.context->SetAllowlist("dilocod", allow));
   }
   im.store = std::make_unique<JobStore>(config.state_dir);
@@ -1443,7 +1563,8 @@ Status Daemon::Run() {
       // With CURVE the key says who it is; the envelope's sender must agree.
       if (im.keys) {
         const PeerConfig* p = im.config.FindPeer(sender);
-        if (!p || p->public_key != r.peer_key) {
+        const bool site_host = sender == im.config.site && im.config.SiteHostOfKey(r.peer_key) >= 0;
+        if (!site_host && (!p || p->public_key != r.peer_key)) {
           im.Log("refused a control request claiming to be '" + sender + "' from key " + r.peer_key);
           im.Reply(Daemon::Impl::ReplyToOf(*im.peers, r, m), {{"error", "sender '" + sender + "' does not match its key"}});
           continue;

@@ -21,6 +21,10 @@
 #include "daemon/train/data.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/train/learner.h"
+#include "daemon/train/local_ring.h"
+#include "daemon/train/ring_member.h"
+#include "daemon/train/run_dir.h"
+#include "kernels/comm/gloo_comm.h"
 #include "daemon/util/appended_lines.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
@@ -164,6 +168,16 @@ struct Role::Impl {
   mutable std::mutex progress_mu;
   LearnerProgress progress;
   long start_step = 0;
+  // A ring across hosts (guarded by progress_mu): host 0's learner's incarnation and how many
+  // ended; a member's progress and the ring it follows (to abort it on a kill or shutdown).
+  bool member = false;
+  std::string ring_incarnation, ring_last_error;
+  int ring_restarts = 0;
+  RingMemberProgress member_progress;
+  LocalRing* member_ring = nullptr;
+  void Log(const std::string& line) const {
+    if (options.log) options.log(line);
+  }
 };
 
 Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out) {
@@ -269,6 +283,122 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   return Status::Ok();
 }
 
+// Host 0's learner whose ring spans train.hosts hosts: one incarnation after another until one
+// ends otherwise than by its ring's failure (roles.h).
+Status Role::RunLearnerAcrossHosts(net::NetContext& context, LearnerOptions lo, LearnerResult* res) {
+  Impl& im = *impl_;
+  const RunConfig& cfg = im.options.config;
+  if (!im.options.ring_store) return Status::Error(name_ + ": train.hosts " + std::to_string(cfg.train.hosts) + ": no ring store");
+  const int64_t boot_ms = UnixMsNow();
+  const std::shared_ptr<CommStore> pointer = im.options.ring_store(RingPointerName(im.index), &im.crash);
+  for (int attempt = 0;; attempt++) {
+    const std::string name = RingIncarnationName(im.options.job_id, im.index, boot_ms, attempt);
+    {
+      std::lock_guard<std::mutex> lock(im.progress_mu);
+      im.ring_incarnation = name;
+    }
+    im.Log(name_ + ": ring incarnation " + name + " starts: waiting for the site's " + std::to_string(cfg.train.hosts) +
+           " hosts");
+    Status st;
+    if (CommStatus cs = pointer->set(kRingIncarnationKey, std::vector<char>(name.begin(), name.end())); !cs.ok())
+      st = Status::Error("ring " + name + ": publishing its name: " + cs.error);
+    if (st.ok()) {
+      lo.make_ring = [&](const LocalRingOptions& ro, std::unique_ptr<LocalRing>* out) {
+        RingAcrossHosts across;
+        across.host = 0;
+        across.hosts = cfg.train.hosts;
+        across.ring_name = name;
+        across.ring_address = im.options.ring_address;
+        across.timeout_ms = im.options.ring_timeout_ms;
+        across.store = im.options.ring_store(name, &im.crash);
+        Status made = LocalRing::CreateAcrossHosts(ro, across, out);
+        if (made.ok()) im.Log(name_ + ": ring incarnation " + name + " joined by every host");
+        return made;
+      };
+      *res = LearnerResult{};
+      st = RunLearner(context, lo, res);
+    }
+    if (st.ok()) return st;
+    // Stopped, killed, the daemon going down, or a failure of the learner itself: the end.
+    if (im.stop || im.crash || killed_ || st.message().find(name) == std::string::npos) return st;
+    {
+      std::lock_guard<std::mutex> lock(im.progress_mu);
+      im.ring_restarts++;
+      im.ring_last_error = st.message();
+      im.progress.state = LearnerState::kJoining;
+    }
+    im.Log(name_ + ": ring incarnation " + name + " ended: " + st.message() +
+           "; the next one starts once the site's hosts are back, and rejoins from the syncer's snapshot");
+    for (int i = 0; i < 10 && !im.crash && !im.stop; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (im.stop || im.crash) return st;
+    lo.join_from_snapshot = true;
+    long step = 0;
+    if (ReadLearnerStep(im.options.run_dir, im.index, &step).ok()) lo.start_step = step;
+    im.start_step = lo.start_step;
+  }
+}
+
+Status Role::StartRingMember(net::NetContext& context, const RoleOptions& options, int index, std::unique_ptr<Role>* out) {
+  std::unique_ptr<Role> role(new Role());
+  role->name_ = LearnerName(index);
+  role->impl_ = std::make_unique<Impl>();
+  Impl& im = *role->impl_;
+  im.options = options;
+  im.index = index;
+  im.member = true;
+  (void)context;
+  const RunConfig& cfg = options.config;
+  if (options.ring_host < 1 || options.ring_host >= cfg.train.hosts)
+    return Status::Error(LearnerName(index) + ": host " + std::to_string(options.ring_host) +
+                         " is not a member of its ring of train.hosts " + std::to_string(cfg.train.hosts));
+  if (!options.ring_store) return Status::Error(LearnerName(index) + ": no ring store");
+  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
+  Role* r = role.get();
+  role->thread_ = std::thread([r] { r->RunToEnd([&](nlohmann::json* result) { return r->RunRingMemberRole(result); }); });
+  *out = std::move(role);
+  return Status::Ok();
+}
+
+Status Role::RunRingMemberRole(nlohmann::json* result) {
+  Impl& im = *impl_;
+  RingMemberOptions mo;
+  mo.index = im.index;
+  mo.config = &im.options.config;
+  mo.host = im.options.ring_host;
+  mo.ring_address = im.options.ring_address;
+  mo.timeout_ms = im.options.ring_timeout_ms;
+  mo.threads = std::max(1, im.options.threads);
+  mo.store_of = [&im](const std::string& ring) { return im.options.ring_store(ring, &im.crash); };
+  mo.stop = &im.crash;  // a stop comes through the ring from host 0; the daemon going down or a kill end it here
+  mo.on_ring = [&im](LocalRing* ring) {
+    std::lock_guard<std::mutex> lock(im.progress_mu);
+    im.member_ring = ring;
+    if (ring && im.crash) ring->Abort("this host's dilocod is stopping the ring member");
+  };
+  mo.on_progress = [&im, this](const RingMemberProgress& p) {
+    std::string line;
+    {
+      std::lock_guard<std::mutex> lock(im.progress_mu);
+      if (p.state != im.member_progress.state || p.incarnation != im.member_progress.incarnation)
+        line = name_ + " (ring member, host " + std::to_string(im.options.ring_host) + "): " + p.state +
+               (p.incarnation.empty() ? "" : " " + p.incarnation) +
+               (p.state == "waiting" && !p.last_error.empty() ? " (last ring: " + p.last_error + ")" : "");
+      im.member_progress = p;
+    }
+    if (!line.empty()) im.Log(line);
+  };
+  RingMemberResult res;
+  DL_RETURN_IF_ERROR(RunRingMember(mo, &res));
+  if (killed_) return Status::Error("killed (chaos)");
+  if (im.crash && res.stopped) return Status::Error("interrupted by the daemon's shutdown");
+  *result = {{"ring_member", true},
+             {"host", im.options.ring_host},
+             {"incarnations", res.incarnations},
+             {"steps", res.steps},
+             {"stopped", res.stopped}};
+  return Status::Ok();
+}
+
 Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   Impl& im = *impl_;
   // The initial model on this thread (seconds for a big one), not on the daemon's loop.
@@ -304,7 +434,11 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
     im.progress = p;
   };
   LearnerResult res;
-  DL_RETURN_IF_ERROR(RunLearner(context, lo, &res));
+  if (im.options.config.train.hosts <= 1) {
+    DL_RETURN_IF_ERROR(RunLearner(context, lo, &res));
+  } else {
+    DL_RETURN_IF_ERROR(RunLearnerAcrossHosts(context, lo, &res));
+  }
   *result = {{"steps", res.steps},
              {"start_step", im.start_step},
              {"tokens", res.tokens},
@@ -391,16 +525,35 @@ nlohmann::json Role::Progress() const {
     return out;
   }
   LearnerProgress p;
+  nlohmann::json ring;
   {
     std::lock_guard<std::mutex> lock(im.progress_mu);
     p = im.progress;
+    if (im.member)
+      return {{"role", "ring-member"},
+              {"learner", im.index},
+              {"host", im.options.ring_host},
+              {"hosts", im.options.config.train.hosts},
+              {"state", im.member_progress.state},
+              {"incarnation", im.member_progress.incarnation},
+              {"incarnations", im.member_progress.incarnations},
+              {"last_error", im.member_progress.last_error}};
+    if (im.options.config.train.hosts > 1)
+      ring = {{"hosts", im.options.config.train.hosts},
+              {"incarnation", im.ring_incarnation},
+              {"restarts", im.ring_restarts},
+              {"last_error", im.ring_last_error}};
   }
   const TrainConfig& tc = im.options.config.train;
-  if (!im.started) return {{"role", LearnerName(im.index)}, {"learner", im.index}, {"phase", "starting"}, {"step", p.step}};
-  return {{"role", LearnerName(im.index)},
+  if (!im.started) {
+    nlohmann::json out = {{"role", LearnerName(im.index)}, {"learner", im.index}, {"phase", "starting"}, {"step", p.step}};
+    if (!ring.is_null()) out["ring"] = ring;
+    return out;
+  }
+  nlohmann::json out = {{"role", LearnerName(im.index)},
           {"learner", im.index},
           {"device", p.device.empty() ? tc.device : p.device},
-          {"ranks", tc.ranks},
+          {"ranks", tc.ranks * std::max(1, tc.hosts)},  // the whole ring, over the site's hosts
           {"state", StateName(p.state)},
           {"step", p.step},
           {"steps", im.options.config.train.steps},
@@ -414,6 +567,8 @@ nlohmann::json Role::Progress() const {
           {"globals_applied", p.globals_applied},
           {"snapshots_installed", p.snapshots_installed},
           {"startup_s", im.startup_s.load()}};
+  if (!ring.is_null()) out["ring"] = ring;
+  return out;
 }
 
 // The flag first, then the syncer if it is live: a syncer still starting sees the flag when
@@ -425,6 +580,7 @@ void Role::RequestStop() {
 
 void Role::RequestShutdown() {
   impl_->crash = true;
+  AbortMemberRing();
   if (Syncer* s = impl_->live) s->RequestStop();
 }
 
@@ -433,9 +589,15 @@ void Role::Observe() {
   if (Syncer* s = im.live) im.goodput->Observe(s->CurrentStatus(), UnixMsNow());
 }
 
+void Role::AbortMemberRing() {
+  std::lock_guard<std::mutex> lock(impl_->progress_mu);
+  if (impl_->member_ring) impl_->member_ring->Abort("this host's dilocod is stopping the ring member");
+}
+
 void Role::Kill() {
   killed_ = true;
   impl_->crash = true;
+  AbortMemberRing();
   if (Syncer* s = impl_->live) s->Abort();
 }
 

@@ -5,6 +5,13 @@
 //   syncer      global_state.bin (the syncer's checkpoint), events.log
 //   learner-<i> learner-<i>.step: the last step reached (rewritten atomically about once a second),
 //               learner-<i>.jsonl: its metrics lines
+//   ring member (host h > 0 of a site, train.hosts > 1; train/ring_member.h): nothing; it follows
+//               host 0's learner-<i> (named learner-<i> on its host too)
+// A learner whose ring spans the site's hosts runs on host 0 as incarnations: each one's ring has
+// a new name (RingIncarnationName), published in host 0's ring store; when a ring fails (a host
+// died or stalled: Gloo fails every host) the incarnation ends and the next one waits for the
+// site's hosts, then joins from the syncer's snapshot at the recorded step, as a restarted
+// learner does. The syncer sees one learner throughout.
 // A role started with resume continues from there: the syncer restores global_state.bin
 // (versions never go back), a learner joins from the syncer's snapshot at its recorded step.
 #pragma once
@@ -22,9 +29,12 @@
 #include "daemon/net/context.h"
 #include "daemon/net/link_shaper.h"
 #include "daemon/net/socket.h"
+#include "daemon/train/learner.h"
 #include "daemon/util/status.h"
 
 namespace diloco {
+
+class CommStore;
 
 struct RoleOptions {
   std::string job_id;
@@ -45,6 +55,15 @@ struct RoleOptions {
   bool chaos_link = false;
   // The syncer: each learner's site key (SyncerOptions::learner_keys); empty without CURVE.
   std::vector<std::string> learner_keys;
+  // A learner whose ring spans train.hosts > 1 hosts: this host's index in the site (0: the
+  // learner; > 0: a ring member), where its ring binds, the collective and rendezvous timeout, and
+  // the rendezvous store of a ring (control/ring_store.h; get gives up once *cancel is set).
+  int ring_host = 0;
+  std::string ring_address;
+  int64_t ring_timeout_ms = 60000;
+  std::function<std::shared_ptr<CommStore>(const std::string& ring, const std::atomic<bool>* cancel)> ring_store;
+  // Lines for the job's log (any thread); may be empty.
+  std::function<void(const std::string&)> log;
 };
 
 class Role {
@@ -55,6 +74,9 @@ class Role {
   static Status StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out);
   static Status StartLearner(net::NetContext& context, const RoleOptions& options, int index,
                              std::unique_ptr<Role>* out);
+  // Host h > 0's part of learner index's ring across the site's hosts (train/ring_member.h).
+  static Status StartRingMember(net::NetContext& context, const RoleOptions& options, int index,
+                                std::unique_ptr<Role>* out);
   ~Role();  // requests a stop and joins
 
   const std::string& name() const { return name_; }
@@ -92,6 +114,9 @@ class Role {
   void RunToEnd(const std::function<Status(nlohmann::json* result)>& body);
   Status RunSyncer(net::NetContext& context, nlohmann::json* result);
   Status RunLearnerRole(net::NetContext& context, nlohmann::json* result);
+  Status RunRingMemberRole(nlohmann::json* result);
+  Status RunLearnerAcrossHosts(net::NetContext& context, LearnerOptions lo, LearnerResult* res);
+  void AbortMemberRing();
   std::string name_;
   std::unique_ptr<Impl> impl_;
   std::thread thread_;

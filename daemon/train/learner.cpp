@@ -259,11 +259,11 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
                                                       : std::numeric_limits<long>::max()),
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
       step_(o.start_step),
-      tokens_per_step_((long)ring.ranks() * tc_.batch_size * cfg_.model.block_size),
+      tokens_per_step_((long)ring.world_ranks() * tc_.batch_size * cfg_.model.block_size),
       stretch_(cfg_, o.index) {
   progress_.index = o.index;
   progress_.device = ring.description();
-  progress_.ranks = ring.ranks();
+  progress_.ranks = ring.world_ranks();
 }
 
 Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
@@ -1049,20 +1049,20 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   std::unique_ptr<LocalRing> ring;
   LocalRingOptions ro = LocalRingOptionsOf(cfg, std::max(1, o.threads));
   if (!o.device.empty()) ro.device = o.device;
-  DL_RETURN_IF_ERROR(LocalRing::Create(ro, &ring).WithContext(me));
+  DL_RETURN_IF_ERROR((o.make_ring ? o.make_ring(ro, &ring) : LocalRing::Create(ro, &ring)).WithContext(me));
   // A joining learner starts from the syncer's snapshot: rank 0 installs it, the ring copies it.
   if (o.init_params != nullptr) ring->Upload(o.init_params);
   bool moments_restored = false;
   // A restarted learner takes its AdamW moments back from its own last checkpoint, when it has one
   // (the snapshot then replaces the parameters); else they start at zero.
-  if (o.join_from_snapshot && !o.run_dir.empty() && std::filesystem::exists(LearnerCheckpointPath(o.run_dir, o.index))) {
+  if (o.join_from_snapshot && !o.run_dir.empty() && ring->world_ranks() == ring->ranks() && std::filesystem::exists(LearnerCheckpointPath(o.run_dir, o.index))) {
     Checkpoint ckpt;
     DL_RETURN_IF_ERROR(LoadCheckpoint(LearnerCheckpointPath(o.run_dir, o.index), &ckpt).WithContext(me));
     DL_RETURN_IF_ERROR(CheckCheckpointFits(ckpt, GptConfigOf(cfg.model), true).WithContext(me));
     ring->Upload(ckpt.params.data(), &ckpt.optimizer);
     moments_restored = true;
   }
-  const BatchSampler train = TrainSampler(*corpus, ring->ranks() * cfg.train.batch_size, cfg.model.block_size,
+  const BatchSampler train = TrainSampler(*corpus, ring->world_ranks() * cfg.train.batch_size, cfg.model.block_size,
                                           mix_seed(cfg.train.seed, (uint64_t)o.index));
   std::vector<uint32_t> crcs(ring->ranks(), 0);
   // With train.shard the ring shards the outer-sync state too: the followers serve rank 0's

@@ -58,6 +58,8 @@ class Link;
 namespace diloco {
 
 struct LearnerProgress;
+struct LocalRingOptions;
+class LocalRing;
 
 struct LearnerOptions {
   int index = 0;  // this learner's name is LearnerName(index) = "learner-<index>"
@@ -111,6 +113,11 @@ struct LearnerOptions {
   // Called on the learner's thread after every step and on state changes (cheap: copy what
   // you need). May be empty.
   std::function<void(const LearnerProgress&)> on_progress;
+  // Makes the learner's ring instead of LocalRing::Create (a ring across a site's hosts:
+  // LocalRing::CreateAcrossHosts, with this learner's ranks first). Such a ring's restarted
+  // learner starts its AdamW moments at zero on every host (its checkpoint holds only this host's
+  // ranks' part). May be empty.
+  std::function<Status(const LocalRingOptions&, std::unique_ptr<LocalRing>*)> make_ring;
   // Test hook: called on the learner's thread before every step (may block). May be empty.
   std::function<void(long step)> before_step;
 };

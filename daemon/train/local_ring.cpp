@@ -5,6 +5,9 @@
 #include <thread>
 
 #include "daemon/util/crc32c.h"
+#ifdef DILOCO_HAVE_GLOO
+#include "kernels/comm/gloo_comm.h"
+#endif
 
 namespace diloco {
 
@@ -45,9 +48,62 @@ Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalR
   return Status::Ok();
 }
 
+Status LocalRing::CreateAcrossHosts(const LocalRingOptions& options, const RingAcrossHosts& across,
+                                    std::unique_ptr<LocalRing>* out) {
+  const std::string what = "ring " + across.ring_name + " (host " + std::to_string(across.host) + " of " +
+                           std::to_string(across.hosts) + ")";
+  if (options.ranks < 1) return Status::Error("train.ranks must be at least 1, not " + std::to_string(options.ranks));
+  if (across.hosts < 1 || across.host < 0 || across.host >= across.hosts || options.hosts != across.hosts)
+    return Status::Error(what + ": host " + std::to_string(across.host) + " is not among train.hosts " +
+                         std::to_string(options.hosts));
+  if (options.device != "cpu")
+    return Status::Error(what + ": train.device " + options.device +
+                         ": a ring across hosts runs on CPUs (Gloo) for now; set train.device: cpu");
+#ifndef DILOCO_HAVE_GLOO
+  return Status::Error(what + ": this dilocod was built without Gloo (install libgloo-dev and rebuild)");
+#else
+  if (!across.store) return Status::Error(what + ": no rendezvous store");
+  std::unique_ptr<LocalRing> ring(new LocalRing());
+  ring->options_ = options;
+  ring->threads_per_rank_ = std::max(1, options.threads / options.ranks);
+  ring->world_ranks_ = across.hosts * options.ranks;
+  ring->first_rank_ = across.host * options.ranks;
+  BackendOptions bo;
+  bo.model = options.model;
+  bo.max_batch = options.batch_size;
+  bo.recompute = options.recompute;
+  bo.shard = options.shard;
+  bo.world = ring->world_ranks_;
+  for (int r = 0; r < options.ranks; r++) {
+    bo.rank = ring->first_rank_ + r;
+    std::unique_ptr<TrainingBackend> backend;
+    if (std::string err = CreateBackend("cpu", bo, &backend); !err.empty())
+      return Status::Error(what + ", rank " + std::to_string(bo.rank) + ": " + err);
+    ring->backends_.push_back(std::move(backend));
+  }
+  GlooCommOptions go;
+  go.ring_name = across.ring_name;
+  go.world_size = ring->world_ranks_;
+  go.first_rank = ring->first_rank_;
+  go.local_ranks = options.ranks;
+  go.hostname = across.ring_address;
+  go.timeout_ms = across.timeout_ms;
+  go.rendezvous_timeout_ms = across.timeout_ms;
+  go.store = across.store;
+  std::unique_ptr<GlooCommGroup> group;
+  if (std::string err = GlooCommGroup::Create(go, &group); !err.empty()) return Status::Error(what + ": " + err);
+  for (int r = 0; r < options.ranks; r++) ring->comms_.push_back(group->comm(r));
+  ring->group_ = std::move(group);
+  *out = std::move(ring);
+  return Status::Ok();
+#endif
+}
+
 std::string LocalRing::description() const {
   std::string d = backends_.front()->name();
-  if (ranks() > 1) d += " x " + std::to_string(ranks()) + " ranks (" + comms_.front()->name() + ")";
+  if (world_ranks() > ranks())
+    d += " x " + std::to_string(ranks()) + " ranks of " + std::to_string(world_ranks()) + " (" + comms_.front()->name() + ")";
+  else if (ranks() > 1) d += " x " + std::to_string(ranks()) + " ranks (" + comms_.front()->name() + ")";
   return d;
 }
 

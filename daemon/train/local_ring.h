@@ -14,6 +14,18 @@
 
 namespace diloco {
 
+class CommStore;  // kernels/comm/gloo_comm.h
+
+// This host's part of a ring across the hosts of a site (LocalRing::CreateAcrossHosts).
+struct RingAcrossHosts {
+  int host = 0;               // this host's index: it holds global ranks [host × ranks, (host + 1) × ranks)
+  int hosts = 1;              // train.hosts
+  std::string ring_name;      // the incarnation: every host of one ring gives the same, a new ring a new one
+  std::string ring_address;   // the address this host's ring binds on (the site's private network)
+  int64_t timeout_ms = 60000; // per collective, and for the rendezvous
+  std::shared_ptr<CommStore> store;  // the rendezvous (the daemons' ring_set / ring_get)
+};
+
 struct LocalRingOptions {
   std::string device = "cpu";  // train.device
   int ranks = 1;
@@ -33,6 +45,16 @@ class LocalRing {
   // Makes every rank's backend and comm. A device this machine or build lacks is a clear error
   // (no CUDA in this build, no GPU visible, too few GPUs for the ranks).
   static Status Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out);
+  // This host's options.ranks ranks of a ring of across.hosts × options.ranks ranks over Gloo
+  // (kernels/comm/gloo_comm.h; CPU only): blocks until every host's part has joined (or
+  // across.timeout_ms). options.hosts must be across.hosts. Rank r here is global rank
+  // first_rank() + r; a ring whose host dies fails its collectives on every other host.
+  static Status CreateAcrossHosts(const LocalRingOptions& options, const RingAcrossHosts& across,
+                                  std::unique_ptr<LocalRing>* out);
+
+  // The ranks of the whole ring (over every host) and this host's first one.
+  int world_ranks() const { return world_ranks_ > 0 ? world_ranks_ : ranks(); }
+  int first_rank() const { return first_rank_; }
 
   int ranks() const { return (int)backends_.size(); }
   const std::string& device() const { return options_.device; }
@@ -54,11 +76,16 @@ class LocalRing {
   // OpenMP threads. A rank that fails aborts the ring, so no rank waits forever in a collective.
   // Returns rank 0's status if it failed, else the first failure of another rank.
   Status Run(const std::function<Status(int rank)>& fn);
+  // Fails every pending and later collective of this host's ranks (any thread); a ring across
+  // hosts fails on the other hosts too.
+  void Abort(const std::string& reason) { group_->abort(reason); }
 
  private:
   LocalRing() = default;
   LocalRingOptions options_;
   int threads_per_rank_ = 1;
+  int world_ranks_ = 0;  // 0: ranks() (a ring on one host)
+  int first_rank_ = 0;
   std::unique_ptr<LocalCommGroup> group_;
   std::vector<std::unique_ptr<TrainingBackend>> backends_;
   std::vector<std::unique_ptr<LocalComm>> comms_;

@@ -111,7 +111,7 @@ Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::stri
 CountLimits CountLimitsOf(const RunConfig& config) {
   const TrainConfig& tc = config.train;
   return {(uint64_t)std::max(0, tc.steps),
-          (uint64_t)tc.ranks * (uint64_t)tc.batch_size * (uint64_t)config.model.block_size};
+          (uint64_t)tc.hosts * (uint64_t)tc.ranks * (uint64_t)tc.batch_size * (uint64_t)config.model.block_size};
 }
 
 LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads) {

@@ -234,3 +234,93 @@ TEST_CASE("CheckJobFitsSite refuses what a site cannot serve, naming the site an
 }
 
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+const char* const kKey2 = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID";
+
+std::string TwoHosts(const std::string& extra, const std::string& key0 = kKey, const std::string& key1 = kKey2) {
+  return "site: s1\nstate_dir: s\nkeys: k\nlisten: {control: tcp://0.0.0.0:7100}\n" + extra +
+         "site_hosts:\n"
+         "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1, public_key: \"" + key0 + "\"}\n"
+         "  - {control: tcp://10.1.0.2:7100, ring_address: 192.168.0.2, public_key: \"" + key1 + "\"}\n";
+}
+
+}  // namespace
+
+TEST_CASE("a site of several hosts: host, site_hosts and ring_timeout_ms", "[unit]") {
+  DaemonConfig c;
+  REQUIRE(Parse(TwoHosts("host: 1\nring_timeout_ms: 5000\n"), &c).ok());
+  CHECK(c.host == 1);
+  CHECK(c.ring_timeout_ms == 5000);
+  REQUIRE(c.site_hosts.size() == 2);
+  CHECK(c.site_hosts[1].control == "tcp://10.1.0.2:7100");
+  CHECK(c.site_hosts[1].ring_address == "192.168.0.2");
+  CHECK(c.site_hosts[0].public_key == kKey);
+  CHECK(c.SiteHostCount() == 2);
+  CHECK(c.SiteHostOfKey(kKey2) == 1);
+  CHECK(c.SiteHostOfKey("nobody") == -1);
+
+  // Defaults: one host, host 0.
+  DaemonConfig one;
+  REQUIRE(Parse("site: a\nstate_dir: s\nallow_plaintext: true\n", &one).ok());
+  CHECK(one.host == 0);
+  CHECK(one.SiteHostCount() == 1);
+  CHECK(one.ring_timeout_ms == 60000);
+
+  // public_key_file.
+  testing::TempDir dir;
+  dir.Write("h1.public", std::string(kKey2) + "\n");
+  DaemonConfig f;
+  REQUIRE(ParseDaemonConfig("site: s1\nstate_dir: s\nkeys: k\nlisten: {control: tcp://0.0.0.0:7100}\nsite_hosts:\n"
+                            "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1, public_key: \"" +
+                                std::string(kKey) + "\"}\n"
+                                "  - {control: tcp://10.1.0.2:7100, ring_address: 192.168.0.2, public_key_file: h1.public}\n",
+                            "d.yaml", dir.path().string(), &f)
+              .ok());
+  CHECK(f.site_hosts[1].public_key == kKey2);
+}
+
+TEST_CASE("site_hosts mistakes are refused with file:line, the key and what to do", "[unit]") {
+  CHECK_THAT(ErrorOf(TwoHosts("host: 2\n")),
+             Catch::Contains("d.yaml:5:7") && Catch::Contains("host: 2 is not a host of this site") &&
+                 Catch::Contains("0 .. 1"));
+  CHECK_THAT(ErrorOf("site: a\nstate_dir: s\nallow_plaintext: true\nhost: 1\n"),
+             Catch::Contains("d.yaml:4:7") && Catch::Contains("without site_hosts the site has one host"));
+  CHECK_THAT(ErrorOf(TwoHosts("", kKey, kKey)), Catch::Contains("site_hosts.1") && Catch::Contains("same public key"));
+  CHECK_THAT(ErrorOf("site: s1\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://0.0.0.0:7100}\nsite_hosts:\n"
+                     "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1}\n"
+                     "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.2}\n"),
+             Catch::Contains("d.yaml:7") && Catch::Contains("site_hosts.1.control") && Catch::Contains("two hosts"));
+  CHECK_THAT(ErrorOf("site: s1\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://0.0.0.0:7100}\nsite_hosts:\n"
+                     "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1}\n"
+                     "  - {control: tcp://10.1.0.2:7100, ring_address: 192.168.0.1}\n"),
+             Catch::Contains("site_hosts.1.ring_address") && Catch::Contains("two hosts"));
+  CHECK_THAT(ErrorOf("site: s1\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://0.0.0.0:7100}\nsite_hosts:\n"
+                     "  - {control: tcp://10.1.0.1:7100}\n"),
+             Catch::Contains("site_hosts.0.ring_address: is required"));
+  CHECK_THAT(ErrorOf("site: s1\nstate_dir: s\nallow_plaintext: true\nlisten: {control: tcp://0.0.0.0:7100}\nsite_hosts:\n"
+                     "  - {control: 10.1.0.1:7100, ring_address: 192.168.0.1}\n"),
+             Catch::Contains("site_hosts.0.control") && Catch::Contains("not a tcp endpoint"));
+  CHECK_THAT(ErrorOf("site: s1\nstate_dir: s\nkeys: k\nlisten: {control: tcp://0.0.0.0:7100}\nsite_hosts:\n"
+                     "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1}\n"),
+             Catch::Contains("site_hosts.0: public_key (or public_key_file) is required"));
+  CHECK_THAT(ErrorOf("site: s1\nstate_dir: s\nallow_plaintext: true\nsite_hosts:\n"
+                     "  - {control: tcp://10.1.0.1:7100, ring_address: 192.168.0.1}\n"
+                     "  - {control: tcp://10.1.0.2:7100, ring_address: 192.168.0.2}\n"),
+             Catch::Contains("listen.control: is required with site_hosts"));
+  CHECK_THAT(ErrorOf(TwoHosts("ring_timeout_ms: 5\n")), Catch::Contains("ring_timeout_ms: 5 is out of range"));
+  CHECK_THAT(ErrorOf(TwoHosts("", kKey, "short")), Catch::Contains("site_hosts.1.public_key: expected a 40-character"));
+}
+
+TEST_CASE("a job's train.hosts must fit its site's hosts", "[unit]") {
+  CHECK(CheckJobFitsSiteHosts("s1", 2, 2, "d.yaml").ok());
+  CHECK(CheckJobFitsSiteHosts("s1", 1, 1, "d.yaml").ok());
+  const Status st = CheckJobFitsSiteHosts("s1", 1, 2, "d.yaml");
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("site 's1' has 1 host") && Catch::Contains("train.hosts 2") &&
+                               Catch::Contains("site_hosts of d.yaml"));
+}
+
+}  // namespace diloco

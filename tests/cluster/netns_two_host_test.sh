@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# A learner as large as a site, on a real cluster (scripts/netns-cluster.sh up 3 --hosts 2): the
+# syncer on site0; site1 and site2 are two hosts each (five dilocod in five network namespaces),
+# and the job's train.hosts: 2 makes each learner's ring span its site's two hosts (Gloo over the
+# hosts' addresses, bootstrapped through host 0's daemon over CURVE). train.hosts is per job, so
+# both learner sites have two hosts. While the job trains, site1's host 1 is killed with -9: the
+# Gloo ring fails on host 0 at once, so learner-0's incarnation ends (its status shows a restart
+# and the error); host 1 is started again 3 s later, a new incarnation (a new ring name) forms
+# and rejoins from the syncer's snapshot, and the job completes.
+#
+#   tests/cluster/netns_two_host_test.sh       # ctest -L cluster; exit 77 (skipped) without root/netns
+#
+# Environment: DILOCO_BIN (the binaries; ctest sets it), NETNS_TWO_HOST_STEPS (train.steps per
+# learner; default 6000), NETNS_CHAOS_KEEP=1 keeps the cluster's directory after a pass too.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cluster=$root/scripts/netns-cluster.sh
+export DILOCO_BIN=${DILOCO_BIN:-$root/build/bin}
+steps=${NETNS_TWO_HOST_STEPS:-6000}
+t_start=$(date +%s)
+
+log() { echo "[$(date +%T)] netns_two_host: $*"; }
+
+# Skips (77) name what is missing.
+rc=0
+why=$("$cluster" check 2>&1) || rc=$?
+if [[ $rc -ne 0 ]]; then
+  if [[ $rc -eq 77 ]]; then
+    echo "SKIP: $why"
+    exit 77
+  fi
+  echo "$why" >&2
+  exit 1
+fi
+if ! command -v jq > /dev/null 2>&1; then
+  echo "SKIP: netns_two_host reads dilococtl's JSON with jq, which is not installed (apt-get install jq)"
+  exit 77
+fi
+for b in dilocod dilococtl; do
+  [[ -x "$DILOCO_BIN/$b" ]] || { echo "netns_two_host: no $DILOCO_BIN/$b: build the dilocod and dilococtl targets" >&2; exit 1; }
+done
+corpus=/usr/share/games/fortunes  # what the e2e tests train on (scripts/setup.sh installs it)
+[[ -d $corpus ]] || corpus=$root/../shared/data/tinyshakespeare.txt
+[[ -e $corpus ]] || { echo "netns_two_host: no corpus: install Debian's fortunes (scripts/setup.sh)" >&2; exit 1; }
+export DLC_DATA_ROOTS=$(dirname "$corpus")  # the sites may read the corpus, and only that
+
+# Clusters left behind by earlier runs that were killed before their trap ran (a ctest timeout):
+# their prefix carries the pid of the test that made them.
+for ns in $(ip netns list | awk '{print $1}' | grep -E '^dlch[0-9]+-hub$' || true); do
+  pid=${ns#dlch}
+  pid=${pid%-hub}
+  if ! kill -0 "$pid" 2> /dev/null; then
+    log "removing the cluster of an earlier run (prefix dlch$pid-)"
+    DLC_NETNS_PREFIX=dlch$pid- "$cluster" --dir "/tmp/netns-two-host-stale-$pid" down > /dev/null 2>&1 || true
+  fi
+done
+
+export DLC_NETNS_PREFIX=dlch$$-
+export DILOCOD_NETNS_DIR
+DILOCOD_NETNS_DIR=$(mktemp -d /tmp/netns-two-host.XXXXXX)
+dir=$DILOCOD_NETNS_DIR
+failures=0
+job=""
+last_status='{}'
+
+teardown() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [[ $rc -ne 0 || $failures -ne 0 ]]; then
+    echo "---- the end of each daemon's log ($dir) ----"
+    for s in site0 site1 site1h1 site2 site2h1; do
+      echo "== $s/dilocod.log"
+      tail -n 25 "$dir/$s/dilocod.log" 2> /dev/null || true
+    done
+    echo "== events.log"
+    cat "$dir/events.log" 2> /dev/null || true
+    if [[ -n $job ]]; then
+      echo "== dilococtl logs $job"
+      "$DILOCO_BIN/dilococtl" logs "$job" --tail 15 --socket "$dir/site0/state/control.sock" 2>&1 || true
+    fi
+  fi
+  "$cluster" down > /dev/null 2>&1 || "$cluster" down || true
+  if [[ $rc -eq 0 && $failures -eq 0 && -z ${NETNS_CHAOS_KEEP:-} ]]; then
+    rm -rf "$dir"
+  else
+    echo "netns_two_host: kept $dir (configs, state, logs)"
+  fi
+  log "took $(($(date +%s) - t_start)) s"
+  [[ $rc -ne 0 ]] && exit $rc
+  [[ $failures -eq 0 ]] || exit 1
+  exit 0
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# CHECK name condition-result: records a failure and goes on, so one run reports every broken
+# property. RESILIENCE marks properties of the daemons' fault handling (the thing under test).
+check() {
+  local what=$1 ok=$2
+  if [[ $ok == true ]]; then
+    log "ok: $what"
+  else
+    log "FAILED: $what"
+    failures=$((failures + 1))
+  fi
+}
+
+# The job's status through site0 as JSON ("" while site0 does not answer).
+status_json() { "$DILOCO_BIN/dilococtl" status "$1" --json --socket "$dir/site0/state/control.sock" 2> /dev/null || true; }
+
+# wait_for DESCRIPTION TIMEOUT_S JQ_FILTER: polls the job's status until the filter is true.
+wait_for() {
+  local what=$1 timeout=$2 filter=$3 deadline s
+  deadline=$(($(date +%s) + timeout))
+  while :; do
+    s=$(status_json "$job")
+    if [[ -n $s ]] && jq -e "$filter" <<< "$s" > /dev/null 2>&1; then
+      last_status=$s
+      return 0
+    fi
+    if [[ $(date +%s) -ge $deadline ]]; then
+      log "timed out after $timeout s waiting for $what; last status:"
+      "$cluster" status "$job" 2>&1 || true
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+log "3 sites, learner sites of 2 hosts each, in namespaces ${DLC_NETNS_PREFIX}site*, $dir"
+export DLC_RING_TIMEOUT_MS=8000
+"$cluster" up 3 --rate 200mbit --hosts 2
+
+cat > "$dir/job.yaml" << EOF
+# The e2e daemon tests' tiny model; placement and train.hosts come from netns-cluster.sh submit.
+model: {n_layer: 2, n_embd: 32, n_head: 4, block_size: 32}
+data: {corpus: $corpus}
+train: {batch_size: 4, steps: $steps, lr: 1.0e-3, warmup_steps: 5, seed: 1337, log_every: 500}
+eval: {batches: 2}
+sync: {mode: decoupled, learners: 2, fragments: 4, inner_steps: 50, quorum: 1, checkpoint_every: 1}
+EOF
+job=$("$cluster" submit "$dir/job.yaml")
+log "submitted job $job ($steps steps per learner, train.hosts 2)"
+
+warm=$((steps / 10))
+wait_for "both learners past step $warm and a merge" 90 \
+  "[.learners[] | (.progress.step // 0) >= $warm] == [true, true] and ((.syncer.progress.versions // [0]) | add) > 0"
+inc0=$(jq -r '.learners[0].progress.ring.incarnation // ""' <<< "$last_status")
+log "training: steps $(jq -c '[.learners[].progress.step]' <<< "$last_status"), learner-0's ring $inc0"
+check "learner-0's ring spans 2 hosts ($(jq -c '.learners[0].progress.ring // null' <<< "$last_status"))" \
+  "$(jq '.learners[0].progress.ring.hosts == 2 and .learners[0].progress.ranks == 2' <<< "$last_status")"
+member=$("$DILOCO_BIN/dilococtl" status "$job" --json --socket "$dir/site1h1/state/control.sock" 2> /dev/null || echo '{}')
+check "site1's host 1 follows the same ring ($(jq -c '.sites.site1.roles["learner-0"].progress // null' <<< "$member"))" \
+  "$(jq --arg inc "$inc0" '.sites.site1.roles["learner-0"].progress | .role == "ring-member" and .incarnation == $inc' <<< "$member")"
+
+"$cluster" kill 1.1 --restart-after 3
+wait_for "learner-0's incarnation $inc0 to end (its ring failed)" 30 \
+  "(.learners[0].progress.ring.restarts // 0) >= 1" || true
+check "RESILIENCE: killing site1's host 1 ended learner-0's incarnation (restarts $(jq '.learners[0].progress.ring.restarts // null' <<< "$last_status"): $(jq -r '.learners[0].progress.ring.last_error // "" | .[0:160]' <<< "$last_status"))" \
+  "$(jq '(.learners[0].progress.ring.restarts // 0) >= 1' <<< "$last_status")"
+wait_for "a new incarnation of learner-0 training again" 60 \
+  "(.learners[0].progress.ring.incarnation // \"$inc0\") != \"$inc0\" and .learners[0].progress.state == \"training\" and (.learners[0].progress.snapshots_installed // 0) >= 1" || true
+inc1=$(jq -r '.learners[0].progress.ring.incarnation // ""' <<< "$last_status")
+check "RESILIENCE: learner-0 came back as a new incarnation ($inc1) that rejoined from the syncer's snapshot" \
+  "$(jq --arg a "$inc0" '.learners[0].progress.ring.incarnation != $a and (.learners[0].progress.snapshots_installed // 0) >= 1 and .learners[0].progress.state == "training"' <<< "$last_status")"
+check "the syncer still sees two learners" "$(jq '(.syncer.progress.learners | length) == 2' <<< "$last_status")"
+check "site1's job.log says the incarnation ended" \
+  "$(grep -q "ring incarnation $inc0 ended" "$dir/site1/state/jobs/$job/job.log" 2> /dev/null && echo true || echo false)"
+
+log "waiting for the job to end"
+wait_rc=0
+"$cluster" wait "$job" --timeout 150 > "$dir/wait.out" 2>&1 || wait_rc=$?
+cat "$dir/wait.out"
+final=$(status_json "$job")
+[[ -n $final ]] || final='{}'
+check "the job completed (netns-cluster.sh wait exit $wait_rc, state $(jq -r '.state // "?"' <<< "$final"))" \
+  "$([[ $wait_rc -eq 0 ]] && jq '.state == "completed" and has("summary")' <<< "$final" || echo false)"
+for i in 0 1; do
+  check "learner-$i reached train.steps ($(jq -c ".learners[$i].result.steps // .learners[$i].progress.step // null" <<< "$final") of $steps)" \
+    "$(jq ".learners[$i].state == \"completed\" and .learners[$i].result.steps == $steps" <<< "$final")"
+done
+for m in site1h1 site2h1; do
+  st=$(timeout 20 bash -c "until '$DILOCO_BIN/dilococtl' list --json --socket '$dir/$m/state/control.sock' 2>/dev/null | jq -e '[.[] | select(.id == \"$job\")][0].state | . == \"completed\"' >/dev/null; do sleep 0.5; done; '$DILOCO_BIN/dilococtl' list --json --socket '$dir/$m/state/control.sock'" 2> /dev/null || echo '[]')
+  check "$m's ring member ended with its learner ($(jq -c "[.[] | select(.id == \"$job\")][0] | {state, roles}" <<< "$st" 2> /dev/null | head -c 240))" \
+    "$(jq "[.[] | select(.id == \"$job\")][0].state == \"completed\"" <<< "$st")"
+done
+
+if [[ $failures -eq 0 ]]; then
+  log "PASS: job $job completed through kill -9 + restart of a host of a two-host learner site"
+else
+  log "$failures check(s) failed"
+fi
