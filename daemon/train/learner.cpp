@@ -1067,7 +1067,6 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
   std::vector<uint32_t> crcs(ring->ranks(), 0);
   // With train.shard the ring shards the outer-sync state too: the followers serve rank 0's
   // commands between steps and after the loop until rank 0 releases them.
-  const bool sharded = OuterStateSharded(*ring, cfg.train.shard);
   std::unique_ptr<OuterState> outer = MakeOuterState(*ring, cfg.train.shard);
   DL_RETURN_IF_ERROR(ring->Run([&](int rank) -> Status {
     if (rank == 0) {
@@ -1078,15 +1077,10 @@ Status RunLearner(net::NetContext& context, const LearnerOptions& o, LearnerResu
       if (st.ok()) st = outer->Release();
       return st;
     }
-    std::unique_ptr<RingCommandHandler> commands;
-    if (sharded) commands = MakeOuterStateFollower(ring->backend(rank), ring->comm(rank));
-    InnerLoopOptions lo = RankLoopOptions(cfg, train, rank, 0);
-    lo.commands = commands.get();
     long done = 0;  // a follower takes each step's number from rank 0
-    DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring->backend(rank), ring->comm(rank), nullptr, &done));
-    crcs[rank] = ParamsCrc32c(ring->backend(rank));
-    if (commands) DL_RETURN_IF_ERROR(ServeRing(ring->comm(rank), *commands));
-    return Status::Ok();
+    // Its parameters when the loop ended, as rank 0 takes its own: before the last folds.
+    return RunRingFollower(RankLoopOptions(cfg, train, rank, 0), *ring, rank, cfg.train.shard, &done,
+                           [&] { crcs[rank] = ParamsCrc32c(ring->backend(rank)); });
   }));
   if (ring->ranks() > 1 && crcs[0] != 0) result->rank_param_crc32c = crcs;
   result->moments_restored = moments_restored;

@@ -398,7 +398,20 @@ class BackendOuterState final : public OuterState {
 
 }  // namespace
 
-bool OuterStateSharded(const LocalRing& ring, ShardMode shard) { return shard != ShardMode::kNone && ring.ranks() > 1; }
+bool OuterStateSharded(const LocalRing& ring, ShardMode shard) {
+  return shard != ShardMode::kNone && ring.world_ranks() > 1;
+}
+
+Status RunRingFollower(InnerLoopOptions lo, LocalRing& ring, int local_rank, ShardMode shard, long* done,
+                       const std::function<void()>& at_loop_end) {
+  std::unique_ptr<RingCommandHandler> commands;
+  if (OuterStateSharded(ring, shard)) commands = MakeOuterStateFollower(ring.backend(local_rank), ring.comm(local_rank));
+  lo.commands = commands.get();
+  DL_RETURN_IF_ERROR(RunInnerLoop(lo, ring.backend(local_rank), ring.comm(local_rank), nullptr, done));
+  if (at_loop_end) at_loop_end();
+  if (commands) DL_RETURN_IF_ERROR(ServeRing(ring.comm(local_rank), *commands));
+  return Status::Ok();
+}
 
 std::unique_ptr<OuterState> MakeOuterState(LocalRing& ring, ShardMode shard) {
   if (OuterStateSharded(ring, shard)) return std::make_unique<ShardedOuterState>(ring);

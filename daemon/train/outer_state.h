@@ -21,9 +21,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "daemon/train/inner_loop.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/ring_control.h"
 #include "daemon/util/status.h"
@@ -67,5 +69,12 @@ bool OuterStateSharded(const LocalRing& ring, ShardMode shard);
 
 // The handler follower `rank` of the ring runs for a ShardedOuterState's commands.
 std::unique_ptr<RingCommandHandler> MakeOuterStateFollower(TrainingBackend& backend, LocalComm& comm);
+
+// A follower of a learner's ring (any rank but the ring's rank 0; local_rank indexes this
+// process's ranks): its inner loop (lo), then, when the ring shards its outer-sync state, rank 0's
+// commands until rank 0 releases it. *done: the step its loop ended at; at_loop_end (may be empty)
+// runs when the loop ended, before the commands that follow it (the last folds).
+Status RunRingFollower(InnerLoopOptions lo, LocalRing& ring, int local_rank, ShardMode shard, long* done,
+                       const std::function<void()>& at_loop_end = {});
 
 }  // namespace diloco

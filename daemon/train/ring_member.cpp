@@ -7,6 +7,7 @@
 #include "daemon/train/data.h"
 #include "daemon/train/inner_loop.h"
 #include "daemon/train/local_ring.h"
+#include "daemon/train/outer_state.h"
 #include "daemon/train/trainer.h"
 #include "kernels/comm/gloo_comm.h"
 #include "kernels/gpt.h"
@@ -80,8 +81,8 @@ Status RunRingMember(const RingMemberOptions& o, RingMemberResult* result) {
       report("following");
       std::vector<long> done(ring->ranks(), 0);
       st = ring->Run([&](int r) {
-        return RunInnerLoop(RankLoopOptions(cfg, train, ring->first_rank() + r, 0), ring->backend(r), ring->comm(r),
-                            nullptr, &done[r]);
+        return RunRingFollower(RankLoopOptions(cfg, train, ring->first_rank() + r, 0), *ring, r, cfg.train.shard,
+                               &done[r]);
       });
       if (o.on_ring) o.on_ring(nullptr);
       result->steps = done[0];
