@@ -189,6 +189,11 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.codec.block", &s.codec.block},
       {"sync.codec.up_topk", &s.codec.up_topk},
       {"sync.codec.down_topk", &s.codec.down_topk},
+      {"sync.codec.chunk", &s.codec.chunk},
+      {"sync.codec.keep", &s.codec.keep},
+      {"sync.codec.bits", &s.codec.bits},
+      {"sync.codec.feedback", EnumOf(&s.codec.feedback, kFeedbackNames)},
+      {"sync.codec.decay", &s.codec.decay},
       {"sync.outer.lr", &s.outer.lr},
       {"sync.outer.momentum", &s.outer.momentum},
       {"sync.outer.restart_every", &s.outer.restart_every},
@@ -783,6 +788,26 @@ Status ValidateSync(const RunConfig& c, const Origins& origins) {
     DL_RETURN_IF_ERROR(check(key, f, f == 0 || (f > 0 && f < 1),
                              "0 (dense) or in (0, 1) (the share of each tensor's values sent)"));
   }
+  DL_RETURN_IF_ERROR(check("sync.codec.chunk", s.codec.chunk,
+                           s.codec.chunk >= 2 && s.codec.chunk <= 65536 && s.codec.chunk % 2 == 0,
+                           "even, in [2, 65536] (values per topk_chunked chunk)"));
+  DL_RETURN_IF_ERROR(check("sync.codec.keep", s.codec.keep, s.codec.keep >= 1, ">= 1 (values kept of each chunk)"));
+  if (s.codec.keep > s.codec.chunk) {
+    return fail("sync.codec.keep",
+                std::to_string(s.codec.keep) + " is greater than sync.codec.chunk " + std::to_string(s.codec.chunk) +
+                    "; keep fewer values or use larger chunks",
+                {"sync.codec.keep", "sync.codec.chunk"});
+  }
+  DL_RETURN_IF_ERROR(check("sync.codec.bits", s.codec.bits, s.codec.bits == 2 || s.codec.bits == 4 || s.codec.bits == 8,
+                           "2, 4 or 8 (bits of each kept value)"));
+  DL_RETURN_IF_ERROR(check("sync.codec.decay", s.codec.decay, s.codec.decay > 0 && s.codec.decay <= 1,
+                           "in (0, 1] (the accumulator's decay)"));
+  if (s.codec.up == CodecKind::kTopkChunked && s.codec.up_topk != 0)
+    return fail("sync.codec.up_topk", "must be 0 with sync.codec.up: topk_chunked (it picks its own values)",
+                {"sync.codec.up_topk", "sync.codec.up"});
+  if (s.codec.down == CodecKind::kTopkChunked && s.codec.down_topk != 0)
+    return fail("sync.codec.down_topk", "must be 0 with sync.codec.down: topk_chunked (it picks its own values)",
+                {"sync.codec.down_topk", "sync.codec.down"});
   DL_RETURN_IF_ERROR(check("sync.outer.lr", s.outer.lr, s.outer.lr > 0, "> 0"));
   DL_RETURN_IF_ERROR(check("sync.outer.momentum", s.outer.momentum,
                            s.outer.momentum >= 0 && s.outer.momentum < 1, "in [0, 1)"));

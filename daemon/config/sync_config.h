@@ -21,7 +21,10 @@
 //     partial: full            # full | share (a round of k of M deltas moves Θ by k/M of its merge)
 //     lr_clock: local          # local | global (inner LR schedule follows the fleet's progress)
 //     codec: {up: int4, down: int8, block: 64}   # also up_topk / down_topk: f in (0, 1) sends
-//                                                # only the largest f of the values (0 = dense)
+//                                                # only the largest f of the values (0 = dense);
+//            # up/down: topk_chunked sends of each chunk of `chunk` values the `keep` largest as
+//            # `bits`-bit codes (chunk: 4096, keep: 64, bits: 2 = 0.028 B/param);
+//            # feedback: residual | accumulate (e <- decay e + delta), decay: 0.95
 //     outer: {lr: 0.7, momentum: 0.9}   # also restart_every: N (zero u every N-th merge)
 //     link: {bandwidth_mbps: 0, latency_ms: 0, jitter_ms: 0, loss: 0}   # 0 = unlimited / none
 //     heartbeat_timeout_ms: 3000
@@ -65,6 +68,7 @@ inline constexpr std::array<std::string_view, 3> kFoldRuleNames = {"overwrite", 
 inline constexpr std::array<std::string_view, 2> kAnchorNames = {"base", "current"};
 inline constexpr std::array<std::string_view, 2> kLrClockNames = {"local", "global"};
 inline constexpr std::array<std::string_view, 2> kPartialRoundNames = {"full", "share"};
+inline constexpr std::array<std::string_view, 2> kFeedbackNames = {"residual", "accumulate"};
 
 inline std::string_view ToString(SyncMode v) { return kSyncModeNames[static_cast<int>(v)]; }
 inline std::string_view ToString(Weighting v) { return kWeightingNames[static_cast<int>(v)]; }
@@ -104,6 +108,15 @@ struct CodecConfig {
   // hands over Δ in fp32 and takes top-k Globals as fp32 updates.
   double up_topk = 0;
   double down_topk = 0;
+  // topk_chunked (either link): values per chunk (even, in [2, 65536]), values kept of each chunk
+  // (in [1, chunk]) and bits of each kept value's code (2, 4 or 8).
+  int chunk = 4096;
+  int keep = 64;
+  int bits = 2;
+  // Error feedback on both links: residual (e <- e + delta) or accumulate (e <- decay e + delta,
+  // decay in (0, 1]). With accumulate the learner encodes its uplink on the host.
+  FeedbackRule feedback = FeedbackRule::kResidual;
+  double decay = 0.95;
   bool operator==(const CodecConfig&) const = default;
 };
 

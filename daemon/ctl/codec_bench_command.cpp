@@ -60,6 +60,9 @@ int RunBenchCodecCommand(const BenchCodecCommand& cmd) {
       {"int8", {CodecKind::kInt8, cmd.block_size, 0}},           {"int4", {CodecKind::kInt4, cmd.block_size, 0}},
       {"bf16", {CodecKind::kBf16, cmd.block_size, 0}},           {"fp32", {CodecKind::kFp32, cmd.block_size, 0}},
       {"int4_topk0.1", {CodecKind::kInt4, cmd.block_size, 0.1}},
+      // The SparseLoCo layout: of each 4096 values the top 64, 2 (or 4) bits each (block ignored).
+      {"chunked_64/4096_2b", {CodecKind::kTopkChunked, 4096, 0, 64, 2}},
+      {"chunked_64/4096_4b", {CodecKind::kTopkChunked, 4096, 0, 64, 4}},
   };
   for (Row& row : rows) {
     Status st = ValidateCodecOptions(row.opt);
@@ -100,9 +103,9 @@ int RunBenchCodecCommand(const BenchCodecCommand& cmd) {
         "codecs on %d MiB of N(0,1) fp32, one thread, median of %d runs, block %d "
         "(GB/s of fp32 input)\n",
         cmd.size_mib, cmd.repeats, cmd.block_size);
-    std::printf("%-14s %12s %12s %12s %12s\n", "codec", "encode GB/s", "decode GB/s", "rel L2 err", "bytes/param");
+    std::printf("%-19s %12s %12s %12s %12s\n", "codec", "encode GB/s", "decode GB/s", "rel L2 err", "bytes/param");
     for (const Row& row : rows) {
-      std::printf("%-14s %12.2f %12.2f %12.5f %12.5f\n", row.name.c_str(), row.encode_gbps, row.decode_gbps, row.rel_l2,
+      std::printf("%-19s %12.2f %12.2f %12.5f %12.5f\n", row.name.c_str(), row.encode_gbps, row.decode_gbps, row.rel_l2,
                   row.bytes_per_param);
     }
   }

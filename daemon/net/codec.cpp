@@ -239,14 +239,112 @@ Status DecodeTopk(const CodecOptions& opt, std::span<const uint8_t> in, std::spa
   return Status::Ok();
 }
 
+
+// ---- chunked top-k (kTopkChunked) ----
+
+constexpr uint8_t kChunkedFormat = 1;
+
+Status ChunkedError(const std::string& what) {
+  return Status::Error("topk_chunked payload: " + what +
+                       "; the sender's encoder or the link corrupted it (drop the message)");
+}
+
+Status EncodeChunked(const CodecOptions& opt, std::span<const float> in, std::vector<uint8_t>* out) {
+  const auto bad = std::find_if(in.begin(), in.end(), [](float v) { return !std::isfinite(v); });
+  if (bad != in.end()) return NonFiniteError(*bad, static_cast<size_t>(bad - in.begin()));
+  const size_t n = in.size(), C = static_cast<size_t>(opt.block_size), keep = static_cast<size_t>(opt.keep);
+  const size_t bytes = TopkChunkedBytes(n, opt.block_size, opt.keep, opt.value_bits);
+  if (bytes != kTopkChunkedHeaderBytes + sparse_records_bytes(n, C, keep, opt.value_bits)) {
+    return Status::Error("internal: topk_chunked layout of " + std::to_string(n) +
+                         " values disagrees between codec_kind.h and kernels/sync_sparse (a bug)");
+  }
+  out->assign(bytes, 0);
+  uint8_t* p = out->data();
+  p[0] = kChunkedFormat;
+  p[1] = static_cast<uint8_t>(opt.value_bits);
+  Store<uint32_t>(p + 4, static_cast<uint32_t>(keep));
+  p += kTopkChunkedHeaderBytes;
+  std::vector<uint64_t> scratch(2 * std::min(C, std::max<size_t>(n, 1)));
+  for (size_t lo = 0; lo < n; lo += C) {
+    const size_t len = std::min(C, n - lo), kc = sparse_keep_of(len, C, keep);
+    sparse_encode_chunk(p, in.data() + lo, len, kc, C, opt.value_bits, scratch.data());
+    p += sparse_record_bytes(kc, C, opt.value_bits);
+  }
+  return Status::Ok();
+}
+
+Status DecodeChunked(const CodecOptions& opt, std::span<const uint8_t> in, std::span<float> out) {
+  const size_t n = out.size(), C = static_cast<size_t>(opt.block_size);
+  if (in.size() < kTopkChunkedHeaderBytes) {
+    return ChunkedError(std::to_string(in.size()) + " bytes is shorter than the " +
+                        std::to_string(kTopkChunkedHeaderBytes) + "-byte header");
+  }
+  const uint8_t* p = in.data();
+  if (p[0] != kChunkedFormat) return ChunkedError("unknown format " + std::to_string(p[0]));
+  const int bits = p[1];
+  if (bits != 2 && bits != 4 && bits != 8) return ChunkedError("value bits " + std::to_string(bits) + " (2, 4 or 8)");
+  if (p[2] != 0 || p[3] != 0) return ChunkedError("reserved header bytes are not zero");
+  const uint32_t keep = Load<uint32_t>(p + 4);
+  if (keep < 1 || keep > C) {
+    return ChunkedError("keeps " + std::to_string(keep) + " values of each chunk of " + std::to_string(C));
+  }
+  const size_t want = TopkChunkedBytes(n, opt.block_size, static_cast<int>(keep), bits);
+  if (in.size() != want) {
+    return ChunkedError(std::to_string(in.size()) + " bytes, but " + std::to_string(n) + " values (chunk " +
+                        std::to_string(C) + ", keep " + std::to_string(keep) + ", " + std::to_string(bits) +
+                        " bits) take " + std::to_string(want));
+  }
+  p += kTopkChunkedHeaderBytes;
+  for (size_t lo = 0; lo < n; lo += C) {
+    const size_t len = std::min(C, n - lo), kc = sparse_keep_of(len, C, keep);
+    size_t at = 0;
+    const SparseFault fault = sparse_decode_chunk(out.data() + lo, p, len, kc, C, bits, &at);
+    if (fault != SparseFault::kNone) {
+      const std::string where = " in the chunk at value " + std::to_string(lo) + " (kept value " +
+                                std::to_string(at) + ")";
+      switch (fault) {
+        case SparseFault::kBadScale:
+          return ChunkedError("bin width is negative, NaN, Inf or too large" + where);
+        case SparseFault::kBadIndex:
+          return ChunkedError("index past the chunk's end or not above the one before" + where);
+        case SparseFault::kBadCode:
+          return ChunkedError("a zero chunk with a nonzero code" + where);
+        case SparseFault::kBadPad:
+        default:
+          return ChunkedError("nonzero pad bits" + where);
+      }
+    }
+    p += sparse_record_bytes(kc, C, bits);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status ValidateDecodeOptions(CodecOptions opt) {
+  if (opt.kind == CodecKind::kTopkChunked) {
+    opt.keep = 1;
+    opt.value_bits = 2;
+  }
+  return ValidateCodecOptions(opt);
+}
 
 Status ValidateCodecOptions(const CodecOptions& opt) {
   if (!IsValidCodecKind(static_cast<uint8_t>(opt.kind))) {
     return Status::Error("unknown codec " + std::to_string(static_cast<int>(opt.kind)) +
-                         ": use fp32, bf16, int8 or int4");
+                         ": use fp32, bf16, int8, int4 or topk_chunked");
   }
   DL_RETURN_IF_ERROR(CheckBlockSize(opt.block_size));
+  if (opt.kind == CodecKind::kTopkChunked) {
+    if (opt.topk_fraction != 0)
+      return Status::Error("topk_chunked picks its own values: top-k fraction must be 0, not " +
+                           std::to_string(opt.topk_fraction));
+    if (opt.keep < 1 || opt.keep > opt.block_size)
+      return Status::Error("topk_chunked keep " + std::to_string(opt.keep) + " is invalid: use 1.." +
+                           std::to_string(opt.block_size) + " (the chunk), e.g. 64 of 4096");
+    if (opt.value_bits != 2 && opt.value_bits != 4 && opt.value_bits != 8)
+      return Status::Error("topk_chunked value bits " + std::to_string(opt.value_bits) + " is invalid: use 2, 4 or 8");
+  }
   if (!(opt.topk_fraction == 0 || (opt.topk_fraction > 0 && opt.topk_fraction < 1))) {
     return Status::Error("top-k fraction " + std::to_string(opt.topk_fraction) +
                          " is invalid: use 0 (dense) or a value in (0, 1), e.g. 0.1");
@@ -263,13 +361,14 @@ size_t TopkCount(double fraction, size_t numel) {
 }
 
 size_t MaxEncodedBytes(const CodecOptions& opt, size_t numel) {
+  if (opt.kind == CodecKind::kTopkChunked) return TopkChunkedBytes(numel, opt.block_size, opt.keep, opt.value_bits);
   if (opt.topk_fraction == 0) return EncodedBytes(opt.kind, numel, opt.block_size);
   return kTopkHeaderBytes + (numel + 7) / 8 +
          EncodedBytes(opt.kind, TopkCount(opt.topk_fraction, numel), opt.block_size);
 }
 
 Status EncodeDense(CodecKind kind, int block_size, std::span<const float> in, std::span<uint8_t> out) {
-  if (!IsValidCodecKind(static_cast<uint8_t>(kind)))
+  if (!IsDenseCodecKind(kind))
     return Status::Error("unknown codec " + std::to_string(static_cast<int>(kind)));
   if (CodecUsesBlocks(kind)) DL_RETURN_IF_ERROR(CheckBlockSize(block_size));
   const size_t n = in.size();
@@ -320,7 +419,7 @@ Status DecodeFaultStatus(SyncFault fault, CodecKind kind, size_t i) {
 }  // namespace
 
 Status DecodeDense(CodecKind kind, int block_size, std::span<const uint8_t> in, std::span<float> out) {
-  if (!IsValidCodecKind(static_cast<uint8_t>(kind)))
+  if (!IsDenseCodecKind(kind))
     return Status::Error("unknown codec " + std::to_string(static_cast<int>(kind)));
   if (CodecUsesBlocks(kind)) DL_RETURN_IF_ERROR(CheckBlockSize(block_size));
   const size_t n = out.size();
@@ -361,7 +460,9 @@ Status DecodeTensorBlocks(CodecKind kind, int block_size, std::span<const uint8_
 Status Encode(const CodecOptions& opt, std::span<const float> in, std::vector<uint8_t>* out) {
   DL_RETURN_IF_ERROR(ValidateCodecOptions(opt));
   Status st;
-  if (opt.topk_fraction == 0) {
+  if (opt.kind == CodecKind::kTopkChunked) {
+    st = EncodeChunked(opt, in, out);
+  } else if (opt.topk_fraction == 0) {
     out->resize(EncodedBytes(opt.kind, in.size(), opt.block_size));
     st = EncodeDense(opt.kind, opt.block_size, in, *out);
   } else {
@@ -372,7 +473,8 @@ Status Encode(const CodecOptions& opt, std::span<const float> in, std::vector<ui
 }
 
 Status Decode(const CodecOptions& opt, std::span<const uint8_t> in, std::span<float> out) {
-  DL_RETURN_IF_ERROR(ValidateCodecOptions(opt));
+  DL_RETURN_IF_ERROR(ValidateDecodeOptions(opt));
+  if (opt.kind == CodecKind::kTopkChunked) return DecodeChunked(opt, in, out);
   if (opt.topk_fraction == 0) return DecodeDense(opt.kind, opt.block_size, in, out);
   return DecodeTopk(opt, in, out);
 }
@@ -390,7 +492,7 @@ Status EncodeTensors(const CodecOptions& opt, std::span<const float> in, std::sp
   }
   Status st;
   size_t offset = 0;
-  if (opt.topk_fraction == 0) {
+  if (!IsSparseCodec(opt)) {
     size_t bytes = 0;
     for (uint64_t numel : numels) bytes += EncodedBytes(opt.kind, numel, opt.block_size);
     out->resize(bytes);
@@ -406,7 +508,8 @@ Status EncodeTensors(const CodecOptions& opt, std::span<const float> in, std::sp
   } else {
     std::vector<uint8_t> part;
     for (size_t t = 0; t < numels.size() && st.ok(); ++t) {
-      st = EncodeTopk(opt, in.subspan(offset, numels[t]), &part);
+      st = opt.kind == CodecKind::kTopkChunked ? EncodeChunked(opt, in.subspan(offset, numels[t]), &part)
+                                               : EncodeTopk(opt, in.subspan(offset, numels[t]), &part);
       if (!st.ok()) st = st.WithContext("tensor " + std::to_string(t));
       out->insert(out->end(), part.begin(), part.end());
       tensor_bytes->push_back(part.size());
@@ -422,7 +525,7 @@ Status EncodeTensors(const CodecOptions& opt, std::span<const float> in, std::sp
 
 Status DecodeTensors(const CodecOptions& opt, std::span<const uint8_t> in, std::span<const uint64_t> numels,
                      std::span<const uint64_t> tensor_bytes, std::span<float> out) {
-  DL_RETURN_IF_ERROR(ValidateCodecOptions(opt));
+  DL_RETURN_IF_ERROR(ValidateDecodeOptions(opt));
   if (numels.size() != tensor_bytes.size()) {
     return Status::Error(std::to_string(numels.size()) + " tensor sizes but " + std::to_string(tensor_bytes.size()) +
                          " encoded sizes");
@@ -448,7 +551,7 @@ Status DecodeTensors(const CodecOptions& opt, std::span<const uint8_t> in, std::
 Status DecodeTensors(const CodecOptions& opt, std::span<const std::span<const uint8_t>> chunks,
                      std::span<const uint64_t> numels, std::span<const uint64_t> tensor_bytes, std::span<float> out) {
   if (chunks.size() == 1) return DecodeTensors(opt, chunks[0], numels, tensor_bytes, out);
-  DL_RETURN_IF_ERROR(ValidateCodecOptions(opt));
+  DL_RETURN_IF_ERROR(ValidateDecodeOptions(opt));
   if (numels.size() != tensor_bytes.size()) {
     return Status::Error(std::to_string(numels.size()) + " tensor sizes but " + std::to_string(tensor_bytes.size()) +
                          " encoded sizes");
@@ -493,6 +596,18 @@ Status DecodeTensors(const CodecOptions& opt, std::span<const std::span<const ui
   return Status::Ok();
 }
 
+void ErrorFeedback::Sum(float* sum, const float* residual, const float* delta, size_t n) const {
+  if (feedback_.rule == FeedbackRule::kAccumulate) {
+    sync_accumulate(sum, residual, delta, static_cast<float>(feedback_.decay), n);
+  } else if (residual != nullptr) {
+    const float* __restrict r = residual;
+    float* __restrict s = sum;
+    for (size_t i = 0; i < n; ++i) s[i] = r[i] + delta[i];
+  } else {
+    std::copy(delta, delta + n, sum);
+  }
+}
+
 Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, std::vector<uint8_t>* payload) {
   const uint64_t n = delta.size();
   return Encode(fragment, delta, std::span(&n, 1), payload, &one_tensor_bytes_);
@@ -507,7 +622,7 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
     return Status::Error(context + " had " + std::to_string(it->second.size()) + " values, now " + std::to_string(n) +
                          "; Reset(fragment) when its layout changes");
   }
-  if (pool != nullptr && pool->threads() > 1 && opt_.topk_fraction == 0) {
+  if (pool != nullptr && pool->threads() > 1 && !IsSparseCodec(opt_)) {
     decoded_.resize(n);
     return EncodeInPieces(
         fragment, numels, [&](size_t, const Piece& p, float* values) { std::copy_n(delta.data() + p.offset, p.n, values); },
@@ -515,13 +630,7 @@ Status ErrorFeedback::Encode(uint32_t fragment, std::span<const float> delta, st
         payload, tensor_bytes, pool);
   }
   sum_.resize(n);
-  if (it != residual_.end()) {
-    const float* __restrict r = it->second.data();
-    float* __restrict s = sum_.data();
-    for (size_t i = 0; i < n; ++i) s[i] = r[i] + delta[i];
-  } else {
-    std::copy(delta.begin(), delta.end(), sum_.begin());
-  }
+  Sum(sum_.data(), it != residual_.end() ? it->second.data() : nullptr, delta.data(), n);
   DL_RETURN_IF_ERROR(EncodeTensors(opt_, sum_, numels, payload, tensor_bytes).WithContext(context));
   decoded_.resize(n);
   DL_RETURN_IF_ERROR(DecodeTensors(opt_, *payload, numels, *tensor_bytes, decoded_).WithContext(context));
@@ -583,7 +692,7 @@ Status ErrorFeedback::EncodeInPieces(uint32_t fragment, std::span<const uint64_t
                                      std::vector<uint64_t>* tensor_bytes, TaskPool* pool) {
   const std::string context = "fragment " + std::to_string(fragment);
   DL_RETURN_IF_ERROR(ValidateCodecOptions(opt_).WithContext(context));
-  if (opt_.topk_fraction != 0) return Status::Error(context + ": EncodeInPieces takes dense codecs only (internal)");
+  if (IsSparseCodec(opt_)) return Status::Error(context + ": EncodeInPieces takes dense codecs only (internal)");
   const size_t T = numels.size();
   const int B = opt_.block_size;
   std::vector<size_t> byte_at(T + 1, 0);
@@ -612,11 +721,7 @@ Status ErrorFeedback::EncodeInPieces(uint32_t fragment, std::span<const uint64_t
     float* __restrict v = values[worker].data();
     produce(i, p, v);
     float* __restrict s = sum_.data() + b;
-    if (residual) {
-      for (size_t j = 0; j < m; ++j) s[j] = residual[b + j] + v[j];
-    } else {
-      std::copy(v, v + m, s);
-    }
+    Sum(s, residual ? residual + b : nullptr, v, m);
     float* __restrict d = decoded[worker].data();
     size_t at = 0;
     const SyncFault fault = EncodePiece(opt_.kind, B, numels[p.tensor], p.lo, s, m, payload->data() + byte_at[p.tensor], d, &at);

@@ -40,6 +40,19 @@
 // Top-k is not self-describing: the decoder must be told (by the message's codec fields) that a
 // payload is top-k; k and n come from its header. At most MaxEncodedBytes() bytes.
 //
+// Chunked top-k (CodecKind::kTopkChunked, the SparseLoCo layout): each tensor is cut into chunks
+// of C = block_size values; of each chunk the kc = keep (min(len, ceil(keep * len / C)) for a short
+// last chunk) values of largest magnitude (ties to the lower index) travel as packed in-chunk
+// indices and b-bit codes over 2^b equal bins of +-1.25 sigma of the kept values. Payload per tensor:
+//   8-byte header {u8 format (1), u8 bits (2, 4 or 8), u16 0, u32 keep (1..C)}
+//   one record per chunk, in order: f32 bin width, ceil(kc * ib / 8) bytes of ib-bit indices
+//     (ib = bit_width(C - 1): 12 for C = 4096), ceil(kc * b / 8) bytes of b-bit codes
+// (kernels/sync_sparse.h: the records and their pinned arithmetic). Exactly TopkChunkedBytes(n, C,
+// keep, b) bytes: 0.0283 bytes/param at C 4096, keep 64, b 2 (116 bytes per chunk; 141x under
+// fp32, 20x under int4 B=64). The decoder takes keep and bits from the header (the wire carries
+// the codec and C only) and checks every field: header, exact size, scales, indices (in range,
+// strictly increasing), codes and pad bits.
+//
 // Errors (Status, nothing thrown, nothing sent): encoders reject NaN/Inf input, naming the first
 // bad index, and bf16 also finite values that round to Inf; on error Encode leaves *out empty
 // (EncodeDense: the buffer's contents are unspecified). Decoders check the payload size, the
@@ -65,6 +78,7 @@
 #include "daemon/util/status.h"
 #include "daemon/util/task_pool.h"
 #include "kernels/sync_ops.h"
+#include "kernels/sync_sparse.h"
 
 namespace diloco {
 
@@ -72,25 +86,49 @@ struct CodecOptions {
   CodecKind kind = CodecKind::kInt4;    // the paper's uplink codec
   int block_size = kDefaultCodecBlock;  // values per fp32 scale (int8/int4); even, in [2, 65536]
   double topk_fraction = 0;             // 0: dense; in (0, 1): top-k, keep this fraction of the values
+  // kTopkChunked (block_size is its chunk): values kept per chunk, in [1, block_size], and the bits of
+  // each kept value's code (2, 4 or 8). Read by its encoder; its decoder reads them from the payload.
+  int keep = 64;
+  int value_bits = 2;
+};
+
+// How ErrorFeedback carries what the codec lost (FeedbackRule, codec_kind.h).
+struct FeedbackOptions {
+  FeedbackRule rule = FeedbackRule::kResidual;
+  double decay = 1.0;  // kAccumulate: e <- decay * e + delta, decay in (0, 1] (as fp32)
 };
 
 inline constexpr int kMinCodecBlockSize = 2;
 inline constexpr int kMaxCodecBlockSize = 65536;
 inline constexpr size_t kTopkHeaderBytes = 16;
+inline constexpr size_t kTopkChunkedHeaderBytes = 8;  // TopkChunkedBytes (codec_kind.h) counts it
+
+// Sparse codecs (top-k or chunked top-k): the learner encodes and decodes them on the host from
+// fp32 values, the syncer holds such deltas decoded; dense ones travel as they are.
+inline bool IsSparseCodec(const CodecOptions& opt) {
+  return opt.topk_fraction != 0 || opt.kind == CodecKind::kTopkChunked;
+}
+
 
 // int4 code c decodes to kInt4Levels[c] * scale (ascending; kInt4Levels[15 - c] == -kInt4Levels[c]):
 // kernels/sync_ops.h's table, the one definition.
 inline constexpr const float (&kInt4Levels)[16] = kSyncInt4Levels;
 
-// Ok when kind is one of the four codecs, block_size is even in [2, 65536] (used by int8/int4
-// only, but checked for every kind) and topk_fraction is 0 or in (0, 1).
+// Ok when kind is one of the five codecs, block_size is even in [2, 65536] (used by int8/int4
+// and topk_chunked only, but checked for every kind) and topk_fraction is 0 or in (0, 1) (0 for
+// topk_chunked, whose keep is in [1, block_size] and value_bits 2, 4 or 8).
 Status ValidateCodecOptions(const CodecOptions& opt);
+
+// ValidateCodecOptions for a decoder, whose options come from the wire (codec, block, top-k
+// fraction): topk_chunked's keep and bits are in its payload, so they are not checked.
+Status ValidateDecodeOptions(CodecOptions opt);
 
 // How many values top-k keeps of numel: clamp(round(fraction * numel), 1, numel); 0 for numel 0.
 size_t TopkCount(double fraction, size_t numel);
 
-// The encoded size of numel values: exact for dense codecs (== EncodedBytes), an upper bound for
-// top-k (the bitmap index). Requires ValidateCodecOptions(opt).ok().
+// The encoded size of numel values (one tensor): exact for dense codecs (== EncodedBytes) and
+// topk_chunked (== TopkChunkedBytes), an upper bound for top-k (the bitmap index). Requires
+// ValidateCodecOptions(opt).ok().
 size_t MaxEncodedBytes(const CodecOptions& opt, size_t numel);
 
 // Dense codecs on caller-owned buffers (no allocation). out.size() must equal
@@ -124,12 +162,15 @@ Status DecodeTensors(const CodecOptions& opt, std::span<const std::span<const ui
 
 // Sender-side error feedback, one residual per fragment (not thread-safe; one per sender):
 //   sum = residual_p + delta; payload = Encode(sum); residual_p = sum - Decode(payload).
+// With FeedbackRule::kAccumulate, sum = fl(fl(decay * residual_p) + delta) (sync_accumulate in
+// kernels/sync_sparse.h): the accumulator of SparseLoCo / MuLoCo, e <- decay e + delta, send C(e),
+// e <- e - decode(C(e)).
 // What the codec lost in one message is sent with the next delta of the same fragment, so the
 // sum of decoded deltas stays within one message's quantization error of the true sum.
 // On error (NaN/Inf in delta or in the sum, size change) the residual is left as it was.
 class ErrorFeedback {
  public:
-  explicit ErrorFeedback(const CodecOptions& opt) : opt_(opt) {}
+  explicit ErrorFeedback(const CodecOptions& opt, FeedbackOptions feedback = {}) : opt_(opt), feedback_(feedback) {}
 
   // The fragment as one tensor.
   Status Encode(uint32_t fragment, std::span<const float> delta, std::vector<uint8_t>* payload);
@@ -166,9 +207,14 @@ class ErrorFeedback {
   // Drops the fragment's residual (e.g. the learner resynced fragment p from a snapshot).
   void Reset(uint32_t fragment) { residual_.erase(fragment); }
   const CodecOptions& options() const { return opt_; }
+  const FeedbackOptions& feedback() const { return feedback_; }
 
  private:
+  // sum (n) = the rule's residual + delta; residual may be null (none yet).
+  void Sum(float* sum, const float* residual, const float* delta, size_t n) const;
+
   CodecOptions opt_;
+  FeedbackOptions feedback_;
   std::unordered_map<uint32_t, std::vector<float>> residual_;
   std::vector<float> sum_;      // scratch: residual + delta
   std::vector<float> decoded_;  // scratch: Decode(payload)

@@ -33,6 +33,7 @@ static_assert(static_cast<int>(w::Codec::Int4) == static_cast<int>(CodecKind::kI
 static_assert(static_cast<int>(w::Codec::Int8) == static_cast<int>(CodecKind::kInt8));
 static_assert(static_cast<int>(w::Codec::Bf16) == static_cast<int>(CodecKind::kBf16));
 static_assert(static_cast<int>(w::Codec::Fp32) == static_cast<int>(CodecKind::kFp32));
+static_assert(static_cast<int>(w::Codec::TopkChunked) == static_cast<int>(CodecKind::kTopkChunked));
 static_assert(static_cast<int>(w::JoinResult::MAX) == static_cast<int>(JoinResult::kLayoutMismatch));
 static_assert(static_cast<int>(w::LearnerState::MAX) == static_cast<int>(LearnerState::kFailed));
 static_assert(static_cast<int>(w::Role::MAX) == static_cast<int>(PeerRole::kClient));
@@ -168,13 +169,18 @@ Status CheckPayloadInfo(const PayloadInfo& p, const ParseOptions& o, std::string
                         uint64_t* payload_bytes) {
   if (!IsValidCodecKind(static_cast<uint8_t>(p.codec))) {
     return Status::Error(std::string(who) + ": codec " + Str(static_cast<uint8_t>(p.codec)) +
-                         " is unknown (valid: 1 fp32, 2 bf16, 3 int8, 4 int4)");
+                         " is unknown (valid: 1 fp32, 2 bf16, 3 int8, 4 int4, 5 topk_chunked)");
   }
   if (p.block_size < kMinBlock || p.block_size > kMaxBlock || p.block_size % 2 != 0) {
     return Status::Error(std::string(who) + ": block size " + std::to_string(p.block_size) +
                          " is not an even number in [2, 65536]");
   }
+  const bool chunked = p.codec == CodecKind::kTopkChunked;
   const bool topk = p.topk_fraction != 0;
+  if (chunked && topk) {
+    return Status::Error(std::string(who) + ": topk_chunked with a top-k fraction of " +
+                         std::to_string(p.topk_fraction) + " (must be 0)");
+  }
   if (topk && !(p.topk_fraction > 0 && p.topk_fraction < 1)) {
     return Status::Error(std::string(who) + ": top-k fraction " + std::to_string(p.topk_fraction) +
                          " is not 0 (dense) or in (0, 1)");
@@ -208,7 +214,17 @@ Status CheckPayloadInfo(const PayloadInfo& p, const ParseOptions& o, std::string
     }
     end_prev = t.offset + t.numel;
     const uint64_t dense = EncodedBytes(p.codec, t.numel, p.block_size);
-    if (!topk) {
+    if (chunked) {
+      // keep and bits are in the tensor's header: bounded here by keep 1 at 2 bits and keep = the
+      // chunk at 8 bits; Decode checks the exact size.
+      const uint64_t lo = TopkChunkedBytes(t.numel, p.block_size, 1, 2);
+      const uint64_t hi = TopkChunkedBytes(t.numel, p.block_size, p.block_size, 8);
+      if (t.encoded_bytes < lo || t.encoded_bytes > hi) {
+        return Status::Error(tw + " declares " + Str(t.encoded_bytes) + " bytes for topk_chunked of " +
+                             Str(t.numel) + " values (chunk " + std::to_string(p.block_size) + "); valid: " +
+                             Str(lo) + ".." + Str(hi));
+      }
+    } else if (!topk) {
       if (t.encoded_bytes != dense) {
         return Status::Error(tw + " declares " + Str(t.numel) + " " + codec + " values" +
                              (CodecUsesBlocks(p.codec) ? " (block " + std::to_string(p.block_size) + ")" : std::string()) +

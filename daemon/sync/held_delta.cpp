@@ -28,7 +28,7 @@ HeldDelta HoldValues(const Fragment& fragment, std::span<const float> values) {
 Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
                    std::span<const std::span<const uint8_t>> chunks, std::span<const uint64_t> tensor_bytes,
                    HeldDelta* held, TaskPool* pool) {
-  DL_RETURN_IF_ERROR(ValidateCodecOptions(codec));
+  DL_RETURN_IF_ERROR(ValidateDecodeOptions(codec));
   const size_t R = fragment.ranges.size();
   if (tensor_bytes.size() != R)
     return Status::Error(std::to_string(tensor_bytes.size()) + " tensors for " + std::to_string(R) + " ranges");
@@ -38,7 +38,7 @@ Status HoldPayload(const Fragment& fragment, const CodecOptions& codec,
   h.payload_at.clear();
   h.values.clear();
   h.range_norms.clear();
-  if (codec.topk_fraction != 0 || codec.kind == CodecKind::kFp32) {
+  if (IsSparseCodec(codec) || codec.kind == CodecKind::kFp32) {
     h.codec = CodecOptions{CodecKind::kFp32, codec.block_size, 0};
     h.values.resize(fragment.numel);
     DL_RETURN_IF_ERROR(DecodeTensors(codec, chunks, FragmentNumels(fragment), tensor_bytes, h.values));

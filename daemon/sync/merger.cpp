@@ -65,7 +65,7 @@ FragmentMerger::FragmentMerger(const SyncConfig& sync)
     : sync_(sync),
       down_codec_(DownlinkCodec(sync)),
       pool_(std::max(1, sync.merge_threads)),
-      down_ef_(down_codec_) {}
+      down_ef_(down_codec_, LinkFeedback(sync)) {}
 
 Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
                              const std::vector<PendingDelta>& pending, FragmentGlobal* fg, MergeOutcome* out) {
@@ -129,11 +129,11 @@ Status FragmentMerger::Merge(const Fragment& fragment, uint32_t fragment_index,
     crcs[i] = Crc32c(fg->theta.data() + p.offset, p.n * sizeof(float));
   };
   const std::string context = "syncer: encoding the update of fragment " + std::to_string(fragment_index);
-  if (down_codec_.topk_fraction == 0) {
+  if (!IsSparseCodec(down_codec_)) {
     DL_RETURN_IF_ERROR(down_ef_.EncodeInPieces(fragment_index, numels, outer_step, apply, &out->payload,
                                                &out->tensor_bytes, &pool_)
                            .WithContext(context));
-  } else {  // top-k picks over whole tensors: the update in place, then its encoding, then Θ
+  } else {  // (chunked) top-k picks over whole tensors: the update in place, then its encoding, then Θ
     RunTasks(&pool_, pieces.size(), [&](size_t i, int) { outer_step(i, pieces[i], merged + pieces[i].offset); });
     DL_RETURN_IF_ERROR(down_ef_.Encode(fragment_index, std::span<const float>(merged, n), numels, &out->payload,
                                        &out->tensor_bytes, &pool_)

@@ -34,13 +34,18 @@ PayloadInfo FragmentPayloadInfo(const Fragment& fragment, const CodecOptions& co
   return info;
 }
 
-CodecOptions UplinkCodec(const SyncConfig& sync) {
-  return {sync.codec.up, sync.codec.block, sync.codec.up_topk};
+namespace {
+CodecOptions LinkCodec(const SyncConfig& sync, CodecKind kind, double topk) {
+  if (kind == CodecKind::kTopkChunked) return {kind, sync.codec.chunk, 0, sync.codec.keep, sync.codec.bits};
+  return {kind, sync.codec.block, topk};
 }
+}  // namespace
 
-CodecOptions DownlinkCodec(const SyncConfig& sync) {
-  return {sync.codec.down, sync.codec.block, sync.codec.down_topk};
-}
+CodecOptions UplinkCodec(const SyncConfig& sync) { return LinkCodec(sync, sync.codec.up, sync.codec.up_topk); }
+
+CodecOptions DownlinkCodec(const SyncConfig& sync) { return LinkCodec(sync, sync.codec.down, sync.codec.down_topk); }
+
+FeedbackOptions LinkFeedback(const SyncConfig& sync) { return {sync.codec.feedback, sync.codec.decay}; }
 
 Status CheckFragmentPayload(const Fragment& fragment, const PayloadInfo& info, std::vector<uint64_t>* tensor_bytes) {
   if (info.tensors.size() != fragment.ranges.size())

@@ -37,6 +37,8 @@ PayloadInfo FragmentPayloadInfo(const Fragment& fragment, const CodecOptions& co
 // The run config's codecs of the uplink (deltas) and the downlink (updates): sync.codec.*.
 CodecOptions UplinkCodec(const SyncConfig& sync);
 CodecOptions DownlinkCodec(const SyncConfig& sync);
+// Error feedback of both links' senders (sync.codec.feedback / decay).
+FeedbackOptions LinkFeedback(const SyncConfig& sync);
 // Checks that a payload describes exactly the fragment's ranges; *tensor_bytes: their encoded sizes.
 Status CheckFragmentPayload(const Fragment& fragment, const PayloadInfo& info, std::vector<uint64_t>* tensor_bytes);
 // Decodes a payload that must describe exactly the fragment's ranges into out (fragment.numel).

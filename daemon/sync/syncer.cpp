@@ -492,7 +492,8 @@ void Syncer::Impl::Loop::HandleDelta(int learner, const ParsedMessage& m, SyncTi
   std::vector<uint64_t> tensor_bytes;
   Status st = CheckFragmentPayload(frag, d.payload, &tensor_bytes);
   if (st.ok()) {
-    const bool as_values = d.payload.topk_fraction != 0 || d.payload.codec == CodecKind::kFp32;
+    const bool as_values = d.payload.topk_fraction != 0 || d.payload.codec == CodecKind::kFp32 ||
+                           d.payload.codec == CodecKind::kTopkChunked;
     a.held = recycler_.Take(as_values ? 0 : m.payload_size(), as_values ? frag.numel : 0);
   }
   if (st.ok())

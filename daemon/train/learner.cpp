@@ -253,7 +253,7 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
       ledger_(P_, sc_.fold, sc_.max_staleness),
       bases_(P_),
       up_codec_(UplinkCodec(sc_)),
-      up_topk_ef_(up_codec_),
+      up_topk_ef_(up_codec_, LinkFeedback(sc_)),
       block_after_(sc_.mode == SyncMode::kDiloco      ? 0
                    : sc_.mode == SyncMode::kStreaming ? sc_.overlap
                                                       : std::numeric_limits<long>::max()),
@@ -574,12 +574,13 @@ Status LearnerLoop::SendDelta(int p, long at_step) {
 }
 
 // Δ = base − θ (θ at send is kept where the parameters live), encoded with error feedback:
-// dense codecs by the backend; top-k on the host from the backend's exact fp32 Δ + residual,
-// whose residual is then zero (fp32 loses nothing), the top-k one kept in up_topk_ef_. false
-// when a value is not finite.
+// dense codecs with the plain residual by the backend; sparse codecs (top-k, topk_chunked) and the
+// decaying accumulator (sync.codec.feedback: accumulate) on the host from the backend's exact fp32
+// Δ + residual, whose residual is then zero (fp32 loses nothing), the host one kept in
+// up_topk_ef_. false when a value is not finite.
 Status LearnerLoop::EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes,
                                  bool* encoded) {
-  if (up_codec_.topk_fraction == 0)
+  if (!IsSparseCodec(up_codec_) && up_topk_ef_.feedback().rule == FeedbackRule::kResidual)
     return outer_.EncodeDelta(p, SyncCodecOf(up_codec_.kind), up_codec_.block_size, payload, tensor_bytes, encoded)
         .WithContext(me_);
   DL_RETURN_IF_ERROR(
@@ -677,7 +678,7 @@ Status LearnerLoop::ApplyGlobal(const ParsedMessage& m) {
   ApplyUpdate(scratch_.data(), frag.numel, base.data());
   // A dense update is applied from its encoded bytes (on a GPU only those cross); a top-k one,
   // which the backend does not decode, from its decoded values (scratch_) as an fp32 payload.
-  const bool topk = g->payload.topk_fraction != 0;
+  const bool topk = g->payload.topk_fraction != 0 || g->payload.codec == CodecKind::kTopkChunked;
   if (!topk) ContiguousPayload(m, &contiguous_);
   const uint8_t* update = topk ? reinterpret_cast<const uint8_t*>(scratch_.data()) : contiguous_.data();
   const size_t update_bytes = topk ? frag.numel * sizeof(float) : contiguous_.size();

@@ -87,15 +87,15 @@ Status MakeShape(const RunConfig& cfg, PlanShape* s) {
     uint64_t up_bytes = 0, down_bytes = 0, device_bytes = 0;
     for (const FragmentRange& r : f.ranges) {
       // With up top-k the backend hands Δ over in fp32; the host encodes it.
-      up_bytes += sc.codec.up_topk > 0 ? r.numel * kF32 : EncodedBytes(sc.codec.up, r.numel, sc.codec.block);
-      down_bytes += sc.codec.down_topk > 0 ? 0 : EncodedBytes(sc.codec.down, r.numel, sc.codec.block);
+      up_bytes += IsSparseCodec(up) ? r.numel * kF32 : EncodedBytes(sc.codec.up, r.numel, sc.codec.block);
+      down_bytes += IsSparseCodec(down) ? 0 : EncodedBytes(sc.codec.down, r.numel, sc.codec.block);
       device_bytes += AlignedPayloadBytes(r.numel);
     }
-    if (sc.codec.down_topk > 0) down_bytes = MaxEncodedBytes(down, f.numel);
+    if (IsSparseCodec(down)) down_bytes = MaxEncodedBytes(down, f.numel);
     s->up_payload = std::max(s->up_payload, up_bytes);
     s->down_payload = std::max(s->down_payload, down_bytes);
     s->device_payload = std::max(s->device_payload, device_bytes);
-    if (sc.codec.up_topk > 0) s->topk_payload = std::max<uint64_t>(s->topk_payload, MaxEncodedBytes(up, f.numel));
+    if (IsSparseCodec(up)) s->topk_payload = std::max<uint64_t>(s->topk_payload, MaxEncodedBytes(up, f.numel));
   }
   return Status::Ok();
 }

@@ -40,7 +40,8 @@ sync:
   merge: mean
   fold: mix
   alpha: 0.75
-  codec: {up: fp32, down: bf16, block: 128, up_topk: 0.25, down_topk: 0.5}
+  codec: {up: fp32, down: bf16, block: 128, up_topk: 0.25, down_topk: 0.5, chunk: 1024, keep: 32, bits: 4,
+          feedback: accumulate, decay: 0.9}
   outer:
     lr: 1.0
     momentum: 0.8
@@ -100,7 +101,8 @@ TEST_CASE("every sync key is read and the YAML form round-trips", "[unit][config
   CHECK(s.merge == MergeRule::kMean);
   CHECK(s.fold == FoldRule::kMix);
   CHECK(s.alpha == 0.75);
-  CHECK(s.codec == CodecConfig{CodecKind::kFp32, CodecKind::kBf16, 128, 0.25, 0.5});
+  CHECK(s.codec ==
+        CodecConfig{CodecKind::kFp32, CodecKind::kBf16, 128, 0.25, 0.5, 1024, 32, 4, FeedbackRule::kAccumulate, 0.9});
   CHECK(s.outer == OuterConfig{1.0, 0.8});
   CHECK(s.link == LinkConfig{100, 20, 5, 0.01});
   CHECK(s.heartbeat_timeout_ms == 1500);
@@ -246,7 +248,7 @@ TEST_CASE("nested values of the wrong type or spelling say what is expected", "[
         "run.yaml:4:9: sync.mode: expected one of ddp, diloco, streaming, decoupled, got 'fast'");
   CHECK_THAT(ErrorOf(head + "  mode: decoupld\n"), EndsWith("did you mean 'decoupled'?"));
   CHECK(ErrorOf(kMinimal, {"sync.codec.up=in4"}) ==
-        "--set sync.codec.up=in4: sync.codec.up: expected one of fp32, bf16, int8, int4, got "
+        "--set sync.codec.up=in4: sync.codec.up: expected one of fp32, bf16, int8, int4, topk_chunked, got "
         "'in4'; did you mean 'int4'?");
   CHECK_THAT(ErrorOf(kMinimal, {"sync.weighting=[tokens]"}),
              StartsWith("--set sync.weighting=[tokens]: sync.weighting: expected one of tokens, "
@@ -322,6 +324,14 @@ TEST_CASE("invalid sync values name the key and the limit", "[unit][config]") {
        "sync.codec.up_topk: must be 0 (dense) or in (0, 1) (the share of each tensor's values sent), got 1"},
       {{"sync.codec.down_topk=-0.1"},
        "sync.codec.down_topk: must be 0 (dense) or in (0, 1) (the share of each tensor's values sent), got -0.1"},
+      {{"sync.codec.chunk=4095"}, "sync.codec.chunk: must be even, in [2, 65536] (values per topk_chunked chunk), got 4095"},
+      {{"sync.codec.keep=0"}, "sync.codec.keep: must be >= 1 (values kept of each chunk), got 0"},
+      {{"sync.codec.chunk=32"}, "sync.codec.keep: 64 is greater than sync.codec.chunk 32; keep fewer values or use larger chunks"},
+      {{"sync.codec.bits=3"}, "sync.codec.bits: must be 2, 4 or 8 (bits of each kept value), got 3"},
+      {{"sync.codec.decay=0"}, "sync.codec.decay: must be in (0, 1] (the accumulator's decay), got 0"},
+      {{"sync.codec.decay=1.5"}, "sync.codec.decay: must be in (0, 1] (the accumulator's decay), got 1.5"},
+      {{"sync.codec.up=topk_chunked", "sync.codec.up_topk=0.1"},
+       "sync.codec.up_topk: must be 0 with sync.codec.up: topk_chunked (it picks its own values)"},
       {{"sync.outer.lr=0"}, "sync.outer.lr: must be > 0, got 0"},
       {{"sync.outer.momentum=1"}, "sync.outer.momentum: must be in [0, 1), got 1"},
       {{"sync.link.bandwidth_mbps=-1"},

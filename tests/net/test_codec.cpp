@@ -101,6 +101,8 @@ TEST_CASE("codec: relative L2 error per message on Gaussian data", "[unit][net]"
           break;
         // The 12% target at every block size (the Lloyd-Max levels: ~8.5% at 32, 9.0% at 64,
         // 9.6% at 128, 10.3% at 256; a uniform grid of +-7 steps had 11.2% / 12.2% / 13.6%).
+        case CodecKind::kTopkChunked:  // not in kAllKinds (sparse: its own tests below)
+          break;
         case CodecKind::kInt4:
           CHECK(worst <= 0.12);
           break;
@@ -583,6 +585,286 @@ TEST_CASE("codec: EncodedBytes matches the layout for every size and block", "[u
   for (CodecKind kind : kAllKinds)
     for (size_t block : {2, 32, 64, 128, 256, 4096})
       for (size_t n = 0; n < 600; ++n) REQUIRE(EncodedBytes(kind, n, int(block)) == ExpectedDenseBytes(kind, n, block));
+}
+
+}  // namespace diloco
+
+// ---- topk_chunked ----
+
+namespace diloco {
+namespace {
+
+CodecOptions Chunked(int chunk, int keep, int bits) { return {CodecKind::kTopkChunked, chunk, 0, keep, bits}; }
+
+// The value a kept x decodes to, by the pinned rule (kernels/sync_sparse.h), from its chunk's
+// bin width w.
+float ChunkedLevel(float x, float w, int bits) {
+  const int L = 1 << bits;
+  const float inv = 1.0f / w;
+  const float u = std::clamp(std::floor(x * inv), -float(L / 2), float(L / 2 - 1));
+  return (u + 0.5f) * w;
+}
+
+}  // namespace
+
+TEST_CASE("codec: topk_chunked keeps each chunk's largest, sizes exact", "[unit][net]") {
+  for (int chunk : {2, 64, 100, 4096}) {
+    for (int keep : {1, 3, 64}) {
+      if (keep > chunk) continue;
+      for (int bits : {2, 4, 8}) {
+        for (size_t n : {size_t{1}, size_t{95}, size_t(chunk), size_t(chunk) + 1, size_t(3 * chunk + 37)}) {
+          const CodecOptions opt = Chunked(chunk, keep, bits);
+          REQUIRE(ValidateCodecOptions(opt).ok());
+          const std::vector<float> x = Gaussian(n, 100 + n + chunk + keep + bits);
+          std::vector<uint8_t> p;
+          const std::vector<float> y = RoundTrip(opt, x, &p);
+          INFO("chunk " << chunk << " keep " << keep << " bits " << bits << " n " << n);
+          REQUIRE(p.size() == TopkChunkedBytes(n, chunk, keep, bits));
+          REQUIRE(p.size() == MaxEncodedBytes(opt, n));
+          std::vector<uint8_t> again;
+          REQUIRE(Encode(opt, x, &again).ok());
+          REQUIRE(again == p);  // deterministic
+          for (size_t lo = 0; lo < n; lo += chunk) {
+            const size_t len = std::min<size_t>(chunk, n - lo);
+            const size_t kc = std::min(len, std::max<size_t>(1, (size_t(keep) * len + chunk - 1) / chunk));
+            // The kc largest |x| (ties to the lower index), by sorting.
+            std::vector<size_t> order(len);
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(),
+                             [&](size_t a, size_t b) { return std::fabs(x[lo + a]) > std::fabs(x[lo + b]); });
+            std::vector<size_t> kept(order.begin(), order.begin() + kc);
+            std::sort(kept.begin(), kept.end());
+            double ss = 0;
+            for (size_t i : kept) ss += double(x[lo + i]) * double(x[lo + i]);
+            const float w = float(std::sqrt(ss / double(kc)) * (2.0 * 1.25 / (1 << bits)));
+            std::vector<float> want(len, 0.0f);
+            for (size_t i : kept) want[i] = ChunkedLevel(x[lo + i], w, bits);
+            for (size_t i = 0; i < len; i++) REQUIRE(y[lo + i] == want[i]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("codec: topk_chunked layout by hand", "[unit][net]") {
+  // chunk 8 (3-bit indices), keep 2, 2 bits; 10 values: a full chunk keeping 2, then a chunk of 2
+  // keeping ceil(2 * 2 / 8) = 1.
+  const std::vector<float> x = {0.1f, -4.0f, 0.5f, 4.0f, 0.0f, -0.2f, 1.0f, 0.3f, 2.0f, -3.0f};
+  std::vector<uint8_t> p;
+  REQUIRE(Encode(Chunked(8, 2, 2), x, &p).ok());
+  REQUIRE(p.size() == 8 + (4 + 1 + 1) + (4 + 1 + 1));
+  CHECK(p[0] == 1);
+  CHECK(p[1] == 2);
+  CHECK(p[2] == 0);
+  CHECK(p[3] == 0);
+  uint32_t keep;
+  std::memcpy(&keep, p.data() + 4, 4);
+  CHECK(keep == 2);
+  // Chunk 0 keeps indices 1 and 3 (|x| = 4, the tie goes to the lower index first, both kept):
+  // sigma = 4, w = 4 * 2.5 / 4 = 2.5; codes floor(-4 / 2.5) = -2 -> 0, floor(4 / 2.5) = 1 -> 3.
+  float w;
+  std::memcpy(&w, p.data() + 8, 4);
+  CHECK(w == 2.5f);
+  CHECK(p[12] == (1 | (3 << 3)));  // indices 1, 3 in 3 bits each, LSB first; pad 0
+  CHECK(p[13] == (0 | (3 << 2)));  // codes 0, 3
+  // Chunk 1 keeps index 1 (-3): sigma 3, w = 1.875, code floor(-3 / 1.875) = -2 -> 0.
+  std::memcpy(&w, p.data() + 14, 4);
+  CHECK(w == 1.875f);
+  CHECK(p[18] == 1);
+  CHECK(p[19] == 0);
+  std::vector<float> y(x.size());
+  REQUIRE(Decode(Chunked(8, 2, 2), p, y).ok());
+  CHECK(y == std::vector<float>{0, -3.75f, 0, 3.75f, 0, 0, 0, 0, 0, -2.8125f});
+
+  // Ties by index: equal magnitudes keep the lowest indices.
+  const std::vector<float> flat(16, -1.0f);
+  REQUIRE(Encode(Chunked(16, 3, 4), flat, &p).ok());
+  REQUIRE(Decode(Chunked(16, 3, 4), p, std::span<float>(y.data(), 0)).ok() == false);  // wrong length
+  std::vector<float> z(16);
+  REQUIRE(Decode(Chunked(16, 3, 4), p, z).ok());
+  for (size_t i = 0; i < 16; i++) CHECK((z[i] != 0) == (i < 3));
+
+  // A zero chunk: bin width 0, neutral codes, zeros out.
+  const std::vector<float> zeros(8, 0.0f);
+  REQUIRE(Encode(Chunked(8, 2, 2), zeros, &p).ok());
+  std::memcpy(&w, p.data() + 8, 4);
+  CHECK(w == 0.0f);
+  CHECK(p[13] == (2 | (2 << 2)));
+  std::vector<float> out(8, 7.0f);
+  REQUIRE(Decode(Chunked(8, 2, 2), p, out).ok());
+  for (float v : out) CHECK(v == 0.0f);
+}
+
+TEST_CASE("codec: topk_chunked at the defaults: 0.0283 bytes a parameter", "[unit][net]") {
+  const size_t n = size_t{4096} * 256;
+  const std::vector<float> x = Gaussian(n, 31);
+  const CodecOptions opt = Chunked(4096, 64, 2);
+  std::vector<uint8_t> p;
+  const std::vector<float> y = RoundTrip(opt, x, &p);
+  const double per_param = double(p.size()) / double(n);
+  // 0.02832: 12-bit indices + 2-bit codes + an f32 width per 4096 values (+ the 8-byte header)
+  CHECK(per_param == Approx(116.0 / 4096 + 8.0 / n).epsilon(1e-9));
+  CHECK(per_param < 0.0284);
+  // Of N(0, 1) the top 64 of 4096 hold ~12% of the energy; 2-bit codes lose 12% of that.
+  const double err = RelL2(x, y);
+  CHECK(err > 0.9);
+  CHECK(err < 0.95);
+  CHECK(ValidateCodecOptions(Chunked(4096, 0, 2)).message().find("keep 0") != std::string::npos);
+  CHECK(ValidateCodecOptions(Chunked(4096, 4097, 2)).message().find("keep 4097") != std::string::npos);
+  CHECK(ValidateCodecOptions(Chunked(4096, 64, 3)).message().find("value bits 3") != std::string::npos);
+  CHECK(!ValidateCodecOptions(Chunked(4095, 64, 2)).ok());
+  CHECK(!ValidateCodecOptions({CodecKind::kTopkChunked, 4096, 0.1, 64, 2}).ok());
+  std::vector<float> bad = Gaussian(5000, 3);
+  bad[4321] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THAT(Encode(opt, bad, &p).message(), Catch::Contains("index 4321"));
+  CHECK(p.empty());
+}
+
+TEST_CASE("codec: corrupted topk_chunked payloads are rejected, never decoded to garbage", "[unit][net]") {
+  const std::vector<float> x = Gaussian(300, 9);
+  const CodecOptions opt = Chunked(128, 8, 2);  // chunks 128, 128, 44 (keep 8, 8, 3); 7-bit indices
+  std::vector<uint8_t> good;
+  REQUIRE(Encode(opt, x, &good).ok());
+  const size_t rec = 4 + 7 + 2;  // 8 * 7 bits, 8 * 2 bits
+  REQUIRE(good.size() == 8 + 2 * rec + (4 + 3 + 1));
+  std::vector<float> y(x.size());
+  auto with = [&](size_t at, uint8_t value) {
+    std::vector<uint8_t> p = good;
+    p.at(at) = value;
+    return Decode(opt, p, y);
+  };
+  CHECK_THAT(with(0, 2).message(), Catch::Contains("unknown format 2"));
+  CHECK_THAT(with(1, 3).message(), Catch::Contains("value bits 3"));
+  CHECK_THAT(with(2, 1).message(), Catch::Contains("reserved"));
+  CHECK_THAT(with(4, 0).message(), Catch::Contains("keeps 0"));
+  CHECK_THAT(with(4, 200).message(), Catch::Contains("keeps 200"));
+  CHECK_THAT(with(4, 9).message(), Catch::Contains("bytes, but"));   // keep 9: another size
+  CHECK_THAT(with(1, 4).message(), Catch::Contains("bytes, but"));   // 4 bits: another size
+  CHECK_THAT(with(8 + 3, 0x80).message(), Catch::Contains("bin width"));  // negative width
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 3e38f}) {
+    std::vector<uint8_t> p = good;  // NaN, Inf, or so large that 1.5 w overflows
+    std::memcpy(p.data() + 8, &bad, 4);
+    CHECK_THAT(Decode(opt, p, y).message(), Catch::Contains("bin width"));
+  }
+  CHECK_THAT(with(8 + 4, 0xff).message(), Catch::Contains("index"));      // first index 127, then smaller
+  CHECK_THAT(with(8 + rec + 4, 0xff).message(), Catch::Contains("chunk at value 128"));
+  {
+    std::vector<uint8_t> p = good;  // the last chunk's index 43 < 44 at most: write 127
+    p[8 + 2 * rec + 4] = 0x7f;
+    CHECK_THAT(Decode(opt, p, y).message(), Catch::Contains("index"));
+  }
+  {
+    std::vector<uint8_t> p = good;  // pad bits of the last chunk's codes (3 x 2 bits of 8)
+    p.back() |= 0x80;
+    CHECK_THAT(Decode(opt, p, y).message(), Catch::Contains("pad"));
+  }
+  {
+    std::vector<uint8_t> p = good;  // a zero chunk with codes that are not neutral
+    std::memset(p.data() + 8, 0, 4);
+    const Status st = Decode(opt, p, y);
+    if (!st.ok()) CHECK_THAT(st.message(), Catch::Contains("zero chunk"));
+  }
+  {
+    std::vector<uint8_t> p = good;
+    p.pop_back();
+    CHECK_THAT(Decode(opt, p, y).message(), Catch::Contains("bytes, but"));
+    p.resize(5);
+    CHECK_THAT(Decode(opt, p, y).message(), Catch::Contains("header"));
+  }
+  // Random mutations: a Status either way, and whatever decodes is finite with at most the kept
+  // count of nonzeros.
+  std::mt19937 rng(12);
+  int rejected = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<uint8_t> p = good;
+    const int flips = 1 + int(rng() % 3);
+    for (int f = 0; f < flips; ++f) p[rng() % p.size()] ^= uint8_t(1u << (rng() % 8));
+    if (trial % 10 == 0) p.resize(rng() % p.size());
+    if (Decode(opt, p, y).ok()) {
+      size_t nonzero = 0;
+      for (float v : y) {
+        REQUIRE(std::isfinite(v));
+        nonzero += v != 0;
+      }
+      REQUIRE(nonzero <= 19);
+    } else {
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 300);
+}
+
+TEST_CASE("codec: error feedback as a decaying accumulator", "[unit][net]") {
+  const size_t n = 5000;
+  for (const CodecOptions& opt : {CodecOptions{CodecKind::kInt4, 64, 0}, Chunked(1024, 16, 2)}) {
+    // decay 1 is the plain residual, bit for bit.
+    ErrorFeedback plain(opt), acc1(opt, {FeedbackRule::kAccumulate, 1.0});
+    ErrorFeedback acc(opt, {FeedbackRule::kAccumulate, 0.95});
+    std::vector<float> e(n, 0.0f);  // the accumulator by hand
+    std::vector<float> sent_sum(n, 0.0f), true_sum(n, 0.0f);
+    for (int round = 0; round < 6; round++) {
+      const std::vector<float> d = Gaussian(n, 50 + round, 0.01f);
+      std::vector<uint8_t> p1, p2, p3;
+      REQUIRE(plain.Encode(0, d, &p1).ok());
+      REQUIRE(acc1.Encode(0, d, &p2).ok());
+      REQUIRE(p1 == p2);
+      REQUIRE(std::equal(plain.residual(0).begin(), plain.residual(0).end(), acc1.residual(0).begin()));
+      for (size_t i = 0; i < n; i++) {
+        volatile float decayed = 0.95f * e[i];  // two roundings, no FMA
+        e[i] = decayed + d[i];
+      }
+      REQUIRE(acc.Encode(0, d, &p3).ok());
+      std::vector<uint8_t> want;
+      REQUIRE(Encode(opt, e, &want).ok());
+      REQUIRE(p3 == want);  // C(e)
+      std::vector<float> dec(n);
+      REQUIRE(Decode(opt, p3, dec).ok());
+      for (size_t i = 0; i < n; i++) e[i] = e[i] - dec[i];
+      REQUIRE(std::equal(e.begin(), e.end(), acc.residual(0).begin()));  // e - decode(C(e))
+    }
+  }
+  // Pieces over a pool: the same bytes and accumulator as one tensor at a time.
+  TaskPool pool(3);
+  const CodecOptions opt{CodecKind::kInt8, 64, 0};
+  const FeedbackOptions fb{FeedbackRule::kAccumulate, 0.9};
+  ErrorFeedback one(opt, fb), pieces(opt, fb);
+  const std::vector<uint64_t> numels = {40000, 123};
+  for (int round = 0; round < 3; round++) {
+    const std::vector<float> d = Gaussian(40123, 70 + round);
+    std::vector<uint8_t> a, b;
+    std::vector<uint64_t> ta, tb;
+    REQUIRE(one.Encode(1, d, numels, &a, &ta).ok());
+    REQUIRE(pieces.Encode(1, d, numels, &b, &tb, &pool).ok());
+    REQUIRE(a == b);
+    REQUIRE(std::equal(one.residual(1).begin(), one.residual(1).end(), pieces.residual(1).begin()));
+  }
+}
+
+TEST_CASE("codec: topk_chunked over several tensors", "[unit][net]") {
+  const CodecOptions opt = Chunked(4096, 64, 2);
+  const std::vector<uint64_t> numels = {10000, 96, 4096};
+  const std::vector<float> x = Gaussian(10000 + 96 + 4096, 77);
+  std::vector<uint8_t> p;
+  std::vector<uint64_t> tb;
+  REQUIRE(EncodeTensors(opt, x, numels, &p, &tb).ok());
+  size_t total = 0;
+  for (size_t t = 0; t < numels.size(); t++) {
+    CHECK(tb[t] == TopkChunkedBytes(numels[t], 4096, 64, 2));
+    total += tb[t];
+  }
+  CHECK(p.size() == total);
+  std::vector<float> y(x.size());
+  // The decoder's options come from the wire: keep and bits are in the payload.
+  REQUIRE(DecodeTensors({CodecKind::kTopkChunked, 4096, 0}, p, numels, tb, y).ok());
+  std::vector<float> z(x.size());
+  size_t at = 0, off = 0;
+  for (size_t t = 0; t < numels.size(); t++) {
+    REQUIRE(Decode(opt, std::span(p.data() + at, tb[t]), std::span(z.data() + off, numels[t])).ok());
+    at += tb[t];
+    off += numels[t];
+  }
+  CHECK(y == z);
 }
 
 }  // namespace diloco

@@ -407,7 +407,8 @@ bool Fuzzer::BreakMessage(Sample* x, RawOverrides* raw, ParseOptions* o, std::st
       break;
   }
   if (p != nullptr && rng() % 2) {
-    const bool topk = p->topk_fraction != 0;
+    // Top-k and topk_chunked sizes are bounded on the wire, not exact.
+    const bool topk = p->topk_fraction != 0 || p->codec == CodecKind::kTopkChunked;
     const size_t ti = Pick(rng, p->tensors.size());
     TensorDescriptor& t = p->tensors[ti];
     uint64_t total = 0;
@@ -466,7 +467,7 @@ bool Fuzzer::BreakMessage(Sample* x, RawOverrides* raw, ParseOptions* o, std::st
         return true;
       case 9: {
         uint8_t c = static_cast<uint8_t>(rng());
-        if (c >= 1 && c <= 4) c = 0;
+        if (IsValidCodecKind(c)) c = 0;
         p->codec = static_cast<CodecKind>(c);
         *what = "codec";
         return true;

@@ -146,6 +146,13 @@ inline std::vector<Sample> AllSamples(std::mt19937_64& rng, uint64_t scale = 1) 
   dk.payload.tensors = {{"wte", 0, 4096 * scale, 16 + 4096 * scale / 8 + EncodedBytes(CodecKind::kInt4, 410 * scale, 64)}};
   add("learner-3", dk);
 
+  DeltaMsg dc = d4;  // topk_chunked, chunk 4096, keep 64, 2 bits: exact sizes (within the bounds)
+  dc.payload.codec = CodecKind::kTopkChunked;
+  dc.payload.block_size = 4096;
+  dc.payload.tensors = {{"wte", 0, 10000 * scale, TopkChunkedBytes(10000 * scale, 4096, 64, 2)},
+                        {"ln.b", 10000 * scale, 96, TopkChunkedBytes(96, 4096, 64, 2)}};
+  add("learner-0", dc);
+
   GlobalMsg g;
   g.fragment = 2;
   g.version = 8;

@@ -152,6 +152,26 @@ TEST_CASE("simulate: whole-tensor fragments of a model with one huge tensor peak
   CHECK(j["fragment_imbalance"].get<double>() == Approx(whole.fragment_imbalance));
 }
 
+TEST_CASE("simulate: topk_chunked payloads are sized by MaxEncodedBytes", "[sim]") {
+  TempDir dir;
+  dir.Write("corpus.txt", "not read by the simulator\n");
+  auto run = [&](const std::string& codec) {
+    dir.Write("run.yaml",
+              "model: {n_layer: 2, n_embd: 64, n_head: 4, block_size: 64, vocab_size: 4096}\n"
+              "data: {corpus: corpus.txt, format: tokens}\n"
+              "train: {batch_size: 8, steps: 200}\n"
+              "sync: {learners: 2, fragments: 4, inner_steps: 8, quorum: 2, codec: " + codec + "}\n");
+    return Run(dir.Write("sim.yaml", "run: run.yaml\nchips: 2\nhours: 0.25\nchip_mtbf_h: 0\nstep_s: 1\n"
+                                     "step_jitter: 0\nwan_window_s: 0\n"),
+               SimMode::kDecoupled);
+  };
+  const SimResult int4 = run("{up: int4, down: int4}");
+  const SimResult sparse = run("{up: topk_chunked, down: topk_chunked, chunk: 4096, keep: 64, bits: 2}");
+  // The same sends, each of ~91K values: 0.0283 against 0.5625 bytes a value (+ 8 bytes a payload).
+  INFO("int4 mean " << int4.mean_wan_gbps << ", topk_chunked mean " << sparse.mean_wan_gbps);
+  CHECK(sparse.mean_wan_gbps / int4.mean_wan_gbps == Approx((116.0 / 4096) / (0.5 + 4.0 / 64)).epsilon(0.03));
+}
+
 TEST_CASE("simulate: the merge throughput can come from a bench syncer output", "[sim]") {
   TempDir dir;
   const std::string plain = WriteScenario(dir, "learners: 2", "chips: 8\n");
