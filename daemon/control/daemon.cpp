@@ -254,20 +254,25 @@ struct Daemon::Impl {
     return config.site_hosts.size() > 1 ? config.site + " host " + std::to_string(config.host) : config.site;
   }
 
-  // Host h of this site (site_hosts), as a control target.
-  ControlTarget SiteHostTarget(int h, int timeout_ms) const {
+  // A daemon's control endpoint whose CURVE server key is server_key, as a control target.
+  ControlTarget TargetOf(const std::string& endpoint, const std::string& server_key, int timeout_ms) const {
     ControlTarget t;
-    t.endpoint = config.site_hosts[h].control;
+    t.endpoint = endpoint;
     t.sender = config.site;
     t.timeout_ms = timeout_ms;
     if (keys) {
       net::CurveOptions c;
       c.public_key_z85 = keys->public_z85;
       c.secret_key_z85 = keys->secret_z85;
-      c.server_public_key_z85 = config.site_hosts[h].public_key;
+      c.server_public_key_z85 = server_key;
       t.curve = c;
     }
     return t;
+  }
+
+  // Host h of this site (site_hosts), as a control target.
+  ControlTarget SiteHostTarget(int h, int timeout_ms) const {
+    return TargetOf(config.site_hosts[h].control, config.site_hosts[h].public_key, timeout_ms);
   }
 
   // A role of a learner whose ring spans train.hosts > 1 of this site's hosts: this host's place in
@@ -286,18 +291,7 @@ struct Daemon::Impl {
   }
 
   ControlTarget PeerTarget(const PeerConfig& peer, int timeout_ms) const {
-    ControlTarget t;
-    t.endpoint = peer.endpoints.control;
-    t.sender = config.site;
-    t.timeout_ms = timeout_ms;
-    if (keys) {
-      net::CurveOptions c;
-      c.public_key_z85 = keys->public_z85;
-      c.secret_key_z85 = keys->secret_z85;
-      c.server_public_key_z85 = peer.public_key;
-      t.curve = c;
-    }
-    return t;
+    return TargetOf(peer.endpoints.control, peer.public_key, timeout_ms);
   }
 
   Status CallPeer(const std::string& site, const std::string& name, const std::string& job_id,

@@ -14,121 +14,12 @@
 # learner; default 6000), NETNS_CHAOS_KEEP=1 keeps the cluster's directory after a pass too.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cluster=$root/scripts/netns-cluster.sh
-export DILOCO_BIN=${DILOCO_BIN:-$root/build/bin}
+test_name=netns_two_host
+ns_tag=dlch
+daemon_dirs=(site0 site1 site1h1 site2 site2h1)
+# shellcheck source=tests/cluster/netns_testing.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_testing.sh"
 steps=${NETNS_TWO_HOST_STEPS:-6000}
-t_start=$(date +%s)
-
-log() { echo "[$(date +%T)] netns_two_host: $*"; }
-
-# Skips (77) name what is missing.
-rc=0
-why=$("$cluster" check 2>&1) || rc=$?
-if [[ $rc -ne 0 ]]; then
-  if [[ $rc -eq 77 ]]; then
-    echo "SKIP: $why"
-    exit 77
-  fi
-  echo "$why" >&2
-  exit 1
-fi
-if ! command -v jq > /dev/null 2>&1; then
-  echo "SKIP: netns_two_host reads dilococtl's JSON with jq, which is not installed (apt-get install jq)"
-  exit 77
-fi
-for b in dilocod dilococtl; do
-  [[ -x "$DILOCO_BIN/$b" ]] || { echo "netns_two_host: no $DILOCO_BIN/$b: build the dilocod and dilococtl targets" >&2; exit 1; }
-done
-corpus=/usr/share/games/fortunes  # what the e2e tests train on (scripts/setup.sh installs it)
-[[ -d $corpus ]] || corpus=$root/../shared/data/tinyshakespeare.txt
-[[ -e $corpus ]] || { echo "netns_two_host: no corpus: install Debian's fortunes (scripts/setup.sh)" >&2; exit 1; }
-export DLC_DATA_ROOTS=$(dirname "$corpus")  # the sites may read the corpus, and only that
-
-# Clusters left behind by earlier runs that were killed before their trap ran (a ctest timeout):
-# their prefix carries the pid of the test that made them.
-for ns in $(ip netns list | awk '{print $1}' | grep -E '^dlch[0-9]+-hub$' || true); do
-  pid=${ns#dlch}
-  pid=${pid%-hub}
-  if ! kill -0 "$pid" 2> /dev/null; then
-    log "removing the cluster of an earlier run (prefix dlch$pid-)"
-    DLC_NETNS_PREFIX=dlch$pid- "$cluster" --dir "/tmp/netns-two-host-stale-$pid" down > /dev/null 2>&1 || true
-  fi
-done
-
-export DLC_NETNS_PREFIX=dlch$$-
-export DILOCOD_NETNS_DIR
-DILOCOD_NETNS_DIR=$(mktemp -d /tmp/netns-two-host.XXXXXX)
-dir=$DILOCOD_NETNS_DIR
-failures=0
-job=""
-last_status='{}'
-
-teardown() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [[ $rc -ne 0 || $failures -ne 0 ]]; then
-    echo "---- the end of each daemon's log ($dir) ----"
-    for s in site0 site1 site1h1 site2 site2h1; do
-      echo "== $s/dilocod.log"
-      tail -n 25 "$dir/$s/dilocod.log" 2> /dev/null || true
-    done
-    echo "== events.log"
-    cat "$dir/events.log" 2> /dev/null || true
-    if [[ -n $job ]]; then
-      echo "== dilococtl logs $job"
-      "$DILOCO_BIN/dilococtl" logs "$job" --tail 15 --socket "$dir/site0/state/control.sock" 2>&1 || true
-    fi
-  fi
-  "$cluster" down > /dev/null 2>&1 || "$cluster" down || true
-  if [[ $rc -eq 0 && $failures -eq 0 && -z ${NETNS_CHAOS_KEEP:-} ]]; then
-    rm -rf "$dir"
-  else
-    echo "netns_two_host: kept $dir (configs, state, logs)"
-  fi
-  log "took $(($(date +%s) - t_start)) s"
-  [[ $rc -ne 0 ]] && exit $rc
-  [[ $failures -eq 0 ]] || exit 1
-  exit 0
-}
-trap teardown EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# CHECK name condition-result: records a failure and goes on, so one run reports every broken
-# property. RESILIENCE marks properties of the daemons' fault handling (the thing under test).
-check() {
-  local what=$1 ok=$2
-  if [[ $ok == true ]]; then
-    log "ok: $what"
-  else
-    log "FAILED: $what"
-    failures=$((failures + 1))
-  fi
-}
-
-# The job's status through site0 as JSON ("" while site0 does not answer).
-status_json() { "$DILOCO_BIN/dilococtl" status "$1" --json --socket "$dir/site0/state/control.sock" 2> /dev/null || true; }
-
-# wait_for DESCRIPTION TIMEOUT_S JQ_FILTER: polls the job's status until the filter is true.
-wait_for() {
-  local what=$1 timeout=$2 filter=$3 deadline s
-  deadline=$(($(date +%s) + timeout))
-  while :; do
-    s=$(status_json "$job")
-    if [[ -n $s ]] && jq -e "$filter" <<< "$s" > /dev/null 2>&1; then
-      last_status=$s
-      return 0
-    fi
-    if [[ $(date +%s) -ge $deadline ]]; then
-      log "timed out after $timeout s waiting for $what; last status:"
-      "$cluster" status "$job" 2>&1 || true
-      return 1
-    fi
-    sleep 0.5
-  done
-}
 
 log "3 sites, learner sites of 2 hosts each, in namespaces ${DLC_NETNS_PREFIX}site*, $dir"
 export DLC_RING_TIMEOUT_MS=8000
