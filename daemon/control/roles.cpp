@@ -156,7 +156,7 @@ struct Role::Impl {
     double numel = 0;
     for (const Fragment& f : frags) numel += (double)f.numel;
     for (const Fragment& f : frags) go.fragment_weights.push_back((double)f.numel / numel);
-    go.tokens_per_step = (double)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size;
+    go.tokens_per_step = (double)LearnerTokensPerStep(cfg);
     go.inner_steps = cfg.sync.inner_steps;
     go.events_path = (fs::path(options.run_dir) / "events.log").string();
     go.start_unix_ms = UnixMsNow();

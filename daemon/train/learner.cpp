@@ -259,7 +259,7 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
                                                       : std::numeric_limits<long>::max()),
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
       step_(o.start_step),
-      tokens_per_step_((long)ring.world_ranks() * tc_.batch_size * cfg_.model.block_size),
+      tokens_per_step_((long)LearnerTokensPerStep(cfg_)),
       stretch_(cfg_, o.index) {
   progress_.index = o.index;
   progress_.device = ring.description();

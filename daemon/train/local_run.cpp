@@ -80,7 +80,7 @@ Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
   for (const MergedDelta& m : in.merged) end_s = std::max(end_s, m.time_s);
   for (const LostDelta& l : in.lost) end_s = std::max(end_s, l.time_s);
   in.wall_s = std::max(end_s, 1e-3);
-  const double tokens_per_step = (double)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size;
+  const double tokens_per_step = (double)LearnerTokensPerStep(cfg);
   double step_s = 0;
   for (int i = 0; i < M; i++) {
     double tokens = 0, compute_s = 0;

@@ -108,10 +108,14 @@ Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::stri
                        CheckDeviceAvailable(tc.device, learners * tc.ranks));
 }
 
-CountLimits CountLimitsOf(const RunConfig& config) {
+uint64_t LearnerTokensPerStep(const RunConfig& config) {
   const TrainConfig& tc = config.train;
-  return {(uint64_t)std::max(0, tc.steps),
-          (uint64_t)tc.hosts * (uint64_t)tc.ranks * (uint64_t)tc.batch_size * (uint64_t)config.model.block_size};
+  return (uint64_t)std::max(1, tc.hosts) * (uint64_t)tc.ranks * (uint64_t)tc.batch_size *
+         (uint64_t)config.model.block_size;
+}
+
+CountLimits CountLimitsOf(const RunConfig& config) {
+  return {(uint64_t)std::max(0, config.train.steps), LearnerTokensPerStep(config)};
 }
 
 LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads) {

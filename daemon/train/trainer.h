@@ -100,6 +100,9 @@ Status LearnerDevice(const TrainConfig& tc, int ordinal, int learners, std::stri
 // What the syncer checks a delta's counts against: train.steps, and the tokens of one learner
 // step (ranks × batch_size × block_size).
 CountLimits CountLimitsOf(const RunConfig& config);
+// The tokens one step of a learner takes: its whole ring (train.hosts x train.ranks ranks) of
+// train.batch_size sequences of model.block_size tokens.
+uint64_t LearnerTokensPerStep(const RunConfig& config);
 
 // Where a ring whose run keeps a checkpoint.bin (a single learner, ddp) starts: on resume, the
 // checkpoint's parameters, AdamW moments and step on every rank; else the GPT-2 init of
