@@ -45,22 +45,29 @@ size_t CodeBytes(SyncCodec kind, size_t values) {
   return 0;
 }
 
-// Copies a piece's encoding out of (to_piece) or into its range's whole encoding. The piece starts
-// at a whole block, and blocks are even, so its int4 codes start at a whole byte.
-void MovePiece(SyncCodec kind, size_t block, size_t n, Piece piece, uint8_t* whole, uint8_t* piece_bytes,
-               bool to_piece) {
-  const size_t blocks = (n + block - 1) / block;
-  const size_t scale_bytes = ScaleBytes(kind, (piece.count + block - 1) / block);
-  const size_t code_bytes = CodeBytes(kind, piece.count);
-  uint8_t* whole_scales = whole + ScaleBytes(kind, piece.lo / block);
-  uint8_t* whole_codes = whole + ScaleBytes(kind, blocks) + CodeBytes(kind, piece.lo);
-  if (to_piece) {
-    std::memcpy(piece_bytes, whole_scales, scale_bytes);
-    std::memcpy(piece_bytes + scale_bytes, whole_codes, code_bytes);
-  } else {
-    std::memcpy(whole_scales, piece_bytes, scale_bytes);
-    std::memcpy(whole_codes, piece_bytes + scale_bytes, code_bytes);
-  }
+// Where a piece's scales and codes lie in the whole encoding of its range of n values (offsets),
+// and how long they are. The piece starts at a whole block, and blocks are even, so its int4 codes
+// start at a whole byte.
+struct PieceBytes {
+  size_t scales_at, scale_bytes, codes_at, code_bytes;
+};
+PieceBytes PieceBytesOf(SyncCodec kind, size_t block, size_t n, Piece piece) {
+  return {ScaleBytes(kind, piece.lo / block), ScaleBytes(kind, (piece.count + block - 1) / block),
+          ScaleBytes(kind, (n + block - 1) / block) + CodeBytes(kind, piece.lo), CodeBytes(kind, piece.count)};
+}
+
+// The piece's own encoding (its scales, then its codes) from its range's whole encoding.
+void CopyPieceOut(SyncCodec kind, size_t block, size_t n, Piece piece, const uint8_t* whole, uint8_t* out) {
+  const PieceBytes b = PieceBytesOf(kind, block, n, piece);
+  std::memcpy(out, whole + b.scales_at, b.scale_bytes);
+  std::memcpy(out + b.scale_bytes, whole + b.codes_at, b.code_bytes);
+}
+
+// The piece's own encoding laid back where its range's whole encoding has it.
+void CopyPieceIn(SyncCodec kind, size_t block, size_t n, Piece piece, const uint8_t* in, uint8_t* whole) {
+  const PieceBytes b = PieceBytesOf(kind, block, n, piece);
+  std::memcpy(whole + b.scales_at, in, b.scale_bytes);
+  std::memcpy(whole + b.codes_at, in + b.scale_bytes, b.code_bytes);
 }
 
 // The commands rank 0 sends (ring_control.h); arguments in kRingArg0...
@@ -163,8 +170,7 @@ class OuterShard {
       for (size_t i = 0; i < fragments_[p].size(); i++) {
         const Piece piece = PieceOf(i, p, q);
         if (!piece.count) continue;
-        MovePiece(kind, block, fragments_[p][i].count, piece, payload->data() + range_at[i], const_cast<uint8_t*>(from),
-                  /*to_piece=*/false);
+        CopyPieceIn(kind, block, fragments_[p][i].count, piece, from, payload->data() + range_at[i]);
         from += sync_payload_bytes(kind, piece.count, block);
       }
     }
@@ -187,7 +193,7 @@ class OuterShard {
         if (const Piece piece = PieceOf(i, p); piece.count) {
           const size_t from = mine.size();
           mine.resize(from + sync_payload_bytes(kind, piece.count, block));
-          MovePiece(kind, block, n, piece, const_cast<uint8_t*>(at), mine.data() + from, /*to_piece=*/true);
+          CopyPieceOut(kind, block, n, piece, at, mine.data() + from);
         }
         at += range_bytes;
       }
