@@ -160,6 +160,12 @@ TEST_CASE("the cuda plan: 18 B/param unsharded, the sharded rows modelled", "[un
 }
 
 TEST_CASE("dilococtl plan: planned total within 10% of the measured peak RSS on the cpu", "[e2e][plan]") {
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer adds shadow memory (1/8 of what is touched), redzones and a quarantine to the
+  // process: its RSS is not the engine's. Measured in the plain build only.
+  WARN("skipped under AddressSanitizer: peak RSS includes the sanitizer's own memory");
+  return;
+#endif
   const fs::path dir = MakeWorkDir("rss");
   const std::string common = " --set train.steps=2 --set eval.batches=1 --set train.threads=2";
   // The process's fixed overhead (binary, libraries, corpus, allocator, threads), which the plan
