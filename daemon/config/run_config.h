@@ -11,6 +11,8 @@
 //   sync:   {mode: decoupled, learners: 1, grace: {gamma: 0.5, cap_ms: 2000}, ...}
 //   learners: [{slowdown: 3}, ...]
 //   placement: {syncer: site-s, learners: [site-a, site-b]}   # jobs submitted to dilocod
+//   timing: {step_ms: 1000, step_jitter: 0.05, heartbeat_ms: 200, merge_gbps: 10, seed: 1,
+//            link: {bandwidth_mbps: 1000, latency_ms: 30, jitter_ms: 0, loss: 0}}  # sync.clock: virtual
 //   chaos:  {seed: 1, events: [{at_s: 30, kill: {learner: 1, restart_after_s: 10}}, ...],
 //            random: {mtbf_s: 0, mttr_s: 10, from_s: 0, until_s: 0}}   # faults on purpose
 //
@@ -119,6 +121,20 @@ struct EvalConfig {
   bool operator==(const EvalConfig&) const = default;
 };
 
+// The virtual clock's deployment (sync.clock: virtual; validated always, used only then): what
+// the seeded discrete-event scheduler takes as the time of each step, message and merge. The
+// model maths runs for real; only time is virtual.
+struct TimingConfig {
+  double step_ms = 1000;      // a learner's inner step (> 0); learners[i].slowdown multiplies it
+  double step_jitter = 0.05;  // each step x (1 + u), u uniform in [-step_jitter, step_jitter]; in [0, 1)
+  double heartbeat_ms = 200;  // learners' heartbeat period (> 0)
+  double merge_gbps = 10;     // the syncer's merge throughput, GB/s of fp32 deltas merged (> 0)
+  uint64_t seed = 1;          // the scheduler's draws (jitter, loss); the model's seed is train.seed
+  // Every learner <-> syncer link, both directions (learners[i].link overrides one learner's).
+  LinkConfig link{1000, 30, 0, 0};
+  bool operator==(const TimingConfig&) const = default;
+};
+
 // Where a job's roles run when it is submitted to dilocod (`dilococtl submit`): the syncer on
 // site `syncer`, learner i on site learners[i] (a site may host several roles). Empty: the config
 // is for local mode only (`dilococtl train`); submit refuses it. When set, learners has exactly
@@ -139,6 +155,7 @@ struct RunConfig {
   std::vector<LearnerConfig> learners;  // by learner index; at most sync.learners
   PlacementConfig placement;
   ChaosConfig chaos;  // empty: no faults injected
+  TimingConfig timing;  // sync.clock: virtual
   bool operator==(const RunConfig&) const = default;
 };
 

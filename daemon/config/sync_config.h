@@ -31,9 +31,11 @@
 //     norm_limit: 10           # reject deltas whose norm > norm_limit x median; 0 = off
 //     checkpoint_every: 50     # merges between global-state checkpoints; 0 = only at the end
 //     merge_threads: 2         # threads of one merge (split by tensor ranges; same bits for any count)
+//     clock: wall              # wall | virtual (time from the run config's `timing:` section)
 //   learners:                  # optional, at most sync.learners entries, by learner index
 //     - {slowdown: 3}          # stretch this learner's step time 3x (a slower site)
 //     - {jitter: 0.1}          # and each step by 1 + e, e exponential with mean 0.1 (noise)
+//     - {link: {bandwidth_mbps: 100, latency_ms: 80}}   # sync.clock virtual: this learner's link
 #pragma once
 
 #include <array>
@@ -77,6 +79,13 @@ inline std::string_view ToString(FoldRule v) { return kFoldRuleNames[static_cast
 inline std::string_view ToString(Anchor v) { return kAnchorNames[static_cast<int>(v)]; }
 inline std::string_view ToString(LrClock v) { return kLrClockNames[static_cast<int>(v)]; }
 inline std::string_view ToString(PartialRound v) { return kPartialRoundNames[static_cast<int>(v)]; }
+
+// Where time comes from: the machine's clock (real deployments, local mode), or a seeded
+// discrete-event scheduler's virtual clock driven by the run config's `timing:` section (the same
+// config and seed give the same bits on any machine, under any load).
+enum class SyncClock { kWall, kVirtual };
+inline constexpr std::array<std::string_view, 2> kSyncClockNames = {"wall", "virtual"};
+inline std::string_view ToString(SyncClock v) { return kSyncClockNames[static_cast<int>(v)]; }
 
 // Where the grace window's ξ_step comes from: the slowest live learner's
 // last reported step time (the paper's: the window is for the slow ones), or
@@ -163,12 +172,16 @@ struct SyncConfig {
   double norm_limit = 10;           // k of the norm filter; 0 = off
   int checkpoint_every = 50;        // merges; 0 = only at the end
   int merge_threads = 2;            // the syncer's merge pool, in [1, 64]; results do not depend on it
+  SyncClock clock = SyncClock::kWall;
   bool operator==(const SyncConfig&) const = default;
 };
 
 struct LearnerConfig {
   double slowdown = 1.0;  // >= 1: factor on this learner's step time
   double jitter = 0.0;    // >= 0: mean of the exponential extra fraction on each step (noise)
+  // sync.clock virtual: this learner's link to the syncer (both ways) instead of timing.link.
+  bool has_link = false;
+  LinkConfig link;
   bool operator==(const LearnerConfig&) const = default;
 };
 
