@@ -83,9 +83,9 @@ inline std::string_view ToString(PartialRound v) { return kPartialRoundNames[sta
 // Where time comes from: the machine's clock (real deployments, local mode), or a seeded
 // discrete-event scheduler's virtual clock driven by the run config's `timing:` section (the same
 // config and seed give the same bits on any machine, under any load).
-enum class SyncClock { kWall, kVirtual };
-inline constexpr std::array<std::string_view, 2> kSyncClockNames = {"wall", "virtual"};
-inline std::string_view ToString(SyncClock v) { return kSyncClockNames[static_cast<int>(v)]; }
+enum class ClockSource { kWall, kVirtual };
+inline constexpr std::array<std::string_view, 2> kClockSourceNames = {"wall", "virtual"};
+inline std::string_view ToString(ClockSource v) { return kClockSourceNames[static_cast<int>(v)]; }
 
 // Where the grace window's ξ_step comes from: the slowest live learner's
 // last reported step time (the paper's: the window is for the slow ones), or
@@ -172,7 +172,7 @@ struct SyncConfig {
   double norm_limit = 10;           // k of the norm filter; 0 = off
   int checkpoint_every = 50;        // merges; 0 = only at the end
   int merge_threads = 2;            // the syncer's merge pool, in [1, 64]; results do not depend on it
-  SyncClock clock = SyncClock::kWall;
+  ClockSource clock = ClockSource::kWall;
   bool operator==(const SyncConfig&) const = default;
 };
 
