@@ -23,8 +23,10 @@
 #include "daemon/train/data.h"
 #include "daemon/train/learner.h"
 #include "daemon/train/local_fleet.h"
+#include "daemon/train/run_summary.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
+#include "daemon/virt/virtual_run.h"
 #include "kernels/gpt.h"
 #include "kernels/rng.h"
 
@@ -60,70 +62,6 @@ std::string LoopbackEndpoint() {
   return "tcp://127.0.0.1:" + std::to_string(port);
 }
 
-// Goodput, uptime and waste of a finished run (sync/goodput.h), from the merge tape and what
-// each learner incarnation recorded: training starts at the first incarnation's first step; a
-// learner's nominal rate is its tokens over its steps' own time (no slowdown, no waiting), so
-// no run can claim more than it was provisioned.
-Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
-                      const std::vector<std::vector<const LearnerResult*>>& incarnations,
-                      const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down, int64_t end_unix_ms,
-                      GoodputReport* out) {
-  const int M = (int)incarnations.size();
-  int64_t t0 = 0;
-  for (const auto& incs : incarnations)
-    for (const LearnerResult* r : incs)
-      if (r->train_start_unix_ms > 0 && (t0 == 0 || r->train_start_unix_ms < t0)) t0 = r->train_start_unix_ms;
-  if (t0 == 0) return Status::Error("no learner trained");
-  GoodputInput in;
-  DL_RETURN_IF_ERROR(ReadMergedDeltas((fs::path(run_dir) / "events.log").string(), t0, &in.merged, &in.lost));
-  double end_s = (double)(end_unix_ms - t0) / 1000;
-  for (const MergedDelta& m : in.merged) end_s = std::max(end_s, m.time_s);
-  for (const LostDelta& l : in.lost) end_s = std::max(end_s, l.time_s);
-  in.wall_s = std::max(end_s, 1e-3);
-  const double tokens_per_step = (double)LearnerTokensPerStep(cfg);
-  double step_s = 0;
-  for (int i = 0; i < M; i++) {
-    double tokens = 0, compute_s = 0;
-    for (const LearnerResult* r : incarnations[i]) {
-      tokens += (double)r->tokens;
-      compute_s += r->compute_s;
-    }
-    in.nominal_tokens_per_s.push_back(compute_s > 0 ? tokens / compute_s : 0);
-    step_s = std::max(step_s, compute_s > 0 ? compute_s * tokens_per_step / tokens : 0);
-    auto rel = [&](int64_t ms) { return std::clamp((double)(ms - t0) / 1000, 0.0, in.wall_s); };
-    for (const LearnerResult* r : incarnations[i])
-      for (const auto& [a, b] : r->blocked_unix_ms) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
-    for (const auto& [a, b] : down[i]) in.spans.push_back({i, rel(a), b > 0 ? rel(b) : in.wall_s, Activity::kDown});
-    // Done with its steps while the run goes on (a restarted learner catching up): idle.
-    const LearnerResult* last = incarnations[i].back();
-    if (!last->crashed && last->end_unix_ms > 0 && rel(last->end_unix_ms) < in.wall_s)
-      in.spans.push_back({i, rel(last->end_unix_ms), in.wall_s, Activity::kIdle});
-    for (const LearnerResult* r : incarnations[i])
-      for (size_t p = 0; p < r->unsent_tokens_at_crash.size(); p++)
-        if (r->unsent_tokens_at_crash[p] > 0)
-          in.lost.push_back({rel(r->crashed_unix_ms), (int)p, i, (double)r->unsent_tokens_at_crash[p], LossCause::kCrashed});
-  }
-  // A kill can land while the learner waits at a barrier: the down time wins the overlap.
-  std::stable_sort(in.spans.begin(), in.spans.end(), [](const ActivitySpan& a, const ActivitySpan& b) {
-    return a.learner != b.learner ? a.learner < b.learner : a.start_s < b.start_s;
-  });
-  for (size_t k = 1; k < in.spans.size(); k++) {
-    ActivitySpan& prev = in.spans[k - 1];
-    ActivitySpan& cur = in.spans[k];
-    if (prev.learner != cur.learner || cur.start_s >= prev.end_s) continue;
-    if (cur.activity == Activity::kDown) prev.end_s = cur.start_s;
-    else cur.start_s = std::min(prev.end_s, cur.end_s);
-  }
-  std::vector<Fragment> frags;
-  DL_RETURN_IF_ERROR(PartitionFragments(gpt_tensor_table(GptConfigOf(cfg.model)), EffectiveFragments(cfg.sync), &frags));
-  double numel = 0;
-  for (const Fragment& f : frags) numel += (double)f.numel;
-  for (const Fragment& f : frags) in.fragment_weights.push_back((double)f.numel / numel);
-  // One merge of some fragment every H / P steps when every fragment fires on its own schedule.
-  in.expected_merge_interval_s = std::max(1e-3, cfg.sync.inner_steps * step_s / (double)frags.size());
-  return ComputeGoodput(in, out);
-}
-
 }  // namespace
 
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks,
@@ -132,6 +70,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const RunConfig& cfg = options.config;
   const SyncConfig& sc = cfg.sync;
   const int M = sc.learners;
+  if (sc.clock == ClockSource::kVirtual) return RunVirtual(options, summary, details);
   if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details, hooks);
   std::vector<std::string> devices(M);
   for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, i, M, &devices[i]));
@@ -371,67 +310,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const std::vector<std::vector<const LearnerResult*>> incarnations = fleet.Results();
   const int64_t trained_until_unix_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  if (details) *details = {};
-  for (int i = 0; i < M; i++) {
-    LearnerResult r;  // the learner over all its incarnations
-    for (const LearnerResult* x : incarnations[i]) {
-      r.steps = x->steps;
-      r.tokens += x->tokens;
-      r.train_s += x->train_s;
-      r.final_train_loss = x->final_train_loss;
-      r.bytes_up += x->bytes_up;
-      r.bytes_down += x->bytes_down;
-      r.deltas_sent += x->deltas_sent;
-      r.globals_applied += x->globals_applied;
-      r.snapshots_installed += x->snapshots_installed;
-      r.gaps += x->gaps;
-      r.crc_mismatches += x->crc_mismatches;
-      r.deltas_dropped += x->deltas_dropped;
-      r.deltas_lost += x->deltas_lost;
-      r.globals_missed += x->globals_missed;
-      r.globals_refused += x->globals_refused;
-      r.moments_restored = r.moments_restored || x->moments_restored;
-      r.wait_s += x->wait_s;
-      r.crashed = x->crashed;
-    }
-    s.steps += r.tokens / ((long)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size);
-    s.tokens += r.tokens;
-    s.train_s = std::max(s.train_s, r.train_s);
-    s.bytes_up += r.bytes_up;
-    s.bytes_down += r.bytes_down;
-    s.final_train_loss += r.final_train_loss / M;
-    s.learner_tokens.push_back(r.tokens);
-    if (details) {
-      details->snapshots_installed.push_back(r.snapshots_installed);
-      details->crc_mismatches.push_back(r.crc_mismatches);
-      details->gaps.push_back(r.gaps);
-      details->deltas_dropped.push_back(r.deltas_dropped);
-      details->deltas_lost.push_back(r.deltas_lost);
-      details->globals_missed.push_back(r.globals_missed);
-      details->globals_refused.push_back(r.globals_refused);
-      details->incarnations.push_back((int)incarnations[i].size());
-      details->rank_param_crc32c.push_back(incarnations[i].front()->rank_param_crc32c);
-    }
-    DL_RETURN_IF_ERROR(metrics.Write({{"event", "learner_done"},
-                                      {"learner", i},
-                                      {"steps", r.steps},
-                                      {"tokens", r.tokens},
-                                      {"incarnations", incarnations[i].size()},
-                                      {"deltas_sent", r.deltas_sent},
-                                      {"globals_applied", r.globals_applied},
-                                      {"snapshots_installed", r.snapshots_installed},
-                                      {"gaps", r.gaps},
-                                      {"crc_mismatches", r.crc_mismatches},
-                                      {"deltas_dropped", r.deltas_dropped},
-                                      {"deltas_lost", r.deltas_lost},
-                                      {"globals_missed", r.globals_missed},
-                                      {"globals_refused", r.globals_refused},
-                                      {"moments_restored", r.moments_restored},
-                                      {"wait_s", r.wait_s},
-                                      {"crashed", r.crashed},
-                                      {"bytes_up", r.bytes_up},
-                                      {"bytes_down", r.bytes_down}}));
-  }
+  DL_RETURN_IF_ERROR(SummarizeLearners(cfg, incarnations, metrics, &s, details));
   const SyncerResult& sr = final_syncer->result();
   s.outer_steps = sr.merges;
   s.dropped_deltas = sr.dropped_deltas;

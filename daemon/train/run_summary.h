@@ -1,0 +1,34 @@
+// What a finished multi-learner run reports, built the same way by local mode and the virtual
+// runtime: each learner over its incarnations, and the run's goodput, uptime and waste (sync/goodput.h), from its merge tape
+// (run_dir/events.log) and what each learner incarnation recorded. Local mode and the virtual
+// runtime account the same way; times are the run's clock (Unix ms, virtual in a virtual run).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+#include "daemon/sync/goodput.h"
+#include "daemon/train/learner.h"
+#include "daemon/train/local_run.h"
+#include "daemon/util/jsonl_writer.h"
+#include "daemon/util/status.h"
+
+namespace diloco {
+
+// Each learner over all its incarnations (incarnations[i], in order) into *s (steps, tokens,
+// bytes, train_s, final train loss, learner_tokens) and *details (may be null; reset first), and
+// its "learner_done" line in metrics.
+Status SummarizeLearners(const RunConfig& cfg, const std::vector<std::vector<const LearnerResult*>>& incarnations,
+                         JsonlWriter& metrics, TrainSummary* s, LocalRunDetails* details);
+
+// incarnations[i]: learner i's incarnations in order; down[i]: when it was down ([start, end) in
+// Unix ms, end 0 = until the end); end_unix_ms: when training ended.
+Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
+                      const std::vector<std::vector<const LearnerResult*>>& incarnations,
+                      const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down, int64_t end_unix_ms,
+                      GoodputReport* out);
+
+}  // namespace diloco

@@ -1,0 +1,102 @@
+// One learner of a virtual run (sync.clock: virtual): the same LearnerCore as a daemon's or local
+// mode's learner, its ring and inner loop on a thread of its own, but driven by the virtual
+// scheduler through the baton (baton.h): it runs only when the scheduler hands it the baton, at
+// the scheduler's time. A step's maths runs for real; its duration is virtual (timing.step_ms ×
+// learners[i].slowdown × jitter), and messages that arrive during it wait for the next step
+// boundary, as a socket's would. Heartbeats of the liveness stream come from a scheduler timer,
+// as from the wall runtime's liveness thread.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+#include "daemon/net/envelope.h"
+#include "daemon/net/sequence.h"
+#include "daemon/train/learner.h"
+#include "daemon/train/learner_core.h"
+#include "daemon/util/jsonl_writer.h"
+#include "daemon/virt/baton.h"
+#include "daemon/virt/scheduler.h"
+#include "daemon/virt/virtual_network.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+
+class VirtualLearner final : public LearnerPort {
+ public:
+  // options: as for RunLearner (index, config, init_params, run_dir, ...; endpoints unused).
+  VirtualLearner(VirtualScheduler& scheduler, Baton& baton, VirtualNetwork& network, LearnerOptions options,
+                 uint64_t incarnation, JsonlWriter* metrics);
+  ~VirtualLearner() override;
+
+  // Starts the thread; the learner first runs at the scheduler's current time.
+  void Launch();
+  // Scheduler thread: a message arrived on the downlink / the DEALER.
+  void DeliverDownlink(net::Message&& m);
+  void DeliverDealer(net::Message&& m);
+
+  bool done() const { return done_; }
+  const Status& status() const { return status_; }
+  const LearnerResult& result() const { return result_; }
+
+  // LearnerPort
+  SyncTime Now() override { return scheduler_.now(); }
+  int64_t UnixMs() override { return scheduler_.unix_ms(); }
+  void SendUplink(net::Message&& m) override;
+  void SendDealer(net::Message&& m) override;
+  void OnHeartbeat(const HeartbeatMsg& hb) override;
+  void SaveStep(long step) override;
+  Status SaveMoments(long done) override;
+  void WriteMetrics(const nlohmann::json& line) override;
+  void Note(const std::string& line) override;
+
+ private:
+  class Hook;
+  void ThreadMain();
+  Status Run();
+  Status RunLeader(LocalRing& ring, OuterState& outer, const BatchSampler& train, bool* loop_entered);
+  Status Join();
+  Status FlushAndFinish();
+  // Actor thread: hand the baton back until t_ns / until a message arrives (or timeout_ns).
+  // An error once the run was aborted (Baton::Abort): the learner unwinds.
+  Status SleepUntil(int64_t t_ns);
+  Status WaitForMessage(int64_t timeout_ns);
+  Status Aborted() const;
+  Status ProcessInbox();
+  void BeatLiveness();  // scheduler thread: the liveness stream's beat, every heartbeat period
+  int64_t StepNs();     // this step's virtual duration
+
+  VirtualScheduler& scheduler_;
+  Baton& baton_;
+  VirtualNetwork& network_;
+  const LearnerOptions options_;
+  const RunConfig& cfg_;
+  const std::string me_;
+  const uint64_t incarnation_;
+  JsonlWriter* metrics_;
+  Rng step_rng_;
+
+  std::unique_ptr<LearnerCore> core_;
+  ParseOptions down_expect_, dealer_expect_;
+  net::SequenceTracker down_seq_;
+  std::deque<std::pair<bool, net::Message>> inbox_;  // (from the dealer?, frames), in arrival order
+  bool waiting_ = false;         // in WaitForMessage: a delivery wakes it
+  uint64_t wake_timer_ = 0;
+  bool have_beat_ = false;
+  HeartbeatMsg last_beat_;
+  uint64_t liveness_seq_ = 0;
+  uint64_t liveness_timer_ = 0;
+  LocalRing* ring_ = nullptr;  // while Run runs (SaveMoments)
+  double step_base_s_ = 0;      // the current step's time without slowdown and jitter
+  bool done_ = false;
+  bool aborted_ = false;  // this thread's view: the baton said the run was aborted
+  Status status_;
+  LearnerResult result_;
+  std::thread thread_;
+};
+
+}  // namespace diloco

@@ -1,0 +1,29 @@
+#include "daemon/virt/virtual_link.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace diloco {
+
+std::optional<int64_t> VirtualLink::Send(int64_t t_ns, size_t bytes) {
+  messages_++;
+  bytes_sent_ += bytes;
+  const int64_t start = std::max(t_ns, free_at_ns_);
+  const int64_t serialise =
+      config_.bandwidth_mbps > 0 ? (int64_t)std::llround((double)bytes * 8.0 / (config_.bandwidth_mbps * 1e6) * 1e9) : 0;
+  free_at_ns_ = start + serialise;
+  busy_ns_ += serialise;
+  // Draw both numbers for every message, lost or not, so one message's fate does not shift the
+  // draws of the next.
+  const double jitter = config_.jitter_ms > 0 ? rng_.uniform() * config_.jitter_ms : 0;
+  const bool lost = rng_.uniform() < config_.loss || cut_;
+  if (lost) {
+    lost_++;
+    return std::nullopt;
+  }
+  const int64_t arrival = free_at_ns_ + (int64_t)std::llround((config_.latency_ms + jitter) * 1e6);
+  last_arrival_ns_ = std::max(last_arrival_ns_, arrival);
+  return last_arrival_ns_;
+}
+
+}  // namespace diloco

@@ -1,0 +1,71 @@
+#include "daemon/virt/virtual_network.h"
+
+#include <utility>
+
+#include "kernels/rng.h"
+
+namespace diloco {
+
+net::Message CopyMessage(const net::Message& m) {
+  net::Message copy;
+  for (size_t i = 0; i < m.size(); i++) {
+    const std::span<const uint8_t> f = m.frame(i);
+    copy.AddCopy(f.data(), f.size());
+  }
+  return copy;
+}
+
+VirtualNetwork::VirtualNetwork(VirtualScheduler& scheduler, const RunConfig& config, VirtualReceivers receivers)
+    : scheduler_(scheduler), receivers_(std::move(receivers)) {
+  const int M = config.sync.learners;
+  for (int i = 0; i < M; i++) {
+    const LearnerConfig lc = LearnerConfigOf(config.learners, i);
+    const LinkConfig& link = lc.has_link ? lc.link : config.timing.link;
+    uplinks_.push_back(std::make_unique<VirtualLink>(link, mix_seed(config.timing.seed, 2 * i + 1, 0x11)));
+    downlinks_.push_back(std::make_unique<VirtualLink>(link, mix_seed(config.timing.seed, 2 * i + 2, 0x11)));
+  }
+  up_.assign(M, true);
+}
+
+void VirtualNetwork::SetCut(int learner, bool cut) {
+  uplinks_[learner]->SetCut(cut);
+  downlinks_[learner]->SetCut(cut);
+}
+
+void VirtualNetwork::LearnerPublish(int learner, const std::string& topic, net::Message&& m) {
+  const auto at = uplinks_[learner]->Send(scheduler_.now_ns(), m.bytes() + topic.size());
+  if (!at) return;
+  auto msg = std::make_shared<net::Message>(std::move(m));
+  scheduler_.At(*at, [this, learner, topic, msg] { receivers_.syncer_uplink(learner, topic, std::move(*msg)); });
+}
+
+void VirtualNetwork::LearnerRequest(int learner, net::Message&& m) {
+  const auto at = uplinks_[learner]->Send(scheduler_.now_ns(), m.bytes());
+  if (!at) return;
+  auto msg = std::make_shared<net::Message>(std::move(m));
+  scheduler_.At(*at, [this, learner, msg] { receivers_.syncer_router(learner, std::move(*msg)); });
+}
+
+void VirtualNetwork::SyncerPublish(int64_t t_ns, const net::Message& m) {
+  for (int i = 0; i < learners(); i++) {
+    if (!up_[i]) continue;
+    const auto at = downlinks_[i]->Send(t_ns, m.bytes());
+    if (!at) continue;
+    auto msg = std::make_shared<net::Message>(CopyMessage(m));
+    scheduler_.At(*at, [this, i, msg] {
+      if (up_[i]) receivers_.learner_downlink(i, std::move(*msg));
+    });
+  }
+}
+
+void VirtualNetwork::SyncerReply(int64_t t_ns, int learner, net::Message&& m) {
+  if (!up_[learner]) return;
+  const auto at = downlinks_[learner]->Send(t_ns, m.bytes());
+  if (!at) return;
+  auto msg = std::make_shared<net::Message>(std::move(m));
+  scheduler_.At(*at, [this, learner, msg] {
+    if (up_[learner]) receivers_.learner_dealer(learner, std::move(*msg));
+  });
+}
+
+}  // namespace diloco

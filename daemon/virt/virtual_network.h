@@ -1,0 +1,56 @@
+// The messages of a virtual run: learner i <-> syncer over VirtualLinks (one each way, from
+// timing.link or learners[i].link), delivered as scheduler events. What travels is the real
+// envelope's frames (the receivers parse and check them as a socket's validator would); the
+// learner's PUB streams and DEALER share its uplink, the syncer's PUB and ROUTER replies its
+// downlink. A learner that is down receives nothing (SetUp).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+#include "daemon/net/socket.h"
+#include "daemon/virt/scheduler.h"
+#include "daemon/virt/virtual_link.h"
+
+namespace diloco {
+
+struct VirtualReceivers {
+  // Scheduler thread, at the arrival time.
+  std::function<void(int learner, const std::string& topic, net::Message&& m)> syncer_uplink;
+  std::function<void(int learner, net::Message&& m)> syncer_router;
+  std::function<void(int learner, net::Message&& m)> learner_downlink;
+  std::function<void(int learner, net::Message&& m)> learner_dealer;
+};
+
+class VirtualNetwork {
+ public:
+  VirtualNetwork(VirtualScheduler& scheduler, const RunConfig& config, VirtualReceivers receivers);
+
+  // Sent at the scheduler's current time.
+  void LearnerPublish(int learner, const std::string& topic, net::Message&& m);
+  void LearnerRequest(int learner, net::Message&& m);
+  // Sent at t_ns (the syncer's own time: later than now while a merge keeps it busy).
+  void SyncerPublish(int64_t t_ns, const net::Message& m);  // to every learner that is up
+  void SyncerReply(int64_t t_ns, int learner, net::Message&& m);
+
+  void SetUp(int learner, bool up) { up_[learner] = up; }
+  void SetCut(int learner, bool cut);  // a partition: both directions lose everything
+
+  int learners() const { return (int)up_.size(); }
+  const VirtualLink& uplink(int learner) const { return *uplinks_[learner]; }
+  const VirtualLink& downlink(int learner) const { return *downlinks_[learner]; }
+
+ private:
+  VirtualScheduler& scheduler_;
+  VirtualReceivers receivers_;
+  std::vector<std::unique_ptr<VirtualLink>> uplinks_, downlinks_;
+  std::vector<bool> up_;
+};
+
+// A copy of m's frames (a PUB delivers one message to each subscriber).
+net::Message CopyMessage(const net::Message& m);
+
+}  // namespace diloco

@@ -1,0 +1,147 @@
+#include "daemon/virt/virtual_syncer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "daemon/sync/protocol.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+
+Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& network, const SyncerOptions& options,
+                             double merge_gbps, const TensorTable& table, const float* init_params,
+                             std::unique_ptr<VirtualSyncer>* out) {
+  if (options.resume) return Status::Error("syncer: a virtual run cannot resume yet; start a new run");
+  std::unique_ptr<VirtualSyncer> s(new VirtualSyncer(scheduler, network));
+  s->options_ = options;
+  s->merge_bytes_per_ns_ = merge_gbps;  // GB/s = bytes/ns
+  DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(options.sync), &s->fragments_));
+  s->state_ = InitialGlobalState(table, s->fragments_, init_params);
+  const int M = options.sync.learners;
+  s->uplink_expect_.job_id = options.job_id;
+  s->uplink_expect_.accept = MessageBit(MessageType::kDelta) | MessageBit(MessageType::kHeartbeat);
+  s->uplink_expect_.model_params = table.total_numel();
+  for (int i = 0; i < M; i++) s->uplink_expect_.allowed_senders.push_back(LearnerName(i));
+  s->router_expect_ = s->uplink_expect_;
+  s->router_expect_.accept = MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest);
+  s->published_expect_.job_id = options.job_id;
+  s->published_expect_.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
+  s->published_expect_.model_params = table.total_numel();
+  if (!options.run_dir.empty()) {
+    DL_RETURN_IF_ERROR(s->events_.Open((std::filesystem::path(options.run_dir) / "events.log").string()));
+    s->have_events_ = true;
+  }
+  const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1);
+  s->core_ = std::make_unique<SyncerCore>(s->options_, s->fragments_, &s->state_, table, incarnation, s.get());
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+void VirtualSyncer::Start() { Tick(); }
+
+bool VirtualSyncer::Busy(const std::function<void()>& again) {
+  if (scheduler_.now_ns() >= busy_until_ns_) return false;
+  scheduler_.At(busy_until_ns_, again);
+  return true;
+}
+
+void VirtualSyncer::OnUplink(int learner, const std::string& topic, net::Message&& m) {
+  auto msg = std::make_shared<net::Message>(std::move(m));
+  if (Busy([this, learner, topic, msg] { OnUplink(learner, topic, std::move(*msg)); })) return;
+  bytes_received_ += msg->bytes();
+  ParsedMessage parsed;
+  const auto spans = msg->spans();
+  if (Status st = ParseEnvelope(spans, uplink_expect_, &parsed); !st.ok()) {
+    Note("dropping an uplink message from " + LearnerName(learner) + ": " + st.message());
+    return;
+  }
+  net::Received r;
+  r.topic = topic;
+  r.seq = uplink_seq_[topic].Observe(parsed.header.sender, parsed.header.incarnation, parsed.header.seq);
+  if (!r.seq.deliver()) return;
+  r.message = std::move(*msg);
+  core_->OnUplink(r, parsed);
+  Tick();
+}
+
+void VirtualSyncer::OnRequest(int learner, net::Message&& m) {
+  auto msg = std::make_shared<net::Message>(std::move(m));
+  if (Busy([this, learner, msg] { OnRequest(learner, std::move(*msg)); })) return;
+  bytes_received_ += msg->bytes();
+  ParsedMessage parsed;
+  const auto spans = msg->spans();
+  if (Status st = ParseEnvelope(spans, router_expect_, &parsed); !st.ok()) {
+    Note("dropping a request from " + LearnerName(learner) + ": " + st.message());
+    return;
+  }
+  net::Received r;
+  r.peer = LearnerName(learner);
+  r.message = std::move(*msg);
+  After(core_->OnRequest(r, parsed));
+  Tick();
+}
+
+void VirtualSyncer::Tick() {
+  if (!error_.ok()) return;
+  if (Busy([this] { Tick(); })) return;
+  SyncTime wake = Now() + std::chrono::hours(1);
+  After(core_->OnTimer(&wake));
+  if (!error_.ok() || core_->AllDone()) return;
+  const int64_t at = std::max(VirtualScheduler::ToNs(wake), std::max(scheduler_.now_ns(), busy_until_ns_));
+  if (timer_ != 0 && timer_at_ns_ == at) return;
+  if (timer_ != 0) scheduler_.Cancel(timer_);
+  timer_at_ns_ = at;
+  timer_ = scheduler_.At(at, [this] {
+    timer_ = 0;
+    Tick();
+  });
+}
+
+void VirtualSyncer::After(Status st) {
+  if (!st.ok() && error_.ok()) error_ = st.WithContext("syncer");
+}
+
+// A Global costs the syncer its merge (the fragment's fp32 bytes times its contributors over
+// timing.merge_gbps) before it leaves.
+void VirtualSyncer::Publish(net::Message&& m) {
+  ParsedMessage parsed;
+  const auto spans = m.spans();
+  if (ParseEnvelope(spans, published_expect_, &parsed).ok())
+    if (const GlobalMsg* g = parsed.get<GlobalMsg>(); g && g->fragment < fragments_.size()) {
+      const double bytes = (double)fragments_[g->fragment].numel * sizeof(float) * (double)g->contributors.size();
+      busy_until_ns_ = std::max(scheduler_.now_ns(), busy_until_ns_) + (int64_t)(bytes / merge_bytes_per_ns_);
+    }
+  bytes_published_ += m.bytes();
+  network_.SyncerPublish(VirtualScheduler::ToNs(Now()), m);
+}
+
+void VirtualSyncer::Reply(const std::string& peer, net::Message&& m) {
+  const int learner = LearnerIndexOf(peer);
+  if (learner < 0 || learner >= network_.learners()) return;
+  bytes_published_ += m.bytes();
+  network_.SyncerReply(VirtualScheduler::ToNs(Now()), learner, std::move(m));
+}
+
+void VirtualSyncer::OnMerge(const MergeEvent& event) {
+  merges_.push_back(event);
+  if (have_events_) After(events_.Append(event));
+}
+
+void VirtualSyncer::Note(const std::string& line) { std::fprintf(stderr, "syncer: %s\n", line.c_str()); }
+
+Status VirtualSyncer::Finish() {
+  DL_RETURN_IF_ERROR(error_);
+  if (timer_ != 0) scheduler_.Cancel(timer_);
+  timer_ = 0;
+  DL_RETURN_IF_ERROR(core_->Flush().WithContext("syncer"));
+  if (!options_.run_dir.empty())
+    DL_RETURN_IF_ERROR(SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), state_));
+  return Status::Ok();
+}
+
+void VirtualSyncer::GlobalParams(float* flat) const {
+  for (size_t p = 0; p < fragments_.size(); p++) ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
+}
+
+}  // namespace diloco

@@ -1,0 +1,84 @@
+// The syncer of a virtual run: the same SyncerCore as a daemon's or local mode's syncer, on the
+// scheduler's thread. A merge keeps it busy for the fragment's fp32 bytes times its contributors
+// over timing.merge_gbps: what it publishes leaves then, and what arrives meanwhile waits. The
+// core's clock is the scheduler's, later by the merge in progress. Merges go to events.log as in
+// every runtime; the final global state to global_state.bin.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/net/envelope.h"
+#include "daemon/net/sequence.h"
+#include "daemon/sync/event_log.h"
+#include "daemon/sync/syncer.h"
+#include "daemon/sync/syncer_core.h"
+#include "daemon/virt/scheduler.h"
+#include "daemon/virt/virtual_network.h"
+
+namespace diloco {
+
+class VirtualSyncer final : public SyncerPort {
+ public:
+  // options: as for Syncer::Create (endpoints unused; resume not supported yet).
+  static Status Create(VirtualScheduler& scheduler, VirtualNetwork& network, const SyncerOptions& options,
+                       double merge_gbps, const TensorTable& table, const float* init_params,
+                       std::unique_ptr<VirtualSyncer>* out);
+
+  // Scheduler thread, at the arrival time.
+  void OnUplink(int learner, const std::string& topic, net::Message&& m);
+  void OnRequest(int learner, net::Message&& m);
+  // Starts the core's timers.
+  void Start();
+  bool AllDone() const { return core_->AllDone(); }
+  // The end: merges what is pending, writes global_state.bin.
+  Status Finish();
+  // The first error of the core (the run stops on it).
+  const Status& error() const { return error_; }
+
+  const std::vector<Fragment>& fragments() const { return fragments_; }
+  const GlobalState& state() const { return state_; }
+  uint64_t bytes_published() const { return bytes_published_; }
+  uint64_t bytes_received() const { return bytes_received_; }
+  void GlobalParams(float* flat) const;
+  std::vector<MergeEvent>& merges() { return merges_; }
+
+  // SyncerPort
+  SyncTime Now() override { return VirtualScheduler::ToSyncTime(std::max(scheduler_.now_ns(), busy_until_ns_)); }
+  int64_t UnixMs() override { return VirtualScheduler::kEpochUnixMs + VirtualScheduler::ToNs(Now()) / 1000000; }
+  void Publish(net::Message&& m) override;
+  void Reply(const std::string& peer, net::Message&& m) override;
+  Status LogUpdate(const UpdateRecord&) override { return Status::Ok(); }
+  void OnMerge(const MergeEvent& event) override;
+  void Checkpoint(const GlobalState&) override {}
+  void Note(const std::string& line) override;
+
+ private:
+  VirtualSyncer(VirtualScheduler& scheduler, VirtualNetwork& network) : scheduler_(scheduler), network_(network) {}
+  void Tick();          // the core's timers, then the next one
+  void After(Status st);  // keeps the first error
+  // Runs fn now, or when the merge in progress is done.
+  bool Busy(const std::function<void()>& again);
+
+  VirtualScheduler& scheduler_;
+  VirtualNetwork& network_;
+  SyncerOptions options_;
+  double merge_bytes_per_ns_ = 10;
+  std::vector<Fragment> fragments_;
+  GlobalState state_;
+  std::unique_ptr<SyncerCore> core_;
+  ParseOptions uplink_expect_, router_expect_, published_expect_;
+  std::map<std::string, net::SequenceTracker> uplink_seq_;  // per topic (main and liveness streams)
+  EventLog events_;
+  bool have_events_ = false;
+  std::vector<MergeEvent> merges_;
+  int64_t busy_until_ns_ = 0;
+  uint64_t timer_ = 0;
+  int64_t timer_at_ns_ = -1;
+  uint64_t bytes_published_ = 0, bytes_received_ = 0;
+  Status error_;
+};
+
+}  // namespace diloco
