@@ -2,6 +2,7 @@
 // Exit codes: 0 ok, 1 failed, 2 usage.
 #include <CLI/CLI.hpp>
 
+#include "apps/dilococtl/dst_command.h"
 #include "apps/dilococtl/job_commands.h"
 #include "apps/dilococtl/plan_command.h"
 #include "daemon/ctl/commands.h"
@@ -130,6 +131,17 @@ int main(int argc, char** argv) {
                            "Take the merge throughput from a `dilococtl bench syncer --json` output (its merge_GBps)");
   simulate_cmd->add_flag("--json", simulate.json, "One JSON object per mode and learner count");
 
+  DstCommand dst;
+  CLI::App* dst_cmd = app.add_subcommand(
+      "dst", "Deterministic simulation testing: drawn deployments and faults on the real cores under the virtual clock");
+  dst_cmd->add_option("--seeds", dst.seeds, "How many seeds to run")->capture_default_str();
+  dst_cmd->add_option("--first", dst.first, "The first seed")->capture_default_str();
+  dst_cmd->add_option("--seed", dst.seed, "Replay this one seed, described in full");
+  dst_cmd->add_option("--config", dst.config, "Draw over this run config's model and corpus (default: a tiny one)")
+      ->check(CLI::ExistingFile);
+  dst_cmd->add_option("--scratch", dst.scratch, "Run the cases in this directory (default: a temporary one)");
+  dst_cmd->add_flag("--json", dst.json, "Last line: one JSON object");
+
   EvalCommand eval;
   CLI::App* eval_cmd = app.add_subcommand("eval", "Validation loss of a model on its run's corpus split");
   eval_cmd->add_option("model", eval.model, "A checkpoint file, a run directory, or a job id")->required();
@@ -227,6 +239,7 @@ int main(int argc, char** argv) {
   if (eval_cmd->parsed()) return RunEvalCommand(eval);
   if (report_cmd->parsed()) return RunReportCommand(report);
   if (simulate_cmd->parsed()) return RunSimulateCommand(simulate);
+  if (dst_cmd->parsed()) return RunDstCommand(dst);
   if (engine->parsed()) return RunBenchEngineCommand(bench_engine);
   if (gemm->parsed()) return RunBenchGemmCommand(bench_gemm);
   if (codec->parsed()) return RunBenchCodecCommand(bench_codec);

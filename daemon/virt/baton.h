@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <set>
 
 namespace diloco {
 
@@ -26,14 +27,25 @@ class Baton {
     std::unique_lock<std::mutex> lock(mu_);
     holder_ = kScheduler;
     cv_.notify_all();
-    cv_.wait(lock, [&] { return holder_ == who || aborted_; });
-    return !aborted_;
+    cv_.wait(lock, [&] { return holder_ == who || aborted_ || killed_.count(who); });
+    return !aborted_ && !killed_.count(who);
   }
   // Actor thread, at its start: waits for its first turn (false: aborted).
   bool AwaitTurn(int who) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return holder_ == who || aborted_; });
-    return !aborted_;
+    cv_.wait(lock, [&] { return holder_ == who || aborted_ || killed_.count(who); });
+    return !aborted_ && !killed_.count(who);
+  }
+  // Scheduler thread: actor `who` dies where it waits (a kill -9); it unwinds without touching
+  // shared state. Revive lets a new actor of that number run.
+  void Kill(int who) {
+    std::lock_guard<std::mutex> lock(mu_);
+    killed_.insert(who);
+    cv_.notify_all();
+  }
+  void Revive(int who) {
+    std::lock_guard<std::mutex> lock(mu_);
+    killed_.erase(who);
   }
   // Scheduler thread: the run ends early; every waiting actor wakes and unwinds.
   void Abort() {
@@ -57,6 +69,7 @@ class Baton {
   std::condition_variable cv_;
   int holder_ = kScheduler;
   bool aborted_ = false;
+  std::set<int> killed_;
 };
 
 }  // namespace diloco

@@ -53,6 +53,8 @@ class VirtualLearner::Hook final : public InnerLoopHook {
     DL_RETURN_IF_ERROR(v_.SleepUntil(step_start_ns_ + step_ns_));
     StepResult virtual_r = r;
     virtual_r.step_s = v_.step_base_s_;  // the step's own time: what goodput's nominal rate counts
+    v_.steps_done_ = r.step + 1;
+    v_.last_step_ns_ = v_.scheduler_.now_ns();
     return v_.core_->AfterStep(virtual_r, (double)step_ns_ / 1e9);
   }
 
@@ -71,7 +73,8 @@ VirtualLearner::VirtualLearner(VirtualScheduler& scheduler, Baton& baton, Virtua
       me_(LearnerName(options_.index)),
       incarnation_(incarnation),
       metrics_(metrics),
-      step_rng_(mix_seed(cfg_.timing.seed, 0x57e9, (uint64_t)options_.index)) {}
+      step_rng_(mix_seed(cfg_.timing.seed, 0x57e9, incarnation)),
+      steps_done_(options_.start_step) {}
 
 VirtualLearner::~VirtualLearner() {
   if (thread_.joinable()) thread_.join();
@@ -91,6 +94,21 @@ void VirtualLearner::ThreadMain() {
   if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
   if (wake_timer_) scheduler_.Cancel(wake_timer_);
   baton_.Release();
+}
+
+void VirtualLearner::Kill() {
+  if (done_) return;
+  if (wake_timer_) scheduler_.Cancel(wake_timer_);
+  if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
+  wake_timer_ = liveness_timer_ = 0;
+  waiting_ = false;
+  if (core_) result_ = core_->CrashedResult();
+  result_.crashed = true;
+  result_.steps = steps_done_;
+  result_.crashed_unix_ms = scheduler_.unix_ms();
+  baton_.Kill(options_.index);
+  if (thread_.joinable()) thread_.join();
+  done_ = true;
 }
 
 Status VirtualLearner::Aborted() const {

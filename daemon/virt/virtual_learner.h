@@ -39,7 +39,13 @@ class VirtualLearner final : public LearnerPort {
   void DeliverDownlink(net::Message&& m);
   void DeliverDealer(net::Message&& m);
 
+  // Scheduler thread, the learner waiting for its turn: it dies there (a kill -9): its result says
+  // crashed, with the work that had not left in a delta; its thread unwinds and is joined.
+  void Kill();
+
   bool done() const { return done_; }
+  long steps_done() const { return steps_done_; }
+  int64_t last_step_ns() const { return last_step_ns_; }  // when its last step ended (virtual)
   const Status& status() const { return status_; }
   const LearnerResult& result() const { return result_; }
 
@@ -92,6 +98,8 @@ class VirtualLearner final : public LearnerPort {
   uint64_t liveness_timer_ = 0;
   LocalRing* ring_ = nullptr;  // while Run runs (SaveMoments)
   double step_base_s_ = 0;      // the current step's time without slowdown and jitter
+  long steps_done_ = 0;
+  int64_t last_step_ns_ = 0;
   bool done_ = false;
   bool aborted_ = false;  // this thread's view: the baton said the run was aborted
   Status status_;

@@ -25,6 +25,17 @@ VirtualNetwork::VirtualNetwork(VirtualScheduler& scheduler, const RunConfig& con
     downlinks_.push_back(std::make_unique<VirtualLink>(link, mix_seed(config.timing.seed, 2 * i + 2, 0x11)));
   }
   up_.assign(M, true);
+  epoch_.assign(M, 0);
+}
+
+void VirtualNetwork::Disconnect(int learner) {
+  up_[learner] = false;
+  epoch_[learner]++;
+}
+
+void VirtualNetwork::Reconnect(int learner) {
+  up_[learner] = true;
+  epoch_[learner]++;
 }
 
 void VirtualNetwork::SetCut(int learner, bool cut) {
@@ -36,14 +47,18 @@ void VirtualNetwork::LearnerPublish(int learner, const std::string& topic, net::
   const auto at = uplinks_[learner]->Send(scheduler_.now_ns(), m.bytes() + topic.size());
   if (!at) return;
   auto msg = std::make_shared<net::Message>(std::move(m));
-  scheduler_.At(*at, [this, learner, topic, msg] { receivers_.syncer_uplink(learner, topic, std::move(*msg)); });
+  scheduler_.At(*at, [this, learner, topic, msg, epoch = epoch_[learner]] {
+    if (epoch == epoch_[learner]) receivers_.syncer_uplink(learner, topic, std::move(*msg));
+  });
 }
 
 void VirtualNetwork::LearnerRequest(int learner, net::Message&& m) {
   const auto at = uplinks_[learner]->Send(scheduler_.now_ns(), m.bytes());
   if (!at) return;
   auto msg = std::make_shared<net::Message>(std::move(m));
-  scheduler_.At(*at, [this, learner, msg] { receivers_.syncer_router(learner, std::move(*msg)); });
+  scheduler_.At(*at, [this, learner, msg, epoch = epoch_[learner]] {
+    if (epoch == epoch_[learner]) receivers_.syncer_router(learner, std::move(*msg));
+  });
 }
 
 void VirtualNetwork::SyncerPublish(int64_t t_ns, const net::Message& m) {
@@ -52,8 +67,8 @@ void VirtualNetwork::SyncerPublish(int64_t t_ns, const net::Message& m) {
     const auto at = downlinks_[i]->Send(t_ns, m.bytes());
     if (!at) continue;
     auto msg = std::make_shared<net::Message>(CopyMessage(m));
-    scheduler_.At(*at, [this, i, msg] {
-      if (up_[i]) receivers_.learner_downlink(i, std::move(*msg));
+    scheduler_.At(*at, [this, i, msg, epoch = epoch_[i]] {
+      if (epoch == epoch_[i]) receivers_.learner_downlink(i, std::move(*msg));
     });
   }
 }
@@ -63,8 +78,8 @@ void VirtualNetwork::SyncerReply(int64_t t_ns, int learner, net::Message&& m) {
   const auto at = downlinks_[learner]->Send(t_ns, m.bytes());
   if (!at) return;
   auto msg = std::make_shared<net::Message>(std::move(m));
-  scheduler_.At(*at, [this, learner, msg] {
-    if (up_[learner]) receivers_.learner_dealer(learner, std::move(*msg));
+  scheduler_.At(*at, [this, learner, msg, epoch = epoch_[learner]] {
+    if (epoch == epoch_[learner]) receivers_.learner_dealer(learner, std::move(*msg));
   });
 }
 

@@ -36,7 +36,10 @@ class VirtualNetwork {
   void SyncerPublish(int64_t t_ns, const net::Message& m);  // to every learner that is up
   void SyncerReply(int64_t t_ns, int learner, net::Message&& m);
 
-  void SetUp(int learner, bool up) { up_[learner] = up; }
+  // A learner killed: nothing reaches it, and what it sent before is lost with its connections
+  // (messages in flight to or from it are dropped on arrival). Reconnect: its next incarnation.
+  void Disconnect(int learner);
+  void Reconnect(int learner);
   void SetCut(int learner, bool cut);  // a partition: both directions lose everything
 
   int learners() const { return (int)up_.size(); }
@@ -48,6 +51,7 @@ class VirtualNetwork {
   VirtualReceivers receivers_;
   std::vector<std::unique_ptr<VirtualLink>> uplinks_, downlinks_;
   std::vector<bool> up_;
+  std::vector<uint64_t> epoch_;  // per learner: its connections' generation
 };
 
 // A copy of m's frames (a PUB delivers one message to each subscriber).

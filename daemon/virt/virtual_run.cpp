@@ -11,10 +11,7 @@
 #include "daemon/train/run_dir.h"
 #include "daemon/train/run_summary.h"
 #include "daemon/util/jsonl_writer.h"
-#include "daemon/virt/baton.h"
-#include "daemon/virt/virtual_learner.h"
-#include "daemon/virt/virtual_network.h"
-#include "daemon/virt/virtual_syncer.h"
+#include "daemon/virt/virtual_world.h"
 #include "kernels/gpt.h"
 #include "kernels/rng.h"
 
@@ -31,20 +28,14 @@ Status CheckVirtualRunnable(const TrainOptions& options) {
     return Status::Error("sync.clock: virtual runs the syncer modes (diloco, streaming, decoupled); ddp has no "
                          "syncer: use sync.clock: wall");
   if (options.resume) return Status::Error("sync.clock: virtual cannot resume a run yet; start a new one");
-  if (!cfg.chaos.empty()) return Status::Error("sync.clock: virtual does not play chaos: events yet; remove them or use sync.clock: wall");
+  if (!cfg.chaos.empty())
+    return Status::Error("sync.clock: virtual does not play chaos: events yet; remove them or use sync.clock: wall");
+  for (int i = 0; i < cfg.sync.learners; i++) {
+    std::string device;
+    DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, i, cfg.sync.learners, &device));
+  }
   if (cfg.train.hosts > 1) return Status::Error("sync.clock: virtual runs every learner in this process: train.hosts must be 1");
   return Status::Ok();
-}
-
-SyncerOptions VirtualSyncerOptions(const TrainOptions& options) {
-  const RunConfig& cfg = options.config;
-  SyncerOptions so;
-  so.sync = cfg.sync;
-  so.run_dir = options.run_dir;
-  so.count_limits = CountLimitsOf(cfg);
-  so.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
-  so.exit_when_all_finished = true;
-  return so;
 }
 
 }  // namespace
@@ -84,66 +75,24 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
                                     {"val_loss", s.initial_val_loss},
                                     {"threads", threads}}));
 
-  VirtualScheduler scheduler;
-  Baton baton;
-  std::unique_ptr<VirtualSyncer> syncer;
-  std::vector<std::unique_ptr<VirtualLearner>> learners;
-  VirtualReceivers receivers;
-  receivers.syncer_uplink = [&](int i, const std::string& topic, net::Message&& m) {
-    syncer->OnUplink(i, topic, std::move(m));
-  };
-  receivers.syncer_router = [&](int i, net::Message&& m) { syncer->OnRequest(i, std::move(m)); };
-  receivers.learner_downlink = [&](int i, net::Message&& m) { learners[i]->DeliverDownlink(std::move(m)); };
-  receivers.learner_dealer = [&](int i, net::Message&& m) { learners[i]->DeliverDealer(std::move(m)); };
-  VirtualNetwork network(scheduler, cfg, receivers);
-  DL_RETURN_IF_ERROR(VirtualSyncer::Create(scheduler, network, VirtualSyncerOptions(options), cfg.timing.merge_gbps,
-                                           table, init.data(), &syncer));
-  for (int i = 0; i < M; i++) {
-    LearnerOptions lo;
-    lo.index = i;
-    lo.config = &cfg;
-    lo.init_params = init.data();
-    lo.threads = threads;
-    lo.run_dir = options.run_dir;
-    lo.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
-    DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, i, M, &lo.device));
-    learners.push_back(std::make_unique<VirtualLearner>(scheduler, baton, network, lo,
-                                                        mix_seed(cfg.timing.seed, 0x1ea7, (uint64_t)i), &metrics));
-  }
-  syncer->Start();
-  for (auto& l : learners) l->Launch();
-
-  // Until every learner has ended and the syncer has heard them finish (or a heartbeat timeout
-  // of virtual time more: a lost last word must not keep the run going).
-  int64_t all_ended_ns = -1;
-  auto all_ended = [&] {
-    for (auto& l : learners)
-      if (!l->done()) return false;
-    return true;
-  };
-  Status failed;
-  while (scheduler.RunNext()) {
-    if (!syncer->error().ok()) break;
-    for (auto& l : learners)
-      if (l->done() && !l->status().ok() && failed.ok()) failed = l->status();
-    if (!failed.ok()) break;
-    if (all_ended_ns < 0 && all_ended()) all_ended_ns = scheduler.now_ns();
-    if (all_ended_ns >= 0 && (syncer->AllDone() ||
-                              scheduler.now_ns() - all_ended_ns > (int64_t)cfg.sync.heartbeat_timeout_ms * 1000000))
-      break;
-  }
-  if (failed.ok() && !all_ended())
-    failed = Status::Error("the virtual run stalled at " + std::to_string(scheduler.now_ns() / 1e9) +
-                           " virtual s with learners still running; this is a bug");
-  // Learners still on their threads (an error elsewhere) wake and unwind; their destructors join.
-  if (!failed.ok() || !syncer->error().ok()) baton.Abort();
-  DL_RETURN_IF_ERROR(failed);
-  DL_RETURN_IF_ERROR(syncer->error());
-  DL_RETURN_IF_ERROR(syncer->Finish());
+  VirtualWorldOptions wo;
+  wo.config = &cfg;
+  wo.run_dir = options.run_dir;
+  wo.table = &table;
+  wo.init_params = init.data();
+  wo.threads = threads;
+  wo.metrics = &metrics;
+  std::unique_ptr<VirtualWorld> world;
+  DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
+  DL_RETURN_IF_ERROR(world->Run());
+  DL_RETURN_IF_ERROR(world->FinishSyncer());
+  VirtualScheduler& scheduler = world->scheduler();
+  VirtualSyncer* syncer = &world->syncer();
   const int64_t end_unix_ms = scheduler.unix_ms();
 
   std::vector<std::vector<const LearnerResult*>> incarnations(M);
-  for (int i = 0; i < M; i++) incarnations[i].push_back(&learners[i]->result());
+  for (int i = 0; i < M; i++)
+    for (const auto& l : world->incarnations(i)) incarnations[i].push_back(&l->result());
   DL_RETURN_IF_ERROR(SummarizeLearners(cfg, incarnations, metrics, &s, details));
   const GlobalState& gs = syncer->state();
   s.outer_steps = gs.merges;
@@ -159,8 +108,7 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   GoodputReport g;
-  const std::vector<std::vector<std::pair<int64_t, int64_t>>> down(M);
-  if (Status st = AccountGoodput(cfg, options.run_dir, incarnations, down, end_unix_ms, &g); st.ok())
+  if (Status st = AccountGoodput(cfg, options.run_dir, incarnations, world->down_spans(), end_unix_ms, &g); st.ok())
     s.goodput = g;
   else
     std::fprintf(stderr, "goodput not accounted: %s\n", st.message().c_str());

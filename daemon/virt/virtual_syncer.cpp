@@ -111,6 +111,7 @@ void VirtualSyncer::Publish(net::Message&& m) {
     if (const GlobalMsg* g = parsed.get<GlobalMsg>(); g && g->fragment < fragments_.size()) {
       const double bytes = (double)fragments_[g->fragment].numel * sizeof(float) * (double)g->contributors.size();
       busy_until_ns_ = std::max(scheduler_.now_ns(), busy_until_ns_) + (int64_t)(bytes / merge_bytes_per_ns_);
+      if (on_global) on_global(*g);
     }
   bytes_published_ += m.bytes();
   network_.SyncerPublish(VirtualScheduler::ToNs(Now()), m);

@@ -44,6 +44,8 @@ class VirtualSyncer final : public SyncerPort {
   uint64_t bytes_received() const { return bytes_received_; }
   void GlobalParams(float* flat) const;
   std::vector<MergeEvent>& merges() { return merges_; }
+  // Called with every Global as it is published (its version, CRC and contributors): DST's checks.
+  std::function<void(const GlobalMsg&)> on_global;
 
   // SyncerPort
   SyncTime Now() override { return VirtualScheduler::ToSyncTime(std::max(scheduler_.now_ns(), busy_until_ns_)); }

@@ -1,0 +1,238 @@
+#include "daemon/virt/dst.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "daemon/sync/protocol.h"
+#include "daemon/train/trainer.h"
+#include "daemon/virt/virtual_world.h"
+#include "kernels/gpt.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+double LogUniform(Rng& r, double lo, double hi) { return lo * std::pow(hi / lo, r.uniform()); }
+
+// The invariants watched while the case runs (the syncer's Globals as they are published).
+class DstWatch {
+ public:
+  DstWatch(VirtualWorld& world, std::vector<DstViolation>* out) : world_(world), out_(out) {}
+
+  void OnGlobal(const GlobalMsg& g) {
+    const double t = world_.scheduler().now_ns() / 1e9;
+    uint64_t& last = versions_[g.fragment];
+    if (g.version != last + 1)
+      Add("versions", "fragment " + std::to_string(g.fragment) + " published version " + std::to_string(g.version) +
+                          " after " + std::to_string(last), t);
+    last = std::max(last, g.version);
+    for (const Contributor& c : g.contributors) {
+      const auto key = std::make_tuple(c.learner, g.fragment, c.base_version, c.c_steps, c.c_tokens);
+      if (!merged_.insert(key).second)
+        Add("merged-once", c.learner + "'s delta of fragment " + std::to_string(g.fragment) + " (base " +
+                               std::to_string(c.base_version) + ", " + std::to_string(c.c_steps) +
+                               " steps) merged again into version " + std::to_string(g.version), t);
+    }
+  }
+
+  void Add(const std::string& invariant, const std::string& detail, double at_s) {
+    if (out_->size() < 20) out_->push_back({invariant, detail, at_s});
+  }
+
+ private:
+  VirtualWorld& world_;
+  std::vector<DstViolation>* out_;
+  std::map<uint32_t, uint64_t> versions_;
+  std::set<std::tuple<std::string, uint32_t, uint64_t, uint64_t, uint64_t>> merged_;
+};
+
+// How long the end may take after the last learner's last step: a merge interval of the slowest
+// learner, the grace window, the links' round trips, and a heartbeat timeout for the last word.
+double EndBoundS(const RunConfig& cfg) {
+  double slowest = 1;
+  for (int i = 0; i < cfg.sync.learners; i++) slowest = std::max(slowest, SlowdownOf(cfg.learners, i));
+  const double step_s = cfg.timing.step_ms / 1e3 * slowest * (1 + cfg.timing.step_jitter);
+  const double interval_s = step_s * std::max(1.0, (double)cfg.sync.inner_steps / EffectiveFragments(cfg.sync));
+  double link_s = 0;
+  for (int i = 0; i < cfg.sync.learners; i++) {
+    const LearnerConfig lc = LearnerConfigOf(cfg.learners, i);
+    const LinkConfig& l = lc.has_link ? lc.link : cfg.timing.link;
+    link_s = std::max(link_s, (l.latency_ms + l.jitter_ms) / 1e3);
+  }
+  return 2 * interval_s + cfg.sync.grace.cap_ms / 1e3 + 8 * link_s + cfg.sync.heartbeat_timeout_ms / 1e3 +
+         4 * cfg.timing.heartbeat_ms / 1e3;
+}
+
+}  // namespace
+
+Status DstBaseConfig(const std::string& dir, RunConfig* out) {
+  fs::create_directories(dir);
+  const std::string corpus = (fs::path(dir) / "dst-corpus.txt").string();
+  if (!fs::exists(corpus)) {
+    // Words from a fixed generator: enough text for a tiny model's batches, the same everywhere.
+    std::ofstream f(corpus);
+    Rng r(0xc0ffee);
+    static const char* kWords[] = {"the", "syncer", "merges", "a", "delta", "from", "each", "learner", "and",
+                                   "every", "fragment", "moves", "on", "when", "its", "quorum", "is", "in"};
+    for (int i = 0; i < 40000; i++) f << kWords[r.below(18)] << (r.below(12) == 0 ? ".\n" : " ");
+    if (!f) return Status::Error("dst: cannot write '" + corpus + "'");
+  }
+  RunConfig c;
+  c.model = {1, 16, 2, 16, 256};
+  c.data.corpus = corpus;
+  c.train.batch_size = 2;
+  c.train.warmup_steps = 2;
+  c.train.threads = 1;
+  c.train.log_every = 1000;
+  c.eval.batches = 1;
+  c.sync.clock = ClockSource::kVirtual;
+  *out = c;
+  return Status::Ok();
+}
+
+DstCase DrawDstCase(uint64_t seed, const RunConfig& base) {
+  Rng r(mix_seed(seed, 0xd57));
+  DstCase c;
+  c.seed = seed;
+  c.config = base;
+  RunConfig& cfg = c.config;
+  SyncConfig& sc = cfg.sync;
+  const double mode = r.uniform();
+  sc.mode = mode < 0.6 ? SyncMode::kDecoupled : mode < 0.8 ? SyncMode::kStreaming : SyncMode::kDiloco;
+  sc.learners = 2 + (int)r.below(4);
+  sc.fragments = 1 + (int)r.below(4);
+  sc.inner_steps = sc.fragments * (1 + (int)r.below(5)) + (int)r.below(4);
+  sc.overlap = 1 + (int)r.below(3);
+  sc.quorum = 1 + (int)r.below(sc.learners);
+  sc.grace.gamma = r.uniform();
+  sc.grace.cap_ms = 50 + (int)r.below(3000);
+  sc.grace.forecast = r.below(2) == 0;
+  sc.max_staleness = 1 + (int)r.below(6);
+  sc.fold = r.below(3) == 0 ? FoldRule::kReplay : FoldRule::kOverwrite;
+  static const CodecKind kUp[] = {CodecKind::kFp32, CodecKind::kInt8, CodecKind::kInt4, CodecKind::kTopkChunked};
+  static const CodecKind kDown[] = {CodecKind::kFp32, CodecKind::kInt8, CodecKind::kInt4};
+  sc.codec.up = kUp[r.below(4)];
+  sc.codec.down = kDown[r.below(3)];
+  sc.codec.chunk = 256;
+  sc.codec.keep = 8;
+  sc.codec.feedback = r.below(2) == 0 ? FeedbackRule::kResidual : FeedbackRule::kAccumulate;
+  cfg.train.steps = 20 + (int)r.below(60);
+  cfg.timing.step_ms = LogUniform(r, 20, 2000);
+  cfg.timing.step_jitter = r.uniform() * 0.3;
+  cfg.timing.heartbeat_ms = 50 + (double)r.below(400);
+  cfg.timing.merge_gbps = LogUniform(r, 0.01, 10);
+  cfg.timing.seed = r.next_u64();
+  cfg.timing.link.bandwidth_mbps = LogUniform(r, 1, 10000);
+  cfg.timing.link.latency_ms = LogUniform(r, 0.1, 300);
+  cfg.timing.link.jitter_ms = r.below(2) == 0 ? 0 : r.uniform() * 50;
+  cfg.timing.link.loss = r.below(2) == 0 ? 0 : r.uniform() * 0.05;
+  sc.heartbeat_timeout_ms = std::max(3000, (int)(10 * cfg.timing.heartbeat_ms));
+  cfg.learners.clear();
+  double slowest = 1;
+  for (int i = 0; i < sc.learners; i++) {
+    LearnerConfig lc;
+    if (r.below(3) == 0) lc.slowdown = 1 + 3 * r.uniform();
+    slowest = std::max(slowest, lc.slowdown);
+    cfg.learners.push_back(lc);
+  }
+  const double run_s = cfg.train.steps * cfg.timing.step_ms / 1e3 * slowest;
+  const int kills = (int)r.below(3), cuts = (int)r.below(3);
+  for (int k = 0; k < kills + cuts; k++) {
+    DstFault f;
+    f.kind = k < kills ? DstFault::kKill : DstFault::kPartition;
+    f.learner = (int)r.below(sc.learners);
+    f.at_s = r.uniform() * run_s;
+    f.for_s = 0.5 + r.uniform() * std::max(1.0, run_s / 4);
+    c.faults.push_back(f);
+  }
+  return c;
+}
+
+std::string DescribeDstCase(const DstCase& c) {
+  const RunConfig& cfg = c.config;
+  const SyncConfig& sc = cfg.sync;
+  std::ostringstream o;
+  o << "seed " << c.seed << ": " << ToString(sc.mode) << " M=" << sc.learners << " P=" << sc.fragments
+    << " H=" << sc.inner_steps << " K=" << sc.quorum << " steps=" << cfg.train.steps << " up=" << ToString(sc.codec.up)
+    << " down=" << ToString(sc.codec.down) << " step=" << std::lround(cfg.timing.step_ms) << "ms link="
+    << cfg.timing.link.bandwidth_mbps << "Mbit/s+" << cfg.timing.link.latency_ms << "ms loss=" << cfg.timing.link.loss;
+  for (const DstFault& f : c.faults)
+    o << (f.kind == DstFault::kKill ? " kill(" : " cut(") << f.learner << "@" << std::lround(f.at_s * 10) / 10.0 << "s+"
+      << std::lround(f.for_s * 10) / 10.0 << "s)";
+  return o.str();
+}
+
+Status RunDstCase(const DstCase& c, const std::string& scratch_dir, DstCaseResult* out) {
+  *out = {};
+  std::error_code ec;
+  fs::remove_all(scratch_dir, ec);
+  fs::create_directories(scratch_dir);
+  const RunConfig& cfg = c.config;
+  // A drawn config must be one the config reader accepts.
+  RunConfig reread;
+  DL_RETURN_IF_ERROR(ParseRunConfig(RunConfigToYaml(cfg), "dst seed " + std::to_string(c.seed), "", {}, &reread)
+                         .WithContext("dst: the drawn config is invalid (a bug in the draw)"));
+  const GptConfig gc = GptConfigOf(cfg.model);
+  const TensorTable table = gpt_tensor_table(gc);
+  std::vector<float> init(table.total_numel());
+  gpt_init_params(gc, cfg.train.seed, init.data());
+  VirtualWorldOptions wo;
+  wo.config = &cfg;
+  wo.run_dir = scratch_dir;
+  wo.table = &table;
+  wo.init_params = init.data();
+  wo.threads = 1;
+  std::unique_ptr<VirtualWorld> world;
+  DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
+  DstWatch watch(*world, &out->violations);
+  world->syncer().on_global = [&](const GlobalMsg& g) { watch.OnGlobal(g); };
+  for (const DstFault& f : c.faults) {
+    const int64_t at = (int64_t)(f.at_s * 1e9), len = (int64_t)(f.for_s * 1e9);
+    if (f.kind == DstFault::kKill) world->KillLearnerAt(at, f.learner, len);
+    else world->PartitionAt(at, f.learner, len);
+  }
+  const Status run = world->Run();
+  const double end_s = world->scheduler().now_ns() / 1e9;
+  out->events = world->scheduler().events_run();
+  out->virtual_s = end_s;
+  out->merges = world->syncer().state().merges;
+  if (!run.ok()) {
+    watch.Add("error", run.message(), end_s);
+    return Status::Ok();
+  }
+  double last_step_s = 0;
+  for (int i = 0; i < world->learners(); i++) {
+    const auto& incs = world->incarnations(i);
+    for (const auto& l : incs) {
+      const LearnerResult& r = l->result();
+      if (r.crc_mismatches > 0 || r.globals_refused > 0)
+        watch.Add("same-bits", LearnerName(i) + " found " + std::to_string(r.crc_mismatches) + " CRC mismatches and refused " +
+                                   std::to_string(r.globals_refused) + " Globals", end_s);
+      last_step_s = std::max(last_step_s, l->last_step_ns() / 1e9);
+    }
+    const LearnerResult& last = incs.back()->result();
+    if (last.crashed || last.steps != cfg.train.steps)
+      watch.Add("progress", LearnerName(i) + " ended at step " + std::to_string(last.steps) + " of " +
+                                std::to_string(cfg.train.steps) + (last.crashed ? " (crashed)" : ""), end_s);
+    uint64_t applied = 0;
+    for (const auto& l : incs) applied += l->result().globals_applied + l->result().snapshots_installed;
+    if (out->merges > 0 && applied == 0)
+      watch.Add("progress", LearnerName(i) + " applied none of the " + std::to_string(out->merges) + " merges", end_s);
+  }
+  const double bound_s = EndBoundS(cfg);
+  if (end_s - last_step_s > bound_s)
+    watch.Add("end", "the job ended " + std::to_string(end_s - last_step_s) + " s after its last learner's last step (bound " +
+                         std::to_string(bound_s) + " s)", end_s);
+  return Status::Ok();
+}
+
+}  // namespace diloco

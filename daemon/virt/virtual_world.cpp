@@ -1,0 +1,125 @@
+#include "daemon/virt/virtual_world.h"
+
+#include "daemon/train/trainer.h"
+#include "kernels/rng.h"
+
+namespace diloco {
+
+namespace {
+
+SyncerOptions SyncerOptionsOf(const VirtualWorldOptions& o) {
+  const RunConfig& cfg = *o.config;
+  SyncerOptions so;
+  so.sync = cfg.sync;
+  so.run_dir = o.run_dir;
+  so.count_limits = CountLimitsOf(cfg);
+  so.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
+  so.exit_when_all_finished = true;
+  return so;
+}
+
+}  // namespace
+
+Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<VirtualWorld>* out) {
+  std::unique_ptr<VirtualWorld> w(new VirtualWorld());
+  w->options_ = options;
+  const RunConfig& cfg = *options.config;
+  const int M = cfg.sync.learners;
+  VirtualWorld* self = w.get();
+  VirtualReceivers receivers;
+  receivers.syncer_uplink = [self](int i, const std::string& topic, net::Message&& m) {
+    self->syncer_->OnUplink(i, topic, std::move(m));
+  };
+  receivers.syncer_router = [self](int i, net::Message&& m) { self->syncer_->OnRequest(i, std::move(m)); };
+  receivers.learner_downlink = [self](int i, net::Message&& m) {
+    self->incarnations_[i].back()->DeliverDownlink(std::move(m));
+  };
+  receivers.learner_dealer = [self](int i, net::Message&& m) {
+    self->incarnations_[i].back()->DeliverDealer(std::move(m));
+  };
+  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, receivers);
+  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, SyncerOptionsOf(options), cfg.timing.merge_gbps,
+                                           *options.table, options.init_params, &w->syncer_));
+  w->incarnations_.resize(M);
+  w->down_.resize(M);
+  w->pending_restarts_.assign(M, 0);
+  *out = std::move(w);
+  return Status::Ok();
+}
+
+VirtualWorld::~VirtualWorld() {
+  baton_.Abort();
+  incarnations_.clear();  // joins the threads
+}
+
+void VirtualWorld::StartLearner(int i, bool join_from_snapshot, long start_step) {
+  const RunConfig& cfg = *options_.config;
+  LearnerOptions lo;
+  lo.index = i;
+  lo.config = &cfg;
+  lo.init_params = join_from_snapshot ? nullptr : options_.init_params;
+  lo.join_from_snapshot = join_from_snapshot;
+  lo.start_step = start_step;
+  lo.threads = options_.threads;
+  lo.run_dir = options_.run_dir;
+  lo.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
+  (void)LearnerDevice(cfg.train, i, cfg.sync.learners, &lo.device);  // checked when the run starts
+  const uint64_t incarnation = mix_seed(cfg.timing.seed ^ (uint64_t)i, 0x1ea7, incarnations_[i].size());
+  baton_.Revive(i);
+  incarnations_[i].push_back(
+      std::make_unique<VirtualLearner>(scheduler_, baton_, *network_, lo, incarnation, options_.metrics));
+  incarnations_[i].back()->Launch();
+}
+
+void VirtualWorld::KillLearnerAt(int64_t t_ns, int learner, int64_t restart_after_ns) {
+  scheduler_.At(t_ns, [this, learner, restart_after_ns] { KillLearner(learner, restart_after_ns); });
+}
+
+void VirtualWorld::KillLearner(int i, int64_t restart_after_ns) {
+  VirtualLearner& l = *incarnations_[i].back();
+  if (l.done() || pending_restarts_[i] > 0) return;  // ended already, or down
+  l.Kill();
+  network_->Disconnect(i);
+  down_[i].push_back({scheduler_.unix_ms(), 0});
+  if (restart_after_ns < 0) return;
+  pending_restarts_[i]++;
+  scheduler_.After(restart_after_ns, [this, i] {
+    pending_restarts_[i]--;
+    down_[i].back().second = scheduler_.unix_ms();
+    network_->Reconnect(i);
+    StartLearner(i, /*join_from_snapshot=*/true, incarnations_[i].back()->steps_done());
+  });
+}
+
+void VirtualWorld::PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns) {
+  scheduler_.At(t_ns, [this, learner, heal_after_ns] {
+    network_->SetCut(learner, true);
+    scheduler_.After(heal_after_ns, [this, learner] { network_->SetCut(learner, false); });
+  });
+}
+
+bool VirtualWorld::AllEnded() const {
+  for (size_t i = 0; i < incarnations_.size(); i++)
+    if (pending_restarts_[i] > 0 || !incarnations_[i].back()->done()) return false;
+  return true;
+}
+
+Status VirtualWorld::Run() {
+  syncer_->Start();
+  for (int i = 0; i < learners(); i++) StartLearner(i, /*join_from_snapshot=*/false, 0);
+  const int64_t linger_ns = (int64_t)options_.config->sync.heartbeat_timeout_ms * 1000000;
+  while (scheduler_.RunNext()) {
+    DL_RETURN_IF_ERROR(syncer_->error());
+    for (const auto& incs : incarnations_)
+      if (incs.back()->done() && !incs.back()->status().ok()) return incs.back()->status();
+    if (options_.after_event) DL_RETURN_IF_ERROR(options_.after_event());
+    if (all_ended_ns_ < 0 && AllEnded()) all_ended_ns_ = scheduler_.now_ns();
+    if (all_ended_ns_ >= 0 && (syncer_->AllDone() || scheduler_.now_ns() - all_ended_ns_ > linger_ns)) break;
+  }
+  if (!AllEnded())
+    return Status::Error("the virtual run stalled at " + std::to_string(scheduler_.now_ns() / 1e9) +
+                         " virtual s with learners still running; this is a bug");
+  return Status::Ok();
+}
+
+}  // namespace diloco

@@ -1,0 +1,77 @@
+// Everything of a virtual run but its files and its summary: the scheduler, the network, the
+// syncer and the learners (each a series of incarnations), and the faults that tests and
+// `dilococtl dst` schedule on them. One thread drives it (Run); learners' threads run only when
+// it hands them the baton.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+#include "daemon/util/jsonl_writer.h"
+#include "daemon/virt/baton.h"
+#include "daemon/virt/scheduler.h"
+#include "daemon/virt/virtual_learner.h"
+#include "daemon/virt/virtual_network.h"
+#include "daemon/virt/virtual_syncer.h"
+#include "kernels/tensor_table.h"
+
+namespace diloco {
+
+struct VirtualWorldOptions {
+  const RunConfig* config = nullptr;
+  std::string run_dir;                 // events.log, global_state.bin, learner-<i>.step ("" = none)
+  const TensorTable* table = nullptr;  // the model's
+  const float* init_params = nullptr;  // version 0 of every fragment
+  int threads = 1;                     // OpenMP threads of each learner (all computes alone)
+  JsonlWriter* metrics = nullptr;      // learners' lines; may be null
+  // Scheduler thread, after every event: a non-OK status stops the run with it (DST's checks).
+  std::function<Status()> after_event;
+};
+
+class VirtualWorld {
+ public:
+  static Status Create(const VirtualWorldOptions& options, std::unique_ptr<VirtualWorld>* out);
+  ~VirtualWorld();  // a run that ended early: every learner still on its thread unwinds
+
+  // Until every learner's last incarnation ended and the syncer heard them finish (a heartbeat
+  // timeout of virtual time at most after that), or an error.
+  Status Run();
+  // After Run: merges what is pending, writes global_state.bin.
+  Status FinishSyncer() { return syncer_->Finish(); }
+
+  // Faults, at virtual time t_ns (scheduled before or during Run). restart_after_ns < 0: never.
+  void KillLearnerAt(int64_t t_ns, int learner, int64_t restart_after_ns);
+  void PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns);
+
+  VirtualScheduler& scheduler() { return scheduler_; }
+  VirtualNetwork& network() { return *network_; }
+  VirtualSyncer& syncer() { return *syncer_; }
+  int learners() const { return (int)incarnations_.size(); }
+  // Learner i's incarnations, in order (the last may still run during Run).
+  const std::vector<std::unique_ptr<VirtualLearner>>& incarnations(int i) const { return incarnations_[i]; }
+  // Per learner: when it was down ([kill, restart) in Unix ms; restart 0 = until the end).
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down_spans() const { return down_; }
+  // When the last learner ended (virtual ns; -1 while one runs).
+  int64_t all_ended_ns() const { return all_ended_ns_; }
+
+ private:
+  VirtualWorld() = default;
+  void StartLearner(int i, bool join_from_snapshot, long start_step);
+  void KillLearner(int i, int64_t restart_after_ns);
+  bool AllEnded() const;
+
+  VirtualWorldOptions options_;
+  VirtualScheduler scheduler_;
+  Baton baton_;
+  std::unique_ptr<VirtualNetwork> network_;
+  std::unique_ptr<VirtualSyncer> syncer_;
+  std::vector<std::vector<std::unique_ptr<VirtualLearner>>> incarnations_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> down_;
+  std::vector<int> pending_restarts_;  // per learner: restarts scheduled, not yet done
+  int64_t all_ended_ns_ = -1;
+};
+
+}  // namespace diloco
