@@ -1,0 +1,99 @@
+// Whole runs under the virtual clock: the same config gives the same bits whatever the machine
+// does meanwhile, and the run's figures are the virtual deployment's, not this machine's.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "daemon/sync/global_state.h"
+#include "daemon/util/crc32c.h"
+#include "daemon/virt/dst.h"
+#include "daemon/virt/virtual_run.h"
+#include "tests/train/local_run_testing.h"
+
+namespace diloco {
+
+namespace {
+
+TrainOptions VirtualTinyRun(const TempDir& tmp, const std::string& name) {
+  TrainOptions o = testing::TinyRun(tmp, 3);
+  o.config.sync.clock = ClockSource::kVirtual;
+  o.config.train.steps = 40;
+  o.config.timing.step_ms = 500;
+  o.config.timing.link = {100, 40, 5, 0};
+  o.config.learners = {{}, {.slowdown = 2.5}, {}};
+  o.run_dir = (tmp.path() / name).string();
+  return o;
+}
+
+uint32_t GlobalStateCrc(const std::string& run_dir) {
+  GlobalState gs;
+  REQUIRE(LoadGlobalState((std::filesystem::path(run_dir) / "global_state.bin").string(), &gs).ok());
+  uint32_t crc = 0;
+  for (const auto& f : gs.fragments) crc = Crc32c(f.theta.data(), f.theta.size() * sizeof(float), crc);
+  return crc;
+}
+
+}  // namespace
+
+TEST_CASE("virtual clock: two runs of one config give the same summary and bits, one of them beside a CPU hog",
+          "[virt][e2e]") {
+  TempDir tmp;
+  TrainSummary a, b;
+  VirtualRunStats sa, sb;
+  REQUIRE(RunVirtual(VirtualTinyRun(tmp, "a"), &a, nullptr, &sa).ok());
+  {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> hogs;
+    for (int i = 0; i < 2; i++)
+      hogs.emplace_back([&] {
+        volatile double x = 1;
+        while (!stop) x = x * 1.0000001 + 1e-9;
+      });
+    const Status st = RunVirtual(VirtualTinyRun(tmp, "b"), &b, nullptr, &sb);
+    stop = true;
+    for (auto& t : hogs) t.join();
+    REQUIRE(st.ok());
+  }
+  nlohmann::json ja = TrainSummaryObject(a), jb = TrainSummaryObject(b);
+  ja.erase("run_dir");
+  jb.erase("run_dir");
+  ja.erase("checkpoint");
+  jb.erase("checkpoint");
+  CHECK(ja.dump() == jb.dump());
+  CHECK(GlobalStateCrc((tmp.path() / "a").string()) == GlobalStateCrc((tmp.path() / "b").string()));
+  CHECK(sa.events == sb.events);
+  CHECK(a.outer_steps > 0);
+  CHECK(a.final_val_loss < a.initial_val_loss);
+  // Virtual time: 40 steps of 0.5 s, the slow learner 2.5 x that, whatever this machine took.
+  CHECK(a.wall_s >= 40 * 0.5 * 2.5);
+  CHECK(a.wall_s < 40 * 0.5 * 2.5 * 1.5);
+}
+
+TEST_CASE("virtual clock: a run the virtual runtime cannot do is refused before it starts", "[virt]") {
+  TempDir tmp;
+  TrainOptions o = VirtualTinyRun(tmp, "r");
+  o.config.sync.mode = SyncMode::kDdp;
+  TrainSummary s;
+  const Status st = RunVirtual(o, &s);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.message().find("ddp") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(tmp.path() / "r"));
+}
+
+TEST_CASE("dst: drawn cases pass every invariant", "[virt][dst]") {
+  TempDir tmp;
+  RunConfig base;
+  REQUIRE(DstBaseConfig(tmp.path().string(), &base).ok());
+  for (uint64_t seed = 1; seed <= 20; seed++) {
+    const DstCase c = DrawDstCase(seed, base);
+    DstCaseResult r;
+    REQUIRE(RunDstCase(c, (tmp.path() / "case").string(), &r).ok());
+    INFO(DescribeDstCase(c));
+    for (const DstViolation& v : r.violations) INFO(v.invariant + ": " + v.detail);
+    CHECK(r.violations.empty());
+  }
+}
+
+}  // namespace diloco
