@@ -618,6 +618,7 @@ struct Daemon::Impl {
                             ", learners: [" + config.site + ", " + config.site + "]}"},
               {"usage", "1"}};
     }
+    if (Status st = CheckDaemonCanRun(cfg, get("source")); !st.ok()) return ControlArgs{{"error", st.message()}, {"usage", "1"}};
     for (const std::string& site : SitesOf(cfg)) {
       if (site != config.site && !config.FindPeer(site)) {
         std::string known = config.site;

@@ -28,6 +28,11 @@ uint64_t MachineMemoryBytes();
 Status CheckJobFitsMemory(const std::string& site, const RunConfig& cfg, int learners_here, bool syncer_here,
                           uint64_t memory_bytes);
 
+// What a daemon job cannot run, refused at submit with what to do instead: sync.mode ddp (one
+// process ring averaging gradients every step, no syncer: `dilococtl train`) and sync.clock
+// virtual (virtual time is for local runs: `dilococtl train`).
+Status CheckDaemonCanRun(const RunConfig& cfg, const std::string& config_source);
+
 // A job's corpus on a site with these data_roots (canonical directories): the path, symlinks
 // followed, must lie under one of them, and so must every file under it when it is a directory
 // (a symlink inside a root cannot lead out). No roots: every corpus is refused, with what to add.

@@ -1,6 +1,7 @@
 # Tests of daemon/control and the daemon config: units, and real dilocod processes ([e2e]).
 diloco_test(control_tests
   control/test_daemon_config.cpp
+  control/test_job_limits.cpp
   control/test_ring_store.cpp
   control/test_job_store.cpp
   control/test_site_chaos.cpp
