@@ -47,6 +47,9 @@
 //     Θ_p, its version and CRC32C, and every fragment's version (the cut after which Globals apply).
 // SyncerStatus also goes out every status_interval_ms.
 //
+// The decisions above are SyncerCore's (syncer_core.h), a sans-IO core a virtual runtime drives
+// too; Syncer is its wall-clock runtime: the sockets, the poll loop, the files.
+//
 // Threading: Create on any thread, then Run on one thread; RequestStop from any thread.
 #pragma once
 
@@ -178,7 +181,7 @@ class Syncer {
  private:
   struct Impl;
   Syncer() = default;
-  void RefreshStatus(bool running);  // status_ from the loop's state (Run's thread)
+  void RefreshStatus(bool running);  // status_ from the core's state (Run's thread)
   std::unique_ptr<Impl> impl_;
   std::vector<Fragment> fragments_;
   GlobalState state_;

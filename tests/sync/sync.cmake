@@ -8,6 +8,7 @@ diloco_test(sync_tests
   sync/test_merge.cpp
   sync/test_merger.cpp
   sync/test_round_book.cpp
+  sync/test_syncer_core.cpp
   sync/test_update_log.cpp
 )
 target_link_libraries(sync_tests PRIVATE diloco_sync diloco_syncer)
