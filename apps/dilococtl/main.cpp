@@ -2,9 +2,12 @@
 // Exit codes: 0 ok, 1 failed, 2 usage.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+
 #include "apps/dilococtl/dst_command.h"
 #include "apps/dilococtl/job_commands.h"
 #include "apps/dilococtl/plan_command.h"
+#include "daemon/config/run_config.h"
 #include "daemon/ctl/commands.h"
 
 namespace {
@@ -214,6 +217,11 @@ int main(int argc, char** argv) {
   syncer->add_option("--rounds", bench_syncer.rounds, "Timed rounds (median)")->capture_default_str();
   syncer->add_flag("--json", bench_syncer.json, "Print one JSON object");
 
+  CLI::App* config_cmd = app.add_subcommand("config", "About run configs");
+  config_cmd->require_subcommand(1);
+  CLI::App* config_keys = config_cmd->add_subcommand(
+      "keys", "Every run-config key: type, default, range, meaning (Markdown; README's key list)");
+
   KeygenCommand keygen;
   CLI::App* keygen_cmd = app.add_subcommand("keygen", "Write a CURVE key pair (DIR/key.public, DIR/key.secret)");
   keygen_cmd->add_option("--out", keygen.out_dir, "Directory for the key files")->required();
@@ -246,5 +254,6 @@ int main(int argc, char** argv) {
   if (transport->parsed()) return RunBenchTransportCommand(bench_transport);
   if (syncer->parsed()) return RunBenchSyncerCommand(bench_syncer);
   if (keygen_cmd->parsed()) return RunKeygenCommand(keygen);
+  if (config_keys->parsed()) return std::fputs(RunConfigKeysMarkdown().c_str(), stdout) < 0 ? 1 : 0;
   return 2;
 }

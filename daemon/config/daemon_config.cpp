@@ -6,13 +6,13 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "daemon/config/run_config.h"
+#include "daemon/config/site_name.h"
 #include "daemon/config/yaml_helpers.h"
 
 namespace diloco {
@@ -22,16 +22,9 @@ namespace fs = std::filesystem;
 using config_internal::DidYouMean;
 using config_internal::Describe;
 using config_internal::Join;
+using config_internal::ParseInt;
 using config_internal::Where;
 using config_internal::ResolvePath;
-
-bool IsSiteName(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') return false;
-  }
-  return true;
-}
 
 // Reads one mapping, refusing keys it does not know.
 class Section {
@@ -101,8 +94,7 @@ class Section {
     const YAML::Node n = Get(key);
     if (!n.IsDefined() || n.IsNull()) return Status::Ok();
     const std::string text = n.IsScalar() ? n.Scalar() : "";
-    auto r = std::from_chars(text.data(), text.data() + text.size(), *out);
-    if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size()) {
+    if (!ParseInt(text, out)) {
       return Status::Error(WhereOf(key) + ": " + Full(key) + ": expected an integer, got " + Describe(n));
     }
     return Status::Ok();
@@ -170,9 +162,8 @@ Status ReadDevices(const Section& top, SiteDevices* out) {
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string text = list[i].IsScalar() ? list[i].Scalar() : "";
     int gpu = -1;
-    auto r = std::from_chars(text.data(), text.data() + text.size(), gpu);
     const std::string item_where = Where(top.source(), list[i].Mark());
-    if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size() || gpu < 0) {
+    if (!ParseInt(text, &gpu) || gpu < 0) {
       return Status::Error(item_where + ": devices.cuda." + std::to_string(i) +
                            ": expected a GPU index (0, 1, ...), got " + Describe(list[i]));
     }
@@ -390,8 +381,8 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
 
   if (!IsSiteName(c.site)) {
     return Status::Error(top.WhereOf("site") + ": site: " +
-                         (c.site.empty() ? std::string("is required") : "'" + c.site + "' is not a site name") +
-                         ": this site's name (letters, digits, '-', '_', '.'), as run configs' placement names it");
+                         (c.site.empty() ? std::string("is required") : "'" + c.site + "' is not a site name") + " (" +
+                         std::string(kSiteNameRule) + "): this site's name, as run configs' placement names it");
   }
   if (c.state_dir.empty()) {
     return Status::Error(top.WhereOf("state_dir") +
@@ -438,7 +429,8 @@ Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source
     DL_RETURN_IF_ERROR(ps.String("public_key_file", &key_file));
     if (!IsSiteName(p.site)) {
       return Status::Error(ps.WhereOf("site") + ": " + path + ".site: " +
-                           (p.site.empty() ? std::string("is required") : "'" + p.site + "' is not a site name"));
+                           (p.site.empty() ? std::string("is required")
+                                          : "'" + p.site + "' is not a site name (" + std::string(kSiteNameRule) + ")"));
     }
     if (!sites.insert(p.site).second) {
       return Status::Error(ps.WhereOf("site") + ": " + path + ".site: '" + p.site +

@@ -1,8 +1,9 @@
 // The typed, validated config of a training run (`dilococtl train CONFIG
 // [--set key=value]...`): a YAML file with the sections model, data, train,
-// eval, sync, learners, placement and chaos, plus command-line overrides. Every key, its type
-// and its default is listed below (sync and learners: sync_config.h; chaos: chaos_config.h);
-// run_config.cpp holds the one table that maps key paths to these fields.
+// eval, sync, learners, placement, timing and chaos, plus command-line overrides. The fields are
+// below (sync and learners: sync_config.h; chaos: chaos_config.h); the one table of keys that
+// binds them to their paths, ranges and doc lines is run_config_keys.cpp, and README's key list
+// is printed from it (`dilococtl config keys`).
 //
 //   model:  {n_layer: 4, n_embd: 128, n_head: 4, block_size: 64, vocab_size: 256}
 //   data:   {corpus: PATH, format: bytes, val_fraction: 0.1}
@@ -179,5 +180,13 @@ Status ParseRunConfig(const std::string& yaml_text, const std::string& source_na
 // back exactly, the corpus as an absolute path. ParseRunConfig of the result
 // gives back an equal RunConfig.
 std::string RunConfigToYaml(const RunConfig& config);
+
+// Every key as the key list shows it, list items as [i]: "train.lr", "learners[i].link.loss",
+// "chaos.events[i].kill.learner".
+std::vector<std::string> RunConfigKeyNames();
+
+// The key table as Markdown: key, type, default, range, what else checks it, meaning. README's
+// key list is this text (`dilococtl config keys` prints it; scripts/readme-keys.sh rewrites it).
+std::string RunConfigKeysMarkdown();
 
 }  // namespace diloco

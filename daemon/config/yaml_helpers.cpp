@@ -1,6 +1,9 @@
 #include "daemon/config/yaml_helpers.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cctype>
 #include <filesystem>
 
 namespace diloco::config_internal {
@@ -21,7 +24,30 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// from_chars over the whole of text, after an optional '+' (from_chars takes only '-'); a sign
+// must be alone and followed by a digit or a '.', so "+-1", "-+1", "+" and "-" are not numbers.
+template <typename T>
+bool ParseWhole(std::string_view text, T* out) {
+  const bool plus = !text.empty() && text[0] == '+';
+  if (plus) text.remove_prefix(1);
+  const bool minus = !text.empty() && text[0] == '-';
+  if (plus && minus) return false;
+  const size_t first = minus ? 1 : 0;
+  if (text.size() <= first || !(std::isdigit(static_cast<unsigned char>(text[first])) || text[first] == '.')) {
+    return false;
+  }
+  const char* end = text.data() + text.size();
+  const auto result = std::from_chars(text.data(), end, *out);
+  return result.ec == std::errc() && result.ptr == end;
+}
+
 }  // namespace
+
+bool ParseInt(std::string_view text, int* out) { return ParseWhole(text, out); }
+
+bool ParseUint64(std::string_view text, uint64_t* out) { return ParseWhole(text, out); }
+
+bool ParseDouble(std::string_view text, double* out) { return ParseWhole(text, out) && std::isfinite(*out); }
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;

@@ -2,7 +2,9 @@
 // node is described in a message, where it is ("file:line:col"), and "did you mean" hints.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -24,5 +26,13 @@ std::string Where(const std::string& source, const YAML::Mark& mark);
 // Absolute, lexically normal form of path; a relative path resolves against base (the current
 // working directory when base is empty). "" stays "".
 std::string ResolvePath(const std::string& path, const std::string& base);
+
+// A scalar as a number, by one rule for every config file: decimal digits with an optional sign
+// ('+' too, as YAML's core schema reads "+5"), the whole text; no hex, octal or digit separators.
+// Integers have no decimal point or exponent and must fit; doubles may have both and must be
+// finite. false leaves *out unspecified.
+bool ParseInt(std::string_view text, int* out);
+bool ParseUint64(std::string_view text, uint64_t* out);
+bool ParseDouble(std::string_view text, double* out);
 
 }  // namespace diloco::config_internal

@@ -222,7 +222,7 @@ TEST_CASE("values of the wrong type name the place, the key and what was expecte
              StartsWith("run.yaml:3:8: train: expected a section (a mapping of keys), got '5'"));
   CHECK_THAT(ErrorOf("- a\n- b\n"),
              StartsWith("run.yaml:1:1: expected a mapping of sections (model, data, train, eval, "
-                        "sync, learners, placement, chaos)"));
+                        "sync, learners, placement, timing, chaos)"));
 
   // Accepted number forms.
   RunConfig config;

@@ -230,7 +230,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
                         "learners, fragments, inner_steps, overlap, quorum, grace, "));
   CHECK_THAT(ErrorOf(head + "  quorom: 2\n"), Contains("did you mean 'quorum'?"));
   CHECK(ErrorOf(std::string(kMinimal) + "learners:\n  - {slowdwn: 2}\n") ==
-        "run.yaml:4:6: unknown key 'learners.0.slowdwn'; known keys in 'learners.0': slowdown, jitter; "
+        "run.yaml:4:6: unknown key 'learners.0.slowdwn'; known keys in 'learners.0': slowdown, jitter, link; "
         "did you mean 'slowdown'?");
   CHECK_THAT(ErrorOf(head + "  grace: {gamma: 1}\n  grace: {cap_ms: 1}\n"),
              StartsWith("run.yaml:5:3: key 'sync.grace' appears twice; merge its keys into one"));
@@ -239,7 +239,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
                         "known keys in 'sync.link': bandwidth_mbps, latency_ms, jitter_ms, loss"));
   CHECK_THAT(ErrorOf(kMinimal, {"snyc.mode=ddp"}),
              StartsWith("--set snyc.mode=ddp: unknown section 'snyc'; known sections: model, data, "
-                        "train, eval, sync, learners, placement, chaos; did you mean 'sync'?"));
+                        "train, eval, sync, learners, placement, timing, chaos; did you mean 'sync'?"));
 }
 
 TEST_CASE("nested values of the wrong type or spelling say what is expected", "[unit][config]") {
@@ -260,7 +260,7 @@ TEST_CASE("nested values of the wrong type or spelling say what is expected", "[
   CHECK_THAT(ErrorOf(head + "  grace:\n    gamma: [1]\n"),
              StartsWith("run.yaml:5:12: sync.grace.gamma: expected a number, got a sequence"));
   CHECK(ErrorOf(std::string(kMinimal) + "learners: {slowdown: 3}\n") ==
-        "run.yaml:3:11: learners: expected a list of sections (keys: slowdown, jitter), e.g. learners: "
+        "run.yaml:3:11: learners: expected a list of sections (keys: slowdown, jitter, link), e.g. learners: "
         "[{slowdown: ...}], got a mapping");
   CHECK(ErrorOf(std::string(kMinimal) + "learners: [{slowdown: 2}, 3]\n") ==
         "run.yaml:3:27: learners.1: expected a section (a mapping of keys), got '3'");
