@@ -19,8 +19,9 @@
 // LayerNorm of a block's input is the unfused call on the stored bf16
 // residual, which normalises the same values in the same order as the fused
 // residual-add + LayerNorm of the forward, so the gradients are the stored
-// path's bits (when the per-layer slots keep cuBLASLt's alignment: see
-// slot_bytes_aligned in the tests).
+// path's bits, provided cuBLASLt sees the same pointer alignments in both
+// (it picks its algorithm by them): max_batch * T * C a multiple of 128, so
+// every per-layer slot starts on 256 bytes as the single recompute slot does.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -354,8 +355,9 @@ void CudaBackend::upload_optimizer(const AdamWState& state) {
   DL_CHECK(state.m.empty() || (state.m.size() == n && state.v.size() == n), "AdamW state of %zu values, model %zu",
            state.m.size(), n);
   set_device(device_);
-  if (count == 0) {
-  } else if (state.m.empty()) {
+  step_ = state.step;
+  if (count == 0) return;  // a rank of a sharded ring that owns nothing
+  if (state.m.empty()) {
     fill_bytes(m_.get(), 0, count * sizeof(float), stream_);
     fill_bytes(v_.get(), 0, count * sizeof(float), stream_);
     synchronize(stream_);
@@ -363,7 +365,6 @@ void CudaBackend::upload_optimizer(const AdamWState& state) {
     copy_to_device(m_.get(), state.m.data() + shard_.offset, count * sizeof(float), stream_);
     copy_to_device(v_.get(), state.v.data() + shard_.offset, count * sizeof(float), stream_);
   }
-  step_ = state.step;
 }
 
 void CudaBackend::upload_batch(const int* inputs, const int* targets, int B, int T) {
