@@ -138,11 +138,6 @@ std::string CreateBackend(const std::string& device, const BackendOptions& optio
     *out = std::make_unique<CpuBackend>(options);
     return "";
   }
-  if (options.shard != ShardMode::kNone)
-    return "train.shard: " + std::string(kShardModeNames[(int)options.shard]) +
-           " runs on the cpu backend only so far; on " + device + " set train.shard: none";
-  if (options.recompute)
-    return "train.recompute runs on the cpu backend only so far; on " + device + " set train.recompute: false";
   if (const int index = CudaIndex(device); index >= 0) {
     // Not compiled, no GPU, index out of range: CheckDeviceAvailable says which, and what to do.
     if (std::string err = CheckDeviceAvailable(device, 1); !err.empty()) return "device \"" + device + "\": " + err;

@@ -6,6 +6,11 @@
 #      bf16 <= 1e-2, poisoned outputs; each row shows the largest error)
 #   3. a full training step against the CPU engine (loss, per-tensor
 #      gradient norms), and a 1-rank NCCL all-reduce
+#   3b. issue 29 on the GPU: train.shard (ZeRO-1/2) against the unsharded
+#      ring, bit for bit, on rings of 1, 2 and 4 backends sharing GPU 0
+#      (thread collectives staged through the host) and over NCCL (2 GPUs
+#      when present, else 1 rank); train.recompute against stored
+#      activations, bit for bit; allocated() against cudaMemGetInfo
 #   4. benchmarks: GPT-2 124M training tokens/s and MFU; memory-bound
 #      kernels' GB/s against a measured device copy; codec GB/s; each op of
 #      a GPT-2 step timed alone (cuda_bench breakdown)
@@ -14,7 +19,8 @@
 #      here (the repo's text as bytes spread over GPT-2's 50257 ids: the loss
 #      must fall from ln 50257), then a 2-learner decoupled local job sharing
 #      the one GPU (loss falls; tokens/s printed); `dilococtl plan`'s device memory for the first
-#      run against nvidia-smi's peak memory.used during it
+#      run against nvidia-smi's peak memory.used during it, and for a 1.3B model (L24 C2048, B=4,
+#      with and without recompute) against cudaMemGetInfo (cuda_bench memory)
 # Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
 # step, summary.txt); a short table is printed last.
 # Budget: the build takes a few minutes on a 16-core machine; the checks
@@ -144,7 +150,8 @@ if ((failed == 0)); then
   # row gives the largest error of the case's checks, relative to the
   # reference's largest value.
   export DILOCO_PRINT_MAX_ERROR=1
-  mapfile -t cases < <("$bin/cuda_tests" --list-test-names-only "[cuda]~[nccl]~[step]" | grep "^cuda:")
+  mapfile -t cases < <("$bin/cuda_tests" --list-test-names-only "[cuda]~[nccl]~[step]~[zero]~[recompute]~[memory]" |
+    grep "^cuda:")
   ((${#cases[@]} > 0)) || { row "CUDA ops vs CPU" "no [cuda] test cases listed" "all pass" FAIL; failed=1; }
   i=0
   for c in "${cases[@]}"; do
@@ -166,7 +173,7 @@ if ((failed == 0)); then
   else row "training step vs CPU" "${summary:-exit $rc}" "bf16 tol" FAIL; failed=1; fi
 
   if ldd "$bin/cuda_tests" | grep -q libnccl; then
-    run nccl 40 "$bin/cuda_tests" "[nccl]"
+    run nccl 40 "$bin/cuda_tests" "[nccl]~[zero]"
     rc=$?
     summary=$(catch_summary "$LOG_DIR/nccl.log")
     if ((rc == 0)) && grep -q "assertions" "$LOG_DIR/nccl.log" && [[ $summary != SKIPPED* ]]; then
@@ -176,6 +183,35 @@ if ((failed == 0)); then
     row "NCCL all-reduce, 1 rank" "cuda_tests built without NCCL" "pass" FAIL
     failed=1
   fi
+  # ---- 3b. sharded state, recompute, allocated() (issue 29) ----
+  # check_case NAME TIMEOUT LABEL TARGET FILTER: one row from a cuda_tests run (FAIL fails the script).
+  check_case() {
+    local name=$1 limit=$2 label=$3 target=$4 filter=$5 summary
+    run "$name" "$limit" "$bin/cuda_tests" "$filter"
+    local rc=$?
+    summary=$(catch_summary "$LOG_DIR/$name.log")
+    if ((rc == 0)) && grep -q "assertions" "$LOG_DIR/$name.log" && [[ $summary != SKIPPED* ]]; then
+      row "$label" "$summary" "$target" PASS
+    else
+      row "$label" "${summary:-exit $rc}" "$target" FAIL
+      failed=1
+    fi
+  }
+  check_case zero 240 "shard vs none, 1/2/4 ranks on 1 GPU" "bitwise" "[zero]~[nccl]~[recompute]"
+  ngpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+  if ((ngpus >= 2)); then zero_ranks=2; else
+    zero_ranks=1
+    echo "   one GPU: the 2-rank NCCL sharded ring is skipped; a 1-rank NCCL ring runs instead"
+  fi
+  if ldd "$bin/cuda_tests" | grep -q libnccl; then
+    check_case zero_nccl 120 "shard vs none over NCCL, $zero_ranks rank(s)" "bitwise" "[zero][nccl]"
+  else
+    row "shard vs none over NCCL" "cuda_tests built without NCCL" "bitwise" FAIL
+    failed=1
+  fi
+  check_case recompute 120 "recompute vs stored activations" "bitwise" "[recompute]"
+  check_case memory 60 "allocated() vs cudaMemGetInfo (small)" "-4..+96 MiB" "[memory]"
+
   # ---- 4. benchmarks ----
   run bench_kernels 60 "$bin/cuda_bench" kernels || failed=1
   run bench_gpt2 90 "$bin/cuda_bench" gpt2 "$GPT2_BATCH" "$GPT2_STEPS" || failed=1
@@ -228,6 +264,20 @@ PY
         python3 -c 'import json,sys; print(round(json.loads(sys.stdin.read().strip().splitlines()[-1])["total_bytes"] / 2**20))')
       ok=$(awk -v p="${plan_mib:-0}" -v m="${peak_mib:-0}" 'BEGIN { print (m > 0 && p > 0.85 * m && p < 1.05 * m) ? "PASS" : "BELOW" }')
       row "plan vs nvidia-smi peak (gpt2, B=8)" "plan ${plan_mib:-?} MiB, used ${peak_mib:-?} MiB" "-15%..+5%" "$ok"
+      # A 1B-class model (1.3B: L24 C2048 NH16, T 1024, GPT-2 vocab, B=4): the plan against the device
+      # memory one backend of that shape takes through a step (cudaMemGetInfo, context excluded).
+      for recompute in false true; do
+        run "memory_1b_$recompute" 180 "$bin/cuda_bench" memory 24 2048 16 1024 50257 4 \
+          "$([[ $recompute == true ]] && echo recompute)"
+        taken_mib=$(awk '/^RESULT memory_taken_mib/ { printf "%d", $3 }' "$LOG_DIR/memory_1b_$recompute.log")
+        plan_mib=$("$bin/dilococtl" plan configs/gpt2-124m.yaml --json --set data.corpus="$tokens" \
+          --set train.device=cuda --set model.n_layer=24 --set model.n_embd=2048 --set model.n_head=16 \
+          --set train.batch_size=4 --set train.recompute="$recompute" 2>"$LOG_DIR/plan_1b_$recompute.log" |
+          python3 -c 'import json,sys; print(round(json.loads(sys.stdin.read().strip().splitlines()[-1])["total_bytes"] / 2**20))')
+        ok=$(awk -v p="${plan_mib:-0}" -v m="${taken_mib:-0}" 'BEGIN { print (m > 0 && p > 0.95 * m && p < 1.05 * m) ? "PASS" : "BELOW" }')
+        row "plan vs cudaMemGetInfo (1.3B, B=4$([[ $recompute == true ]] && echo ", recompute"))" \
+          "plan ${plan_mib:-?} MiB, taken ${taken_mib:-?} MiB" "+-5%" "$ok"
+      done
       read -r _ val tps train_loss <<<"$(summary_of "$LOG_DIR/train_gpt2.log")"
       mfu=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 100 * t * 6 * 124.4e6 / 989e12 }')
       ok=$(awk -v l="$train_loss" 'BEGIN { print (l < 10.0 - 2) ? "PASS" : "FAIL" }')  # ln 50257 = 10.8

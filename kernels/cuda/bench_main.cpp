@@ -6,6 +6,11 @@
 //   cuda_bench breakdown [B]      each op of a GPT-2 124M step timed alone
 //                                 at its shapes, times its count per step:
 //                                 which kernel holds the step back
+//   cuda_bench memory L C NH T V B [recompute]
+//                                 the device memory (cudaMemGetInfo) a
+//                                 backend of that shape takes through one
+//                                 training step, against its allocated():
+//                                 what dilococtl plan is checked against
 // Every result is one line "RESULT <name> <value> <unit> <target>" (the
 // script turns them into its table), after human-readable lines.
 // MFU counts 6 * params + 12 * L * C * T FLOPs per token (PaLM's estimate,
@@ -323,6 +328,54 @@ int bench_breakdown(int B) {
   return 0;
 }
 
+// The device memory one backend takes, measured with cudaMemGetInfo from after the context exists
+// (the plan does not model the context) to after a training step (cuBLASLt's workspace and any
+// lazy allocation are in by then). Parameters stay zero: the memory does not depend on them, and
+// a host init of a 1B model would take longer than the step.
+int bench_memory(int argc, char** argv) {
+  if (argc < 8) {
+    std::fprintf(stderr, "usage: cuda_bench memory L C NH T V B [recompute]\n");
+    return 2;
+  }
+  GptConfig c;
+  c.n_layer = std::atoi(argv[2]);
+  c.n_embd = std::atoi(argv[3]);
+  c.n_head = std::atoi(argv[4]);
+  c.block_size = std::atoi(argv[5]);
+  c.vocab_size = std::atoi(argv[6]);
+  const int B = std::atoi(argv[7]), T = c.block_size;
+  BackendOptions o{c, B};
+  o.recompute = argc > 8 && std::strcmp(argv[8], "recompute") == 0;
+  const size_t before = device_memory_used_bytes();
+  std::unique_ptr<TrainingBackend> backend;
+  if (const std::string err = CreateCudaBackend(0, o, &backend); !err.empty()) {
+    std::fprintf(stderr, "cuda_bench: %s\n", err.c_str());
+    return 1;
+  }
+  std::vector<int> in((size_t)B * T), tg((size_t)B * T);
+  for (size_t i = 0; i < in.size(); i++) {
+    in[i] = (int)(i * 7919 % c.vocab_size);
+    tg[i] = (int)((i * 104729 + 1) % c.vocab_size);
+  }
+  const StepStats st = backend->train_step(in.data(), tg.data(), B, T, AdamWHyper{}, 1.0);
+  synchronize();
+  const size_t taken = device_memory_used_bytes() - before;
+  const TrainingBackend::Allocated a = backend->allocated();
+  const size_t sum = a.params + a.params_low + a.grads + a.moments + a.outer_state + a.activations;
+  const double MiB = 1048576.0;
+  std::printf("%s: L%d C%d NH%d T%d V%d B%d%s, %zu parameters, step loss %.3f\n", backend->name().c_str(), c.n_layer,
+              c.n_embd, c.n_head, T, c.vocab_size, B, o.recompute ? " recompute" : "", backend->num_params(),
+              st.loss);
+  std::printf("allocated(): params %.1f, bf16 %.1f, grads %.1f, moments %.1f, outer %.1f, activations %.1f MiB"
+              " = %.1f MiB\n",
+              a.params / MiB, a.params_low / MiB, a.grads / MiB, a.moments / MiB, a.outer_state / MiB,
+              a.activations / MiB, sum / MiB);
+  std::printf("cudaMemGetInfo: %.1f MiB taken by the backend through one step\n", taken / MiB);
+  result("memory_taken_mib", taken / MiB, "MiB", "-");
+  result("memory_allocated_mib", sum / MiB, "MiB", "-");
+  return 0;
+}
+
 }  // namespace
 }  // namespace diloco::cuda
 
@@ -337,6 +390,9 @@ int main(int argc, char** argv) {
   if (mode == "gpt2") return bench_gpt2(argc > 2 ? std::atoi(argv[2]) : 32, argc > 3 ? std::atoi(argv[3]) : 10);
   if (mode == "kernels") return bench_kernels();
   if (mode == "breakdown") return bench_breakdown(argc > 2 ? std::atoi(argv[2]) : 32);
-  std::fprintf(stderr, "usage: cuda_bench gpt2 [batch] [steps] | cuda_bench kernels | cuda_bench breakdown [batch]\n");
+  if (mode == "memory") return bench_memory(argc, argv);
+  std::fprintf(stderr,
+               "usage: cuda_bench gpt2 [batch] [steps] | cuda_bench kernels | cuda_bench breakdown [batch] | "
+               "cuda_bench memory L C NH T V B [recompute]\n");
   return 2;
 }

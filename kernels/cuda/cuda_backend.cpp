@@ -3,6 +3,25 @@
 // (kernels/gpt.cpp) op for op, with two differences: the residual adds are
 // fused into the LayerNorms that follow them, and attention keeps the row
 // log-sum-exp instead of the (T,T) probabilities.
+//
+// train.shard (kernels/shard.h) on a GPU ring: gradients reduce-scattered
+// (ZeRO-1: the whole buffer after backward; ZeRO-2: bucket by bucket as the
+// backward finishes them, grad_buckets.h), AdamW moments kept and updated for
+// this rank's shard only, the global norm from the ranks' chunk sums, and the
+// updated shard all-gathered. The fp32 parameters stay whole on every rank:
+// param_buffer(), download_params and the outer-sync state's pieces
+// (daemon/train/outer_state.h) read and write fp32 θ anywhere in the table,
+// so the gather moves fp32 and each rank refreshes its bf16 copy from it.
+//
+// train.recompute: the forward keeps each block's output (the next block's
+// input) and one block's worth of the other activations; the backward runs
+// block l's forward again from its input before its backward. The recomputed
+// LayerNorm of a block's input is the unfused call on the stored bf16
+// residual, which normalises the same values in the same order as the fused
+// residual-add + LayerNorm of the forward, so the gradients are the stored
+// path's bits, provided cuBLASLt sees the same pointer alignments in both
+// (it picks its algorithm by them): max_batch * T * C a multiple of 128, so
+// every per-layer slot starts on 256 bytes as the single recompute slot does.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -13,10 +32,13 @@
 #include "kernels/check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grad_buckets.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/grad_clip.h"
 
 namespace diloco::cuda {
+
+static_assert(kNormChunk == kShardAlign, "shards must end on norm chunks (kernels/shard.h)");
 
 namespace {
 
@@ -41,7 +63,7 @@ class CudaBackend final : public TrainingBackend {
   void upload_optimizer(const AdamWState& state) override;
 
   double forward_backward(const int* inputs, const int* targets, int B, int T) override;
-  float* grad_buffer() override { return grads_.get(); }
+  float* grad_buffer() override { return grads_.get(); }  // null with ZeRO-2
   MemorySpace grad_memory() const override { return MemorySpace::kDevice; }
   void download_grads(float* host) const override;
   StepStats apply_update(double loss, const AdamWHyper& hp, double grad_clip) override;
@@ -56,11 +78,15 @@ class CudaBackend final : public TrainingBackend {
   void sync_fold(int p, FoldMode mode, double alpha, FoldIncluded included) override;
   void sync_shift_at_send(int p) override;
   void sync_read_base(int p, float* packed) const override;
+  ParamRange optimizer_range() const override { return shard_; }
+  ShardMode shard() const override { return shard_mode_; }
+  CommStatus sharded_train_step(LocalComm& comm, const int* inputs, const int* targets, int B, int T,
+                                const AdamWHyper& hp, double grad_clip, StepStats* stats) override;
   Allocated allocated() const override {
     Allocated a;
     a.params = params_.size() * sizeof(float);
     a.params_low = params16_.size() * sizeof(bf16);
-    a.grads = grads_.size() * sizeof(float);
+    a.grads = grads_.size() * sizeof(float) + (buckets_ ? buckets_->bytes() : 0);
     a.moments = (m_.size() + v_.size()) * sizeof(float);
     size_t outer = sync_theta_.size() + sync_values_.size() + sync_residual_.size();
     for (const SyncFragment& f : sync_)
@@ -95,28 +121,48 @@ class CudaBackend final : public TrainingBackend {
   bool bad_flag();                                           // reads sync_bad_ (waits for the stream)
 
   void upload_batch(const int* inputs, const int* targets, int B, int T);
+  void upload_token_buckets(const int* inputs, int N);  // the encoder backward's, for backward()
   void forward(int B, int T, bool backward_follows);
+  void block_forward(int l, int B, int T, bool whole);  // whole: through fcproj and the next LayerNorm
   void backward(int B, int T);
   double read_loss();
+  // Gradient buckets: no-ops on a whole gradient buffer; ZeRO-2 opens and reduce-scatters them.
+  void open_bucket(size_t offset, size_t count) {
+    if (buckets_) buckets_->Open(offset, count);
+  }
+  void close_bucket(size_t offset, size_t count) {
+    if (buckets_) buckets_->Close(offset, count);
+  }
+  size_t block_numel(int l) const {
+    return (l + 1 < config_.n_layer ? offset(l + 1, kLn1w) : off_lnfw_) - offset(l, kLn1w);
+  }
+  // The squared global norm of this rank's shard of the mean gradients, summed over the ring.
+  CommStatus sharded_norm(LocalComm& comm, const float* grads, double* norm);
 
   size_t offset(int l, BlockTensor k) const { return block_offsets_[(size_t)l * kNumBlockTensors + k]; }
   const bf16* w16(size_t off) const { return params16_.get() + off; }
-  float* g32(size_t off) { return grads_.get() + off; }
+  float* g32(size_t off) { return buckets_ ? buckets_->At(off) : grads_.get() + off; }
+  size_t slot(int l) const { return recompute_ ? 0 : (size_t)l; }  // a per-layer activation slot
 
   int device_;
   std::string name_;
   GptConfig config_;
   int max_batch_;
+  bool recompute_;
+  ShardMode shard_mode_;
+  std::vector<size_t> shard_counts_;  // ShardCounts of the ring (sharded only)
+  ParamRange shard_;                   // the range whose AdamW state this rank keeps: all unsharded
   TensorTable table_;
   size_t off_wte_, off_wpe_, off_lnfw_, off_lnfb_;
   std::vector<size_t> block_offsets_;
 
   Stream stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
-  DeviceArray<float> params_, grads_, m_, v_;
+  DeviceArray<float> params_, grads_, m_, v_;  // grads_: none with ZeRO-2; m_, v_: shard_ only
   DeviceArray<bf16> params16_;
+  std::unique_ptr<GradBuckets> buckets_;  // ZeRO-2
   long step_ = 0;
-  DeviceArray<AdamWChunk> chunks_;
+  DeviceArray<AdamWChunk> chunks_;  // AdamW's chunks of shard_, offsets from shard_.offset
   DeviceArray<bf16> act16_;
   DeviceArray<float> act32_;
   Acts a_{};
@@ -134,7 +180,12 @@ class CudaBackend final : public TrainingBackend {
 };
 
 CudaBackend::CudaBackend(int device, const BackendOptions& options)
-    : device_(device), config_(options.model), max_batch_(options.max_batch), table_(gpt_tensor_table(options.model)) {
+    : device_(device),
+      config_(options.model),
+      max_batch_(options.max_batch),
+      recompute_(options.recompute),
+      shard_mode_(options.shard),
+      table_(gpt_tensor_table(options.model)) {
   set_device(device);
   name_ = "cuda:" + std::to_string(device) + " " + device_description(device);
   const GptConfig& g = config_;
@@ -153,22 +204,42 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     for (int k = 0; k < kNumBlockTensors; k++) block_offsets_.push_back(ts[2 + l * kNumBlockTensors + k].offset);
 
   const size_t n = table_.total_numel();
+  shard_ = {0, n};
+  if (shard_mode_ != ShardMode::kNone) {
+    shard_counts_ = ShardCounts(n, options.world);
+    shard_ = {PartOffset(shard_counts_, options.rank), shard_counts_[options.rank]};
+  }
   params_ = DeviceArray<float>(n);
-  grads_ = DeviceArray<float>(n);
-  m_ = DeviceArray<float>(n);
-  v_ = DeviceArray<float>(n);
   params16_ = DeviceArray<bf16>(n);
+  m_ = DeviceArray<float>(shard_.count);
+  v_ = DeviceArray<float>(shard_.count);
   params_.fill(0);
-  grads_.fill(0);
+  params16_.fill(0);
   m_.fill(0);
   v_.fill(0);
-  params16_.fill(0);
+  if (shard_mode_ == ShardMode::kGradients) {
+    // Buckets: wte + wpe (open throughout the backward), then ln_f and each block in turn.
+    size_t other = table_.find("ln_f.weight")->numel + table_.find("ln_f.bias")->numel;
+    for (int l = 0; l < g.n_layer; l++) other = std::max(other, block_numel(l));
+    const TensorInfo *wte = table_.find("wte"), *wpe = table_.find("wpe");
+    DL_CHECK(wte->offset == 0 && wpe->offset == wte->numel, "the embeddings must lead the table");
+    buckets_ = std::make_unique<GradBuckets>(shard_counts_, shard_, wte->numel + wpe->numel, other, stream_);
+  } else {
+    grads_ = DeviceArray<float>(n);
+    grads_.fill(0);
+  }
+  // AdamW's chunks: each tensor's part in the shard, from the shard's start.
   std::vector<AdamWChunk> chunks;
-  for (const TensorInfo& t : ts) append_adamw_chunks(&chunks, t.offset, t.numel, gpt_tensor_decays(t));
-  chunks_ = DeviceArray<AdamWChunk>(chunks);
+  for (const TensorInfo& t : ts) {
+    const size_t a = std::max(t.offset, shard_.offset), z = std::min(t.offset + t.numel, shard_.offset + shard_.count);
+    if (a < z) append_adamw_chunks(&chunks, a - shard_.offset, z - a, gpt_tensor_decays(t));
+  }
+  if (!chunks.empty()) chunks_ = DeviceArray<AdamWChunk>(chunks);  // a rank may own nothing
 
-  // Activations, carved like Gpt's, each slot 256-byte aligned.
+  // Activations, carved like Gpt's, each slot 256-byte aligned. With recompute the per-layer
+  // slots hold one layer (LS), except residual3: block l's output is block l+1's input.
   const size_t B = max_batch_, T = g.block_size, C = g.n_embd, L = g.n_layer, NH = g.n_head, V = g.vocab_size;
+  const size_t LS = recompute_ ? std::min<size_t>(L, 1) : L;
   const size_t N = B * T;
   nc_ = N * C;
   nr_ = N;
@@ -178,10 +249,10 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     size_t count;
   };
   const Slot16 s16[] = {
-      {&a_.encoded, N * C},          {&a_.ln1, L * N * C},      {&a_.qkv, L * N * 3 * C},
-      {&a_.atty, L * N * C},         {&a_.attproj, L * N * C},  {&a_.residual2, L * N * C},
-      {&a_.ln2, L * N * C},          {&a_.fch, L * N * 4 * C},  {&a_.fch_gelu, L * N * 4 * C},
-      {&a_.fcproj, L * N * C},       {&a_.residual3, L * N * C}, {&a_.lnf, N * C},
+      {&a_.encoded, N * C},           {&a_.ln1, LS * N * C},      {&a_.qkv, LS * N * 3 * C},
+      {&a_.atty, LS * N * C},         {&a_.attproj, LS * N * C},  {&a_.residual2, LS * N * C},
+      {&a_.ln2, LS * N * C},          {&a_.fch, LS * N * 4 * C},  {&a_.fch_gelu, LS * N * 4 * C},
+      {&a_.fcproj, LS * N * C},       {&a_.residual3, L * N * C}, {&a_.lnf, N * C},
       {&a_.logits, N * V},           {&a_.dresidual, N * C},    {&a_.dln, N * C},
       {&a_.dqkv, N * 3 * C},         {&a_.datty, N * C},        {&a_.dfch, N * 4 * C},
       {&a_.dfch_gelu, N * 4 * C},
@@ -200,8 +271,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     size_t count;
   };
   const Slot32 s32[] = {
-      {&a_.ln1_mean, L * N}, {&a_.ln1_rstd, L * N}, {&a_.ln2_mean, L * N}, {&a_.ln2_rstd, L * N},
-      {&a_.lse, L * B * NH * T}, {&a_.lnf_mean, N}, {&a_.lnf_rstd, N}, {&a_.losses, N}, {&a_.loss, 1},
+      {&a_.ln1_mean, LS * N}, {&a_.ln1_rstd, LS * N}, {&a_.ln2_mean, LS * N}, {&a_.ln2_rstd, LS * N},
+      {&a_.lse, LS * B * NH * T}, {&a_.lnf_mean, N}, {&a_.lnf_rstd, N}, {&a_.losses, N}, {&a_.loss, 1},
   };
   size_t total32 = 0;
   for (const Slot32& s : s32) total32 += round(s.count, 4);
@@ -255,32 +326,45 @@ void CudaBackend::download_params(float* host, size_t offset, size_t count) cons
 
 void CudaBackend::download_grads(float* host) const {
   set_device(device_);  // the caller's thread may not have selected it
-  copy_to_host(host, grads_.get(), num_params() * sizeof(float), stream_);
+  if (shard_mode_ == ShardMode::kNone) {
+    copy_to_host(host, grads_.get(), num_params() * sizeof(float), stream_);
+    return;
+  }
+  // Sharded (after a sharded step): the shard's mean gradients, zeros elsewhere (CpuBackend's).
+  std::fill_n(host, num_params(), 0.0f);
+  const float* shard = buckets_ ? buckets_->grads() : grads_.get() + shard_.offset;
+  if (shard_.count) copy_to_host(host + shard_.offset, shard, shard_.count * sizeof(float), stream_);
 }
 
+// Sharded, the moments are shard_'s: download writes that range of out->m and out->v (sizing them
+// to num_params first), upload takes that range (backend.h).
 void CudaBackend::download_optimizer(AdamWState* out) const {
   set_device(device_);  // the caller's thread may not have selected it
-  out->m.resize(num_params());
-  out->v.resize(num_params());
-  copy_to_host(out->m.data(), m_.get(), num_params() * sizeof(float), stream_);
-  copy_to_host(out->v.data(), v_.get(), num_params() * sizeof(float), stream_);
+  const size_t n = num_params();
+  if (out->m.size() != n) out->m.assign(n, 0.0f);
+  if (out->v.size() != n) out->v.assign(n, 0.0f);
+  if (shard_.count) {
+    copy_to_host(out->m.data() + shard_.offset, m_.get(), shard_.count * sizeof(float), stream_);
+    copy_to_host(out->v.data() + shard_.offset, v_.get(), shard_.count * sizeof(float), stream_);
+  }
   out->step = step_;
 }
 
 void CudaBackend::upload_optimizer(const AdamWState& state) {
-  const size_t n = num_params();
+  const size_t n = num_params(), count = shard_.count;
   DL_CHECK(state.m.empty() || (state.m.size() == n && state.v.size() == n), "AdamW state of %zu values, model %zu",
            state.m.size(), n);
   set_device(device_);
+  step_ = state.step;
+  if (count == 0) return;  // a rank of a sharded ring that owns nothing
   if (state.m.empty()) {
-    fill_bytes(m_.get(), 0, n * sizeof(float), stream_);
-    fill_bytes(v_.get(), 0, n * sizeof(float), stream_);
+    fill_bytes(m_.get(), 0, count * sizeof(float), stream_);
+    fill_bytes(v_.get(), 0, count * sizeof(float), stream_);
     synchronize(stream_);
   } else {
-    copy_to_device(m_.get(), state.m.data(), n * sizeof(float), stream_);
-    copy_to_device(v_.get(), state.v.data(), n * sizeof(float), stream_);
+    copy_to_device(m_.get(), state.m.data() + shard_.offset, count * sizeof(float), stream_);
+    copy_to_device(v_.get(), state.v.data() + shard_.offset, count * sizeof(float), stream_);
   }
-  step_ = state.step;
 }
 
 void CudaBackend::upload_batch(const int* inputs, const int* targets, int B, int T) {
@@ -297,7 +381,7 @@ void CudaBackend::upload_batch(const int* inputs, const int* targets, int B, int
 
 void CudaBackend::forward(int B, int T, bool backward_follows) {
   const GptConfig& g = config_;
-  const int C = g.n_embd, NH = g.n_head, V = g.vocab_size, L = g.n_layer, N = B * T;
+  const int C = g.n_embd, V = g.vocab_size, L = g.n_layer, N = B * T;
   Acts& a = a_;
   encoder_forward(a.encoded, tokens_.get(), w16(off_wte_), w16(off_wpe_), B, T, C, stream_);
   if (L > 0) {
@@ -307,36 +391,7 @@ void CudaBackend::forward(int B, int T, bool backward_follows) {
     layernorm_forward(nullptr, a.lnf, a.lnf_mean, a.lnf_rstd, a.encoded, nullptr, w16(off_lnfw_), w16(off_lnfb_), N,
                       C, stream_);
   }
-  for (int l = 0; l < L; l++) {
-    const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * nc_;
-    bf16* ln1 = a.ln1 + l * nc_;
-    bf16* qkv = a.qkv + l * 3 * nc_;
-    bf16* atty = a.atty + l * nc_;
-    bf16* attproj = a.attproj + l * nc_;
-    bf16* residual2 = a.residual2 + l * nc_;
-    bf16* ln2 = a.ln2 + l * nc_;
-    bf16* fch = a.fch + l * 4 * nc_;
-    bf16* fch_gelu = a.fch_gelu + l * 4 * nc_;
-    bf16* fcproj = a.fcproj + l * nc_;
-    bf16* residual3 = a.residual3 + l * nc_;
-    gemm_->matmul_forward(qkv, nullptr, ln1, w16(offset(l, kQkvw)), w16(offset(l, kQkvb)), N, C, 3 * C, stream_);
-    attention_forward(atty, a.lse + l * lse_stride_, qkv, B, T, C, NH, stream_);
-    gemm_->matmul_forward(attproj, nullptr, atty, w16(offset(l, kAttprojw)), w16(offset(l, kAttprojb)), N, C, C,
-                          stream_);
-    layernorm_forward(residual2, ln2, a.ln2_mean + l * nr_, a.ln2_rstd + l * nr_, residual, attproj,
-                      w16(offset(l, kLn2w)), w16(offset(l, kLn2b)), N, C, stream_);
-    gemm_->matmul_forward(fch_gelu, fch, ln2, w16(offset(l, kFcw)), w16(offset(l, kFcb)), N, C, 4 * C, stream_);
-    gemm_->matmul_forward(fcproj, nullptr, fch_gelu, w16(offset(l, kFcprojw)), w16(offset(l, kFcprojb)), N, 4 * C,
-                          C, stream_);
-    // residual3 = residual2 + fcproj, normalised by the next LayerNorm.
-    if (l + 1 < L) {
-      layernorm_forward(residual3, a.ln1 + (l + 1) * nc_, a.ln1_mean + (l + 1) * nr_, a.ln1_rstd + (l + 1) * nr_,
-                        residual2, fcproj, w16(offset(l + 1, kLn1w)), w16(offset(l + 1, kLn1b)), N, C, stream_);
-    } else {
-      layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, fcproj, w16(off_lnfw_),
-                        w16(off_lnfb_), N, C, stream_);
-    }
-  }
+  for (int l = 0; l < L; l++) block_forward(l, B, T, /*whole=*/true);
   gemm_->matmul_forward(a.logits, nullptr, a.lnf, w16(off_wte_), nullptr, N, C, V, stream_);
   // With a backward to follow, the gradient of the mean loss replaces the
   // logits in place.
@@ -345,38 +400,95 @@ void CudaBackend::forward(int B, int T, bool backward_follows) {
   mean_reduce(a.loss, a.losses, N, stream_);
 }
 
+// Block l from its input residual and its ln1 (already in slot(l), written by the LayerNorm that
+// ends the block before). whole: through fcproj and the next LayerNorm, writing block l's output
+// (residual3) and the next ln1; otherwise (a recompute in the backward) up to fch_gelu, all the
+// block's backward reads.
+void CudaBackend::block_forward(int l, int B, int T, bool whole) {
+  const GptConfig& g = config_;
+  const int C = g.n_embd, NH = g.n_head, L = g.n_layer, N = B * T;
+  Acts& a = a_;
+  const size_t s = slot(l);
+  const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * nc_;
+  bf16* ln1 = a.ln1 + s * nc_;
+  bf16* qkv = a.qkv + s * 3 * nc_;
+  bf16* atty = a.atty + s * nc_;
+  bf16* attproj = a.attproj + s * nc_;
+  bf16* residual2 = a.residual2 + s * nc_;
+  bf16* ln2 = a.ln2 + s * nc_;
+  bf16* fch = a.fch + s * 4 * nc_;
+  bf16* fch_gelu = a.fch_gelu + s * 4 * nc_;
+  bf16* fcproj = a.fcproj + s * nc_;
+  bf16* residual3 = a.residual3 + l * nc_;
+  gemm_->matmul_forward(qkv, nullptr, ln1, w16(offset(l, kQkvw)), w16(offset(l, kQkvb)), N, C, 3 * C, stream_);
+  attention_forward(atty, a.lse + s * lse_stride_, qkv, B, T, C, NH, stream_);
+  gemm_->matmul_forward(attproj, nullptr, atty, w16(offset(l, kAttprojw)), w16(offset(l, kAttprojb)), N, C, C,
+                        stream_);
+  layernorm_forward(residual2, ln2, a.ln2_mean + s * nr_, a.ln2_rstd + s * nr_, residual, attproj,
+                    w16(offset(l, kLn2w)), w16(offset(l, kLn2b)), N, C, stream_);
+  gemm_->matmul_forward(fch_gelu, fch, ln2, w16(offset(l, kFcw)), w16(offset(l, kFcb)), N, C, 4 * C, stream_);
+  if (!whole) return;
+  gemm_->matmul_forward(fcproj, nullptr, fch_gelu, w16(offset(l, kFcprojw)), w16(offset(l, kFcprojb)), N, 4 * C, C,
+                        stream_);
+  // residual3 = residual2 + fcproj, normalised by the next LayerNorm.
+  if (l + 1 < L) {
+    const size_t next = slot(l + 1);
+    layernorm_forward(residual3, a.ln1 + next * nc_, a.ln1_mean + next * nr_, a.ln1_rstd + next * nr_, residual2,
+                      fcproj, w16(offset(l + 1, kLn1w)), w16(offset(l + 1, kLn1b)), N, C, stream_);
+  } else {
+    layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, fcproj, w16(off_lnfw_), w16(off_lnfb_),
+                      N, C, stream_);
+  }
+}
+
 void CudaBackend::backward(int B, int T) {
   const GptConfig& g = config_;
   const int C = g.n_embd, NH = g.n_head, V = g.vocab_size, L = g.n_layer, N = B * T;
   Acts& a = a_;
   float* scratch = scratch_.get();
-  fill_bytes(grads_.get(), 0, num_params() * sizeof(float), stream_);
+  if (!buckets_) fill_bytes(grads_.get(), 0, num_params() * sizeof(float), stream_);
+  // Buckets in the order the backward finishes them (GradSink's): wte + wpe open throughout,
+  // ln_f, block L-1 .. 0.
+  const size_t embed = off_wpe_ + (size_t)g.block_size * C;
+  const size_t lnf = 2 * (size_t)C;
+  open_bucket(0, embed);
+  open_bucket(off_lnfw_, lnf);
   const bf16* dlogits = a.logits;
   gemm_->matmul_backward(a.dln, g32(off_wte_), nullptr, scratch, dlogits, a.lnf, w16(off_wte_), N, C, V, stream_);
   const bf16* last = L > 0 ? a.residual3 + (L - 1) * nc_ : a.encoded;
   layernorm_backward(a.dresidual, g32(off_lnfw_), g32(off_lnfb_), scratch, a.dln, last, w16(off_lnfw_), a.lnf_mean,
                      a.lnf_rstd, N, C, /*accumulate=*/false, stream_);
+  close_bucket(off_lnfw_, lnf);
   for (int l = L - 1; l >= 0; l--) {
     const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * nc_;
+    const size_t s = slot(l);
+    if (recompute_) {
+      layernorm_forward(nullptr, a.ln1 + s * nc_, a.ln1_mean + s * nr_, a.ln1_rstd + s * nr_, residual, nullptr,
+                        w16(offset(l, kLn1w)), w16(offset(l, kLn1b)), N, C, stream_);
+      block_forward(l, B, T, /*whole=*/false);
+    }
+    open_bucket(offset(l, kLn1w), block_numel(l));
     const auto W = [&](BlockTensor k) { return w16(offset(l, k)); };
     const auto G = [&](BlockTensor k) { return g32(offset(l, k)); };
-    gemm_->matmul_backward(a.dfch_gelu, G(kFcprojw), G(kFcprojb), scratch, a.dresidual, a.fch_gelu + l * 4 * nc_,
+    gemm_->matmul_backward(a.dfch_gelu, G(kFcprojw), G(kFcprojb), scratch, a.dresidual, a.fch_gelu + s * 4 * nc_,
                            W(kFcprojw), N, 4 * C, C, stream_);
-    gelu_backward(a.dfch, a.fch + l * 4 * nc_, a.dfch_gelu, (size_t)N * 4 * C, stream_);
-    gemm_->matmul_backward(a.dln, G(kFcw), G(kFcb), scratch, a.dfch, a.ln2 + l * nc_, W(kFcw), N, C, 4 * C, stream_);
-    layernorm_backward(a.dresidual, G(kLn2w), G(kLn2b), scratch, a.dln, a.residual2 + l * nc_, W(kLn2w),
-                       a.ln2_mean + l * nr_, a.ln2_rstd + l * nr_, N, C, true, stream_);
-    gemm_->matmul_backward(a.datty, G(kAttprojw), G(kAttprojb), scratch, a.dresidual, a.atty + l * nc_,
+    gelu_backward(a.dfch, a.fch + s * 4 * nc_, a.dfch_gelu, (size_t)N * 4 * C, stream_);
+    gemm_->matmul_backward(a.dln, G(kFcw), G(kFcb), scratch, a.dfch, a.ln2 + s * nc_, W(kFcw), N, C, 4 * C, stream_);
+    layernorm_backward(a.dresidual, G(kLn2w), G(kLn2b), scratch, a.dln, a.residual2 + s * nc_, W(kLn2w),
+                       a.ln2_mean + s * nr_, a.ln2_rstd + s * nr_, N, C, true, stream_);
+    gemm_->matmul_backward(a.datty, G(kAttprojw), G(kAttprojb), scratch, a.dresidual, a.atty + s * nc_,
                            W(kAttprojw), N, C, C, stream_);
-    attention_backward(a.dqkv, scratch, a.datty, a.qkv + l * 3 * nc_, a.atty + l * nc_, a.lse + l * lse_stride_, B,
+    attention_backward(a.dqkv, scratch, a.datty, a.qkv + s * 3 * nc_, a.atty + s * nc_, a.lse + s * lse_stride_, B,
                        T, C, NH, stream_);
-    gemm_->matmul_backward(a.dln, G(kQkvw), G(kQkvb), scratch, a.dqkv, a.ln1 + l * nc_, W(kQkvw), N, C, 3 * C,
+    gemm_->matmul_backward(a.dln, G(kQkvw), G(kQkvb), scratch, a.dqkv, a.ln1 + s * nc_, W(kQkvw), N, C, 3 * C,
                            stream_);
-    layernorm_backward(a.dresidual, G(kLn1w), G(kLn1b), scratch, a.dln, residual, W(kLn1w), a.ln1_mean + l * nr_,
-                       a.ln1_rstd + l * nr_, N, C, true, stream_);
+    layernorm_backward(a.dresidual, G(kLn1w), G(kLn1b), scratch, a.dln, residual, W(kLn1w), a.ln1_mean + s * nr_,
+                       a.ln1_rstd + s * nr_, N, C, true, stream_);
+    close_bucket(offset(l, kLn1w), block_numel(l));
   }
   encoder_backward(g32(off_wte_), g32(off_wpe_), a.dresidual, order_.get(), bucket_start_.get(), bucket_token_.get(),
                    num_buckets_, B, T, C, stream_);
+  close_bucket(0, embed);
 }
 
 double CudaBackend::read_loss() {
@@ -385,22 +497,95 @@ double CudaBackend::read_loss() {
   return loss;
 }
 
-double CudaBackend::forward_backward(const int* inputs, const int* targets, int B, int T) {
-  set_device(device_);  // the caller's thread may not have selected it
-  DL_CHECK(targets != nullptr, "forward_backward needs targets");
-  upload_batch(inputs, targets, B, T);
-  forward(B, T, /*backward_follows=*/true);
-  // The encoder backward's token buckets are built on the host while the
-  // GPU runs the forward (a few ms at B*T = 32k tokens).
-  const TokenBuckets buckets = build_token_buckets(inputs, B * T);
+void CudaBackend::upload_token_buckets(const int* inputs, int N) {
+  // Built on the host while the GPU runs the forward (a few ms at B*T = 32k tokens).
+  const TokenBuckets buckets = build_token_buckets(inputs, N);
   num_buckets_ = buckets.num_buckets();
   copy_to_device(order_.get(), buckets.order.data(), buckets.order.size() * sizeof(int), stream_);
   copy_to_device(bucket_start_.get(), buckets.bucket_start.data(), buckets.bucket_start.size() * sizeof(int),
                  stream_);
   copy_to_device(bucket_token_.get(), buckets.bucket_token.data(), buckets.bucket_token.size() * sizeof(int),
                  stream_);
+}
+
+double CudaBackend::forward_backward(const int* inputs, const int* targets, int B, int T) {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(targets != nullptr, "forward_backward needs targets");
+  DL_CHECK(!buckets_, "%s keeps no whole gradient buffer (train.shard: gradients): its ring runs sharded_train_step",
+           name_.c_str());
+  upload_batch(inputs, targets, B, T);
+  forward(B, T, /*backward_follows=*/true);
+  upload_token_buckets(inputs, B * T);
   backward(B, T);
   return read_loss();  // waits for the whole step
+}
+
+CommStatus CudaBackend::sharded_train_step(LocalComm& comm, const int* inputs, const int* targets, int B, int T,
+                                           const AdamWHyper& hp, double grad_clip, StepStats* stats) {
+  set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(shard_mode_ != ShardMode::kNone, "%s is not sharded (train.shard: none)", name_.c_str());
+  DL_CHECK(comm.world_size() == (int)shard_counts_.size(), "a backend sharded %zu ways on a ring of %d",
+           shard_counts_.size(), comm.world_size());
+  DL_CHECK(targets != nullptr, "sharded_train_step needs targets");
+  StepStats s;
+  // The mean loss first: a rank whose loss is not finite makes every rank skip the step together.
+  upload_batch(inputs, targets, B, T);
+  forward(B, T, /*backward_follows=*/true);
+  upload_token_buckets(inputs, B * T);
+  s.loss = read_loss();
+  if (CommStatus st = comm.all_reduce_host(&s.loss, 1, ReduceOp::kMean); !st.ok()) return st;
+  *stats = s;
+  if (!std::isfinite(s.loss)) return CommStatus::Ok();
+  // Backward; the gradients reduce-scattered: bucket by bucket inside it (ZeRO-2) or whole after it.
+  if (buckets_) buckets_->Start(&comm);
+  backward(B, T);
+  const float* grads = nullptr;
+  if (buckets_) {
+    if (!buckets_->status().ok()) return buckets_->status();
+    grads = buckets_->grads();
+  } else {
+    synchronize(stream_);  // the ring's collectives run on their own stream
+    if (CommStatus st = comm.reduce_scatter(grads_.get(), shard_counts_, ReduceOp::kMean); !st.ok()) return st;
+    grads = grads_.get() + shard_.offset;
+  }
+  if (CommStatus st = sharded_norm(comm, grads, &s.grad_norm); !st.ok()) return st;
+  *stats = s;
+  if (!std::isfinite(s.grad_norm)) return CommStatus::Ok();
+  // Clip + AdamW on the shard (its bf16 copy too), then every rank's shard to every rank.
+  step_ += 1;
+  const AdamWArgs args{hp.lr,           hp.beta1,
+                       hp.beta2,        hp.eps,
+                       hp.weight_decay, (float)(hp.grad_scale * clip_scale(s.grad_norm, grad_clip)),
+                       step_};
+  adamw_update_chunks(params_.get() + shard_.offset, params16_.get() + shard_.offset, m_.get(), v_.get(), grads,
+                      chunks_.get(), (int)chunks_.size(), args, stream_);
+  synchronize(stream_);
+  if (CommStatus st = comm.all_gather(params_.get(), shard_counts_); !st.ok()) return st;
+  // The other ranks' parts of the bf16 copy: the same rounding AdamW applies to this rank's.
+  if (shard_.offset > 0) float_to_bf16(params16_.get(), params_.get(), shard_.offset, stream_);
+  const size_t end = shard_.offset + shard_.count;
+  if (end < num_params()) float_to_bf16(params16_.get() + end, params_.get() + end, num_params() - end, stream_);
+  synchronize(stream_);
+  stats->applied = true;
+  return CommStatus::Ok();
+}
+
+CommStatus CudaBackend::sharded_norm(LocalComm& comm, const float* grads, double* norm) {
+  // Every norm chunk lies in one shard: each rank sums its own, the ring adds zeros to the rest
+  // (x + 0 = x in any order), and the partials are summed as global_norm_squared sums them.
+  const size_t chunks = global_norm_scratch_doubles(num_params());
+  fill_bytes(norm_scratch_.get(), 0, chunks * sizeof(double), stream_);
+  global_norm_chunk_sums(norm_scratch_.get() + shard_.offset / kNormChunk, grads, shard_.count, stream_);
+  std::vector<double> partial(chunks);
+  copy_to_host(partial.data(), norm_scratch_.get(), chunks * sizeof(double), stream_);
+  if (CommStatus st = comm.all_reduce_host(partial.data(), (int)chunks, ReduceOp::kSum); !st.ok()) return st;
+  copy_to_device(norm_scratch_.get(), partial.data(), chunks * sizeof(double), stream_);
+  global_norm_of_chunk_sums(norm_out_.get(), norm_scratch_.get(), (num_params() + kNormChunk - 1) / kNormChunk,
+                            stream_);
+  double sq = 0.0;
+  copy_to_host(&sq, norm_out_.get(), sizeof sq, stream_);
+  *norm = std::sqrt(sq);
+  return CommStatus::Ok();
 }
 
 void CudaBackend::next_token_logits(const int* tokens, int T, float* out) {
@@ -589,6 +774,8 @@ double CudaBackend::eval_loss(const int* inputs, const int* targets, int B, int 
 
 StepStats CudaBackend::apply_update(double loss, const AdamWHyper& hp, double grad_clip) {
   set_device(device_);  // the caller's thread may not have selected it
+  DL_CHECK(shard_mode_ == ShardMode::kNone, "%s keeps the AdamW state of its shard only: its ring runs "
+           "sharded_train_step (ring_train_step does)", name_.c_str());
   StepStats s;
   s.loss = loss;
   if (!std::isfinite(loss)) return s;

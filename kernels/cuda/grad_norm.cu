@@ -37,14 +37,21 @@ __global__ void scale_kernel(float* x, float scale, size_t n) {
 
 size_t global_norm_scratch_doubles(size_t n) { return n == 0 ? 1 : (n + kNormChunk - 1) / kNormChunk; }
 
-void global_norm_squared(double* out, double* scratch, const float* x, size_t n, Stream stream) {
+void global_norm_chunk_sums(double* partial, const float* x, size_t n, Stream stream) {
   const size_t chunks = (n + kNormChunk - 1) / kNormChunk;
-  if (chunks > 0) {
-    norm_partial_kernel<<<(unsigned)chunks, 256, 0, as_cuda(stream)>>>(scratch, x, n);
-    CUDA_CHECK_LAUNCH();
-  }
-  norm_final_kernel<<<1, 1024, 0, as_cuda(stream)>>>(out, scratch, (int)chunks);
+  if (chunks == 0) return;
+  norm_partial_kernel<<<(unsigned)chunks, 256, 0, as_cuda(stream)>>>(partial, x, n);
   CUDA_CHECK_LAUNCH();
+}
+
+void global_norm_of_chunk_sums(double* out, const double* partial, size_t chunks, Stream stream) {
+  norm_final_kernel<<<1, 1024, 0, as_cuda(stream)>>>(out, partial, (int)chunks);
+  CUDA_CHECK_LAUNCH();
+}
+
+void global_norm_squared(double* out, double* scratch, const float* x, size_t n, Stream stream) {
+  global_norm_chunk_sums(scratch, x, n, stream);
+  global_norm_of_chunk_sums(out, scratch, (n + kNormChunk - 1) / kNormChunk, stream);
 }
 
 void scale_inplace(float* x, float scale, size_t n, Stream stream) {

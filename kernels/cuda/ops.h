@@ -148,6 +148,13 @@ void adamw_update_chunks(float* params, bf16* params_bf16, float* m, float* v, c
 constexpr size_t kNormChunk = 1 << 14;
 size_t global_norm_scratch_doubles(size_t n);
 void global_norm_squared(double* out, double* scratch, const float* x, size_t n, Stream stream);
+// The two halves of global_norm_squared, for gradients sharded over a ring at
+// chunk edges (kernels/shard.h): partial (ceil(n / kNormChunk) doubles) = each
+// chunk's sum of squares of x (n); out[0] = the sum of `chunks` partials in
+// global_norm_squared's order, so a ring that adds its ranks' partials (each
+// chunk from one rank, zeros elsewhere) gets the unsharded bits.
+void global_norm_chunk_sums(double* partial, const float* x, size_t n, Stream stream);
+void global_norm_of_chunk_sums(double* out, const double* partial, size_t chunks, Stream stream);
 // x (n) *= scale (clipping outside AdamW, or the mean of an all-reduce).
 void scale_inplace(float* x, float scale, size_t n, Stream stream);
 
