@@ -1,6 +1,7 @@
 // The `chaos` section of a run config: faults injected into a run on purpose, to see how training
-// rides through them. run_config.cpp reads, checks and writes it; this file holds the structs and
-// ExpandChaos, the pure function that turns the section into a timeline of fault actions.
+// rides through them. The run config's key table (run_config_keys.cpp) has its keys, read,
+// checked and written with the rest; this file holds the structs and ExpandChaos, the pure
+// function that turns the section into a timeline of fault actions.
 //
 //   chaos:
 //     seed: 1                  # for the random failures

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <utility>
 
+#include "daemon/config/yaml_helpers.h"
 #include "daemon/net/codec_kind.h"
 
 namespace diloco::config_internal {
@@ -336,8 +337,7 @@ std::string Origins::At(const std::string& key, const YAML::Mark& mark) const {
     if (dot == std::string::npos) break;
     k.resize(dot);  // the parent
   }
-  if (mark.is_null()) return source_name_;
-  return source_name_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  return Where(source_name_, mark);
 }
 
 std::string Origins::OfValue(std::initializer_list<std::string> keys) const {

@@ -15,7 +15,6 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
-#include <set>
 #include <string>
 #include <variant>
 #include <vector>

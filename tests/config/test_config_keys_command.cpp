@@ -10,7 +10,7 @@
 namespace diloco {
 namespace {
 
-TEST_CASE("dilococtl config keys prints README's list of run-config keys", "[unit][config]") {
+TEST_CASE("dilococtl config keys prints README's list of run-config keys", "[e2e][config]") {
   testing::TempDir dir;
   const testing::Result keys = testing::Dilococtl(dir.path(), "config keys");
   INFO(keys.err);

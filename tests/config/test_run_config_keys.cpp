@@ -80,7 +80,7 @@ TEST_CASE("a config with the virtual-clock keys off their defaults round-trips",
   CHECK(again == config);
 }
 
-TEST_CASE("--set reaches the virtual-clock keys and creates a learner's link", "[unit][config]") {
+TEST_CASE("the virtual-clock keys take --set, which creates a learner's link", "[unit][config]") {
   RunConfig config;
   REQUIRE(Parse(kMinimal,
                 {"sync.learners=2", "sync.clock=virtual", "learners.1.link.latency_ms=80", "timing.step_ms=10",
