@@ -189,10 +189,11 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
       c.push_back({"codec", "codec buffers", 0, "no outer sync on this rank", false});
     }
   } else {
-    c.push_back({"params", "master parameters (fp32)", kF32 * (sharded ? shard : n),
-                 sharded ? PerParam(4, shard_of.c_str()) : PerParam(4, "params"), sharded});
-    c.push_back({"bf16_copy", "bf16 copy", kBf16 * n,
-                 PerParam(2, "params") + (sharded ? " (all-gathered in bf16)" : ""), sharded});
+    // The CUDA backend keeps the whole fp32 θ on every rank, sharded or not: checkpoints, the
+    // parameter CRC and the outer state's folds read it (the shard's moments are what shrink).
+    c.push_back({"params", "master parameters (fp32)", kF32 * n,
+                 PerParam(4, "params") + (sharded ? " (whole on every rank: all-gathered in fp32)" : ""), false});
+    c.push_back({"bf16_copy", "bf16 copy", kBf16 * n, PerParam(2, "params"), false});
     c.push_back({"grads", "gradients (fp32)", kF32 * grad_values,
                  zero2 ? PerParam(4, grads_of.c_str()) : PerParam(4, "params"), zero2});
     c.push_back({"moments", "AdamW moments", 8 * (sharded ? shard : n),

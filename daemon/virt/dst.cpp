@@ -110,8 +110,8 @@ DstCase DrawDstCase(uint64_t seed, const RunConfig& base) {
   sc.mode = mode < 0.6 ? SyncMode::kDecoupled : mode < 0.8 ? SyncMode::kStreaming : SyncMode::kDiloco;
   sc.learners = 2 + (int)r.below(4);
   sc.fragments = 1 + (int)r.below(4);
-  sc.inner_steps = sc.fragments * (1 + (int)r.below(5)) + (int)r.below(4);
-  sc.overlap = 1 + (int)r.below(3);
+  sc.inner_steps = std::max(2, sc.fragments * (1 + (int)r.below(5)) + (int)r.below(4));
+  sc.overlap = 1 + (int)r.below(std::min(3, sc.inner_steps - 1));
   sc.quorum = 1 + (int)r.below(sc.learners);
   sc.grace.gamma = r.uniform();
   sc.grace.cap_ms = 50 + (int)r.below(3000);
@@ -162,8 +162,8 @@ std::string DescribeDstCase(const DstCase& c) {
   const SyncConfig& sc = cfg.sync;
   std::ostringstream o;
   o << "seed " << c.seed << ": " << ToString(sc.mode) << " M=" << sc.learners << " P=" << sc.fragments
-    << " H=" << sc.inner_steps << " K=" << sc.quorum << " steps=" << cfg.train.steps << " up=" << ToString(sc.codec.up)
-    << " down=" << ToString(sc.codec.down) << " step=" << std::lround(cfg.timing.step_ms) << "ms link="
+    << " H=" << sc.inner_steps << " K=" << sc.quorum << " steps=" << cfg.train.steps << " up=" << CodecName(sc.codec.up)
+    << " down=" << CodecName(sc.codec.down) << " step=" << std::lround(cfg.timing.step_ms) << "ms link="
     << cfg.timing.link.bandwidth_mbps << "Mbit/s+" << cfg.timing.link.latency_ms << "ms loss=" << cfg.timing.link.loss;
   for (const DstFault& f : c.faults)
     o << (f.kind == DstFault::kKill ? " kill(" : " cut(") << f.learner << "@" << std::lround(f.at_s * 10) / 10.0 << "s+"

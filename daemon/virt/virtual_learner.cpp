@@ -108,6 +108,7 @@ void VirtualLearner::Kill() {
   result_.crashed_unix_ms = scheduler_.unix_ms();
   baton_.Kill(options_.index);
   if (thread_.joinable()) thread_.join();
+  status_ = Status::Ok();  // its unwinding ("aborted") is not an error of the run
   done_ = true;
 }
 
@@ -152,8 +153,10 @@ Status VirtualLearner::RunLeader(LocalRing& ring, OuterState& outer, const Batch
   down_expect_.allowed_senders = {kSyncerName};
   dealer_expect_ = down_expect_;
   dealer_expect_.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
+  core_->SetRing(ring.description(), ring.world_ranks());
   DL_RETURN_IF_ERROR(core_->SetUp());
   DL_RETURN_IF_ERROR(Join());
+  DL_RETURN_IF_ERROR(core_->BeginTraining());
   liveness_timer_ = scheduler_.After(MsToNs(cfg_.timing.heartbeat_ms), [this] { BeatLiveness(); });
   *loop_entered = true;
   Hook hook(*this);
@@ -185,7 +188,7 @@ Status VirtualLearner::Join() {
 }
 
 Status VirtualLearner::FlushAndFinish() {
-  DL_RETURN_IF_ERROR(core_->BeginFlush());
+  core_->BeginFlush();
   for (int phase = 0; phase < 2; phase++) {
     while (!core_->Flushed()) {
       DL_RETURN_IF_ERROR(WaitForMessage(MsToNs(cfg_.timing.heartbeat_ms)));
@@ -196,7 +199,7 @@ Status VirtualLearner::FlushAndFinish() {
   }
   if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
   liveness_timer_ = 0;
-  DL_RETURN_IF_ERROR(core_->Finish());
+  DL_RETURN_IF_ERROR(core_->Finish(/*crashed=*/false, /*stopped=*/false));
   result_ = core_->result();
   return Status::Ok();
 }

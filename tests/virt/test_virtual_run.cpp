@@ -16,7 +16,7 @@ namespace diloco {
 
 namespace {
 
-TrainOptions VirtualTinyRun(const TempDir& tmp, const std::string& name) {
+TrainOptions VirtualTinyRun(const testing::TempDir& tmp, const std::string& name) {
   TrainOptions o = testing::TinyRun(tmp, 3);
   o.config.sync.clock = ClockSource::kVirtual;
   o.config.train.steps = 40;
@@ -39,7 +39,7 @@ uint32_t GlobalStateCrc(const std::string& run_dir) {
 
 TEST_CASE("virtual clock: two runs of one config give the same summary and bits, one of them beside a CPU hog",
           "[virt][e2e]") {
-  TempDir tmp;
+  testing::TempDir tmp;
   TrainSummary a, b;
   VirtualRunStats sa, sb;
   REQUIRE(RunVirtual(VirtualTinyRun(tmp, "a"), &a, nullptr, &sa).ok());
@@ -72,7 +72,7 @@ TEST_CASE("virtual clock: two runs of one config give the same summary and bits,
 }
 
 TEST_CASE("virtual clock: a run the virtual runtime cannot do is refused before it starts", "[virt]") {
-  TempDir tmp;
+  testing::TempDir tmp;
   TrainOptions o = VirtualTinyRun(tmp, "r");
   o.config.sync.mode = SyncMode::kDdp;
   TrainSummary s;
@@ -83,7 +83,7 @@ TEST_CASE("virtual clock: a run the virtual runtime cannot do is refused before 
 }
 
 TEST_CASE("dst: drawn cases pass every invariant", "[virt][dst]") {
-  TempDir tmp;
+  testing::TempDir tmp;
   RunConfig base;
   REQUIRE(DstBaseConfig(tmp.path().string(), &base).ok());
   for (uint64_t seed = 1; seed <= 20; seed++) {
