@@ -704,15 +704,22 @@ void LearnerCore::Report(LearnerState state) {
     port_->SaveStep(step_);
   }
   progress_.state = state;
-  progress_.step = step_;
-  progress_.tokens = res_.tokens;
-  progress_.loss = last_loss_;
-  progress_.tokens_per_s = res_.train_s > 0 ? res_.tokens / res_.train_s : 0;
-  progress_.base_versions = BaseVersions();
-  progress_.deltas_sent = res_.deltas_sent;
-  progress_.globals_applied = res_.globals_applied;
-  progress_.snapshots_installed = res_.snapshots_installed;
+  progress_ = progress();
   if (o_.on_progress) o_.on_progress(progress_);
+}
+
+// The counters as they are now; the state as last reported.
+LearnerProgress LearnerCore::progress() const {
+  LearnerProgress p = progress_;
+  p.step = step_;
+  p.tokens = res_.tokens;
+  p.loss = last_loss_;
+  p.tokens_per_s = res_.train_s > 0 ? res_.tokens / res_.train_s : 0;
+  p.base_versions = BaseVersions();
+  p.deltas_sent = res_.deltas_sent;
+  p.globals_applied = res_.globals_applied;
+  p.snapshots_installed = res_.snapshots_installed;
+  return p;
 }
 
 LearnerState LearnerCore::StateNow() const {

@@ -117,7 +117,7 @@ class LearnerCore {
   long step() const { return step_; }
   uint64_t incarnation() const { return incarnation_; }
   const LearnerResult& result() const { return res_; }
-  LearnerProgress progress() const { return progress_; }
+  LearnerProgress progress() const;  // the counters now, the state last reported
   // The result if the learner died now: crashed, with the work that had not left in a delta.
   LearnerResult CrashedResult() const;
 
