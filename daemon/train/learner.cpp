@@ -143,7 +143,8 @@ Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResul
   DL_RETURN_IF_ERROR(Handshake(&ended));
   if (!ended) {
     DL_RETURN_IF_ERROR(core_.Start(o_.join_from_snapshot));
-    DL_RETURN_IF_ERROR(AwaitJoinSnapshot(&ended));
+    // A learner started from init_params trains at once, even if its buffered Globals had a gap.
+    if (o_.join_from_snapshot) DL_RETURN_IF_ERROR(AwaitJoinSnapshot(&ended));
   }
   if (ended) {
     *result = core_.result();

@@ -13,7 +13,8 @@
 // The runtime's order of calls:
 //   SetUp();
 //   while (!Joined()) { OnJoinTimer(); deliver messages (OnDownlink / OnDealer) }
-//   Start(join_from_snapshot); while (AwaitingSnapshot()) { OnTimer(); deliver messages }
+//   Start(join_from_snapshot); joining from a snapshot: while (AwaitingSnapshot()) { OnTimer();
+//   deliver messages }
 //   BeginTraining();
 //   per step: BeforeStep(at, &control); while (!control.stop && Blocked()) { deliver messages,
 //             OnTimer(); BeforeStep(at, &control) }; the step; AfterStep(result, step_s);
