@@ -4,49 +4,33 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
-#include <cmath>
-#include <cstring>
-#include <map>
-#include <limits>
 #include <random>
-#include <thread>
 
 #include "daemon/net/channel.h"
-#include "daemon/net/clone.h"
-#include "daemon/net/codec.h"
 #include "daemon/net/wire_transport.h"
-#include "daemon/sync/decide.h"
-#include "daemon/sync/fold.h"
+#include "daemon/sync/core_clock.h"
 #include "daemon/sync/fragments.h"
-#include "daemon/sync/merge.h"
 #include "daemon/sync/protocol.h"
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/data.h"
-#include "daemon/train/fragment_ledger.h"
-#include "daemon/train/learner_core.h"
 #include "daemon/train/inner_loop.h"
+#include "daemon/train/learner_core.h"
 #include "daemon/train/liveness_sender.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/outer_state.h"
 #include "daemon/train/run_dir.h"
 #include "daemon/train/step_stretch.h"
 #include "daemon/train/trainer.h"
-#include "daemon/util/crc32c.h"
 #include "kernels/rng.h"
 
 namespace diloco {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-uint64_t UnixMs() {
-  return (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+using std::chrono::milliseconds;
 
 net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& name) {
   net::SocketOptions so;
@@ -60,99 +44,95 @@ net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& nam
   return so;
 }
 
-// Rank 0 of the learner's ring in the wall-clock runtime: the LearnerCore (learner_core.h) with
-// ZeroMQ sockets, polls, the liveness thread and a slowed step's sleep behind its port. Its hook
-// on the inner loop (inner_loop.h) is the outer sync around every step.
+// A fresh incarnation per run of a learner: the syncer tells this one's stream from a previous one's.
+uint64_t DrawIncarnation() { return std::random_device{}() | (uint64_t{std::random_device{}()} << 32); }
+
+// Rank 0 of the learner's ring: the wall-clock runtime of its LearnerCore (learner_core.h). It
+// owns the sockets, the liveness thread, the waits (as long as the syncer speaks), the crash and
+// stop flags, the stretch's sleep and the files; the core decides. Its hook on the inner loop
+// (inner_loop.h) hands every step to the core.
 class LearnerLoop final : public InnerLoopHook, public LearnerPort {
  public:
-  LearnerLoop(net::NetContext& context, const LearnerOptions& o, LocalRing& ring, OuterState& outer,
-              std::vector<Fragment> frags);
+  // train: the learner's sampler (ranks × batch_size rows per step), shared with the followers.
+  // frags: backend 0's table partitioned into fragments (PartitionFragments).
+  LearnerLoop(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train, LocalRing& ring,
+              OuterState& outer, std::vector<Fragment> frags);
 
   // Start, train and flush. *loop_entered: the inner loop started (the followers are in it);
   // *loop_end_crc: rank 0's parameters when the inner loop ended (train.ranks > 1).
-  Status Run(const BatchSampler& train, bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result);
+  Status Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result);
 
   // InnerLoopHook: the outer sync around every step.
   Status BeforeStep(long at, TrainingBackend&, StepControl* control) override;
   Status AfterStep(const StepResult& r, TrainingBackend&) override;
 
-  // LearnerPort
-  SyncTime Now() override { return Clock::now(); }
-  int64_t UnixMs() override { return (int64_t)diloco::UnixMs(); }
+  // LearnerPort.
+  SyncTime Now() override { return WallClock().Now(); }
+  int64_t UnixMs() override { return WallClock().UnixMs(); }
   void SendUplink(net::Message&& m) override { (void)up_->Publish(o_.job_id, m); }
   void SendDealer(net::Message&& m) override { (void)dealer_->Send(m, 0); }  // queued until connected
-  void OnHeartbeat(const HeartbeatMsg& hb) override {
-    last_beat_ = hb;
-    if (liveness_) liveness_->Update(hb);
-  }
-  void SaveStep(long step) override {
-    if (!o_.run_dir.empty()) (void)SaveLearnerStep(o_.run_dir, o_.index, step);
-  }
-  Status SaveMoments(long done) override {
-    if (o_.run_dir.empty()) return Status::Ok();
-    return SaveCheckpoint(LearnerCheckpointPath(o_.run_dir, o_.index), ring_, done, RunConfigToYaml(cfg_));
-  }
-  void WriteMetrics(const nlohmann::json& line) override {
-    if (!o_.metrics) return;
-    std::lock_guard<std::mutex> lock(*o_.metrics_mu);
-    (void)o_.metrics->Write(line);
-  }
+  void OnHeartbeat(const HeartbeatMsg& hb) override;
+  void SaveStep(long step) override;
+  Status SaveMoments(long done) override;
+  void WriteMetrics(const nlohmann::json& line) override;
   void Note(const std::string& line) override { std::fprintf(stderr, "%s: %s\n", me_.c_str(), line.c_str()); }
 
  private:
+  // Setup.
   Status OpenDownlink();
   Status OpenUplink();
   Status OpenSnapshotDealer();
+  // Phases of Run; *ended: crashed or stopped meanwhile.
   Status Handshake(bool* ended);
   Status AwaitJoinSnapshot(bool* ended);
+  bool EndedByFlags();
   Status StartLiveness();
   Status Flush();
-  Status Finish();
+  Status Finish(LearnerResult* result);
+  // Receiving and waiting.
   Status Poll(int timeout_ms);
   Status WaitUntil(const std::function<bool()>& done, const std::string& what);
   bool Crashed() const;
-  bool Stopping() const;
+  bool Stopping() const { return o_.stop && o_.stop->load(); }
 
   net::NetContext& context_;
   const LearnerOptions& o_;
   const RunConfig& cfg_;
   const std::string me_;
+  const BatchSampler& train_;
   LocalRing& ring_;
-  const uint64_t incarnation_;
   LearnerCore core_;
-  StepStretch stretch_;
 
+  // Sockets (this thread's).
   std::shared_ptr<ParsedMessage> parsed_ = std::make_shared<ParsedMessage>();
-  std::shared_ptr<ParsedMessage> dparsed_ = std::make_shared<ParsedMessage>();
   std::unique_ptr<net::SubChannel> down_;
   std::unique_ptr<net::PubChannel> up_;
+  std::shared_ptr<ParsedMessage> dparsed_ = std::make_shared<ParsedMessage>();
   std::unique_ptr<net::DealerChannel> dealer_;
   std::vector<net::Socket*> sockets_;
   std::vector<bool> ready_;
-  std::unique_ptr<LivenessSender> liveness_;  // started once the handshake is through
-  Clock::time_point last_downlink_ = Clock::now();
-  HeartbeatMsg last_beat_;  // the core's latest: the liveness thread's first
-  bool crashed_ = false, stopped_ = false;
+  SyncTime last_downlink_ = WallClock().Now();
+
+  std::unique_ptr<LivenessSender> liveness_;  // started once training starts
+  bool have_beat_ = false;
+  HeartbeatMsg last_beat_;  // the core's latest, what the liveness thread starts with
+  StepStretch stretch_;
 };
 
-// A fresh incarnation number: a restarted learner is never mistaken for its former self.
-uint64_t NewIncarnation() { return std::random_device{}() | (uint64_t{std::random_device{}()} << 32); }
-
-LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, LocalRing& ring, OuterState& outer,
-                         std::vector<Fragment> frags)
+LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
+                         LocalRing& ring, OuterState& outer, std::vector<Fragment> frags)
     : context_(context),
       o_(o),
       cfg_(*o.config),
       me_(LearnerName(o.index)),
+      train_(train),
       ring_(ring),
-      incarnation_(NewIncarnation()),
-      core_(o, ring.backend(0), outer, std::move(frags), incarnation_, this),
+      core_(o, ring.backend(0), outer, std::move(frags), DrawIncarnation(), this),
       stretch_(cfg_, o.index) {
-  core_.SetRing(ring.description(), ring.world_ranks());
+  core_.Describe(ring.description(), ring.world_ranks());
 }
 
-Status LearnerLoop::Run(const BatchSampler& train, bool* loop_entered, uint32_t* loop_end_crc,
-                        LearnerResult* result) {
+Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
   DL_RETURN_IF_ERROR(core_.SetUp());
   // The downlink first, so nothing published after the handshake is missed.
   DL_RETURN_IF_ERROR(OpenDownlink());
@@ -163,12 +143,11 @@ Status LearnerLoop::Run(const BatchSampler& train, bool* loop_entered, uint32_t*
   DL_RETURN_IF_ERROR(Handshake(&ended));
   if (!ended) {
     DL_RETURN_IF_ERROR(core_.Start(o_.join_from_snapshot));
+    // A learner started from init_params trains at once, even if its buffered Globals had a gap.
     if (o_.join_from_snapshot) DL_RETURN_IF_ERROR(AwaitJoinSnapshot(&ended));
   }
   if (ended) {
     *result = core_.result();
-    result->crashed = crashed_;
-    result->stopped = stopped_;
     return Status::Ok();
   }
   DL_RETURN_IF_ERROR(core_.BeginTraining());
@@ -176,24 +155,20 @@ Status LearnerLoop::Run(const BatchSampler& train, bool* loop_entered, uint32_t*
 
   *loop_entered = true;
   long step = o_.start_step;
-  DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg_, train, 0, step), ring_.backend(0), ring_.comm(0), this, &step));
+  DL_RETURN_IF_ERROR(
+      RunInnerLoop(RankLoopOptions(cfg_, train_, 0, step), ring_.backend(0), ring_.comm(0), this, &step));
   if (ring_.ranks() > 1) *loop_end_crc = ParamsCrc32c(ring_.backend(0));  // before the last polls fold into rank 0
   if (!o_.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(o_.run_dir, o_.index, step));
-  if (!crashed_) DL_RETURN_IF_ERROR(Flush());
-  DL_RETURN_IF_ERROR(Finish());
-  *result = core_.result();
+  if (!core_.result().crashed) DL_RETURN_IF_ERROR(Flush());
+  DL_RETURN_IF_ERROR(Finish(result));
+  result->steps = step;
   return Status::Ok();
 }
 
 Status LearnerLoop::OpenDownlink() {
-  ParseOptions expect;
-  expect.job_id = o_.job_id;
-  expect.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
-  expect.model_params = ring_.backend(0).num_params();
-  expect.allowed_senders = {kSyncerName};
   net::ReceiveOptions ro;
   // Globals are verified and decoded where ZeroMQ received them (no copy of the payload).
-  ro.validator = net::EnvelopeValidatorInPlace(expect, parsed_);
+  ro.validator = net::EnvelopeValidatorInPlace(core_.downlink_expect(), parsed_);
   net::SocketOptions so = LearnerSocket(o_, me_ + ".downlink");
   so.recv_hwm_msgs = 100000;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context_, so, ro, &down_));
@@ -211,13 +186,8 @@ Status LearnerLoop::OpenUplink() {
 }
 
 Status LearnerLoop::OpenSnapshotDealer() {
-  ParseOptions dexpect;
-  dexpect.job_id = o_.job_id;
-  dexpect.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
-  dexpect.model_params = ring_.backend(0).num_params();
-  dexpect.allowed_senders = {kSyncerName};
   net::ReceiveOptions dro;
-  dro.validator = net::EnvelopeValidator(dexpect, dparsed_);
+  dro.validator = net::EnvelopeValidator(core_.dealer_expect(), dparsed_);
   dro.track_sequence = false;  // replies to requests: the syncer numbers them across all learners
   net::SocketOptions dso = LearnerSocket(o_, me_ + ".snapshot");
   dso.recv_hwm_msgs = 100000;
@@ -230,18 +200,13 @@ Status LearnerLoop::OpenSnapshotDealer() {
   return Status::Ok();
 }
 
-// Startup exchange (the core's join timers) until Welcome and a downlink message. *ended:
-// crashed or stopped meanwhile.
+// Startup exchange (the core's join timer) until Welcome and a downlink message (both
+// directions up), within handshake_timeout_ms.
 Status LearnerLoop::Handshake(bool* ended) {
-  const auto t0 = Clock::now();
+  const SyncTime t0 = Now();
   while (!core_.Joined()) {
-    if (Crashed() || Stopping()) {
-      crashed_ = Crashed();
-      stopped_ = !crashed_;
-      *ended = true;
-      return Status::Ok();
-    }
-    if (Clock::now() - t0 > std::chrono::milliseconds(o_.handshake_timeout_ms))
+    if ((*ended = EndedByFlags())) return Status::Ok();
+    if (Now() - t0 > milliseconds(o_.handshake_timeout_ms))
       return Status::Error(me_ + ": no answer from the syncer (uplink " + o_.uplink_endpoint + ", downlink " +
                            o_.downlink_endpoint + ", snapshot " + o_.snapshot_endpoint + ") within " +
                            std::to_string(o_.handshake_timeout_ms) + " ms; is it running, and are the keys right?");
@@ -251,85 +216,98 @@ Status LearnerLoop::Handshake(bool* ended) {
   return Status::Ok();
 }
 
-// Train only once the snapshot is in (the core requests it; Globals are buffered meanwhile).
+// Joining from a snapshot: train only once it is installed (Globals are buffered meanwhile).
 Status LearnerLoop::AwaitJoinSnapshot(bool* ended) {
-  const auto t0 = Clock::now();
+  const SyncTime t0 = Now();
   while (core_.AwaitingSnapshot()) {
-    if (Crashed() || Stopping()) {
-      crashed_ = Crashed();
-      stopped_ = !crashed_;
-      *ended = true;
-      return Status::Ok();
-    }
+    if ((*ended = EndedByFlags())) return Status::Ok();
     DL_RETURN_IF_ERROR(core_.OnTimer());
     DL_RETURN_IF_ERROR(Poll(10));
-    if (Clock::now() - t0 > std::chrono::milliseconds(o_.handshake_timeout_ms))
+    if (Now() - t0 > milliseconds(o_.handshake_timeout_ms))
       return Status::Error(me_ + ": no snapshot from the syncer at " + o_.snapshot_endpoint + " within " +
                            std::to_string(o_.handshake_timeout_ms) + " ms");
   }
   return Status::Ok();
 }
 
-// From here on liveness beats come from their own thread (liveness_sender.h).
+// The crash or stop flags are set: the core marks the learner crashed or stopped.
+bool LearnerLoop::EndedByFlags() {
+  if (Crashed()) {
+    core_.MarkCrashed();
+    return true;
+  }
+  if (Stopping()) {
+    core_.MarkStopped();
+    return true;
+  }
+  return false;
+}
+
+// From here on liveness beats come from their own thread (liveness_sender.h), starting with the
+// core's latest heartbeat.
 Status LearnerLoop::StartLiveness() {
   LivenessOptions lo;
   lo.job_id = o_.job_id;
   lo.sender = me_;
-  lo.incarnation = incarnation_;
+  lo.incarnation = core_.incarnation();
   lo.endpoint = o_.uplink_endpoint;
   lo.socket = LearnerSocket(o_, me_ + ".liveness");
   lo.socket.linger_ms = 0;
   lo.interval_ms = o_.heartbeat_interval_ms;
   lo.crash = o_.crash;
   DL_RETURN_IF_ERROR(LivenessSender::Start(context_, lo, &liveness_));
-  liveness_->Update(last_beat_);  // BeginTraining's
+  if (have_beat_) liveness_->Update(last_beat_);
   return Status::Ok();
 }
 
+// Flush, so no work is lost at the end (the core says when it is settled; flush_timeout_ms at most).
 Status LearnerLoop::Flush() {
-  core_.BeginFlush();
-  DL_RETURN_IF_ERROR(
-      WaitUntil([&] { return core_.Flushed(); }, "flushing: waiting for the globals of the deltas in flight"));
+  DL_RETURN_IF_ERROR(core_.BeginFlush());
+  auto flushed = [&] { return core_.Flushed(); };
+  DL_RETURN_IF_ERROR(WaitUntil(flushed, "flushing: waiting for the globals of the deltas in flight"));
   DL_RETURN_IF_ERROR(core_.SendRemaining());
-  DL_RETURN_IF_ERROR(WaitUntil([&] { return core_.Flushed(); }, "flushing: waiting for the syncer to merge the last deltas"));
-  crashed_ = o_.crash && o_.crash->load();
+  DL_RETURN_IF_ERROR(WaitUntil(flushed, "flushing: waiting for the syncer to merge the last deltas"));
+  if (o_.crash && o_.crash->load()) core_.MarkCrashed();
   return Status::Ok();
 }
 
-// The last word: a final heartbeat (finished or stopping), or, crashed, the work lost with it.
-Status LearnerLoop::Finish() {
+// The last word (the core's final heartbeat, or the crash's tally); the liveness thread stops first.
+Status LearnerLoop::Finish(LearnerResult* result) {
   uint64_t liveness_bytes = 0;
   if (liveness_) {
-    liveness_->Stop();  // the core's last beat is the final word
+    liveness_->Stop();  // the last beat is the core's final word
     liveness_bytes = liveness_->bytes_sent();
   }
-  DL_RETURN_IF_ERROR(core_.Finish(crashed_, stopped_));
-  if (!crashed_) DL_RETURN_IF_ERROR(Poll(0));
-  core_.AddBytesUp(liveness_bytes);
+  DL_RETURN_IF_ERROR(core_.Finish());
+  if (!core_.result().crashed) DL_RETURN_IF_ERROR(Poll(0));
+  *result = core_.result();
+  result->bytes_up += liveness_bytes;
   return Status::Ok();
 }
 
+// Hands what arrived to the core (after waiting up to timeout_ms for something).
 Status LearnerLoop::Poll(int timeout_ms) {
   if (timeout_ms > 0 && !net::PollReadable(sockets_, timeout_ms, &ready_)) return Status::Ok();
   net::Received r;
   while (down_->Receive(&r, 0) == net::RecvResult::kMessage) {
-    last_downlink_ = Clock::now();
+    last_downlink_ = Now();
     DL_RETURN_IF_ERROR(core_.OnDownlink(r, *parsed_));
   }
   while (dealer_->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(core_.OnDealer(*dparsed_));
   return Status::Ok();
 }
 
-// Poll (and the core's timers) until done() or the syncer has been silent for syncer_timeout_ms.
-// what names the wait in the error and in the progress lines printed every 30 s.
+// Poll (and run the core's timer) until done() or the syncer has been silent for
+// syncer_timeout_ms. what names the wait in the error and in the lines printed every 30 s.
 Status LearnerLoop::WaitUntil(const std::function<bool()>& done, const std::string& what) {
-  auto last_said = Clock::now();
+  SyncTime last_said = Now();
   while (!done()) {
-    if ((o_.crash && o_.crash->load())) return Status::Ok();
+    if (o_.crash && o_.crash->load()) return Status::Ok();
+    DL_RETURN_IF_ERROR(core_.OnTimer());
     DL_RETURN_IF_ERROR(Poll(10));
     DL_RETURN_IF_ERROR(core_.OnTimer());
-    const auto now = Clock::now();
-    if (now - last_downlink_ > std::chrono::milliseconds(o_.syncer_timeout_ms))
+    const SyncTime now = Now();
+    if (now - last_downlink_ > milliseconds(o_.syncer_timeout_ms))
       return Status::Error(me_ + ": no word from the syncer (downlink " + o_.downlink_endpoint + ") for " +
                            std::to_string(o_.syncer_timeout_ms / 1000) + " s while " + what +
                            "; is it running? (LearnerOptions::syncer_timeout_ms)");
@@ -342,10 +320,7 @@ Status LearnerLoop::WaitUntil(const std::function<bool()>& done, const std::stri
 }
 
 Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) {
-  DL_RETURN_IF_ERROR(core_.outer_error());
-  if (Crashed() || Stopping()) {
-    crashed_ = Crashed();
-    stopped_ = !crashed_;
+  if (EndedByFlags()) {  // the core is at step `at` since the last step (or the start)
     control->stop = true;
     return Status::Ok();
   }
@@ -353,36 +328,61 @@ Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) 
   DL_RETURN_IF_ERROR(Poll(0));
   DL_RETURN_IF_ERROR(core_.OnTimer());
   DL_RETURN_IF_ERROR(core_.BeforeStep(at, control));
-  // Lock-step modes: wait for the Global that unblocks the step, as long as the syncer speaks.
-  while (!control->stop && core_.Blocked() && !Stopping()) {
+  // Lock-step modes: wait for the Global that unblocks the step, as long as the syncer speaks. A
+  // crash or a stop meanwhile ends training before this step.
+  while (!control->stop && core_.Blocked()) {
+    const int p = core_.BlockingFragment();
     DL_RETURN_IF_ERROR(WaitUntil([&] { return !core_.Blocked() || Stopping(); },
-                                 "waiting for a global at step " + std::to_string(at)));
-    if (o_.crash && o_.crash->load()) break;
+                                 "waiting for the global of fragment " + std::to_string(p) + " at step " +
+                                     std::to_string(at)));
+    if (EndedByFlags()) {
+      control->stop = true;
+      return Status::Ok();
+    }
     DL_RETURN_IF_ERROR(core_.BeforeStep(at, control));
   }
   return Status::Ok();
 }
 
 Status LearnerLoop::AfterStep(const StepResult& r, TrainingBackend&) {
-  // A slowed learner (learners[i].slowdown and .jitter, or the factor chaos sets) sleeps the
-  // stretch (step_stretch.h); the core takes the step's time with it.
-  const double step_s = stretch_.Apply(r.step_s, o_.slowdown ? o_.slowdown->load() : 1.0);
+  // A slowed learner (learners[i].slowdown and .jitter, or the factor chaos sets; as in ddp) sleeps
+  // the stretch (step_stretch.h); the core counts the step's time with it.
+  const double step_s = r.stats.applied ? stretch_.Apply(r.step_s, o_.slowdown ? o_.slowdown->load() : 1.0) : r.step_s;
   return core_.AfterStep(r, step_s);
+}
+
+void LearnerLoop::OnHeartbeat(const HeartbeatMsg& hb) {
+  last_beat_ = hb;
+  have_beat_ = true;
+  if (liveness_) liveness_->Update(hb);
+}
+
+void LearnerLoop::SaveStep(long step) {
+  if (!o_.run_dir.empty()) (void)SaveLearnerStep(o_.run_dir, o_.index, step);
+}
+
+Status LearnerLoop::SaveMoments(long done) {
+  if (o_.run_dir.empty()) return Status::Ok();
+  return SaveCheckpoint(LearnerCheckpointPath(o_.run_dir, o_.index), ring_, done, RunConfigToYaml(cfg_));
+}
+
+void LearnerLoop::WriteMetrics(const nlohmann::json& line) {
+  if (!o_.metrics) return;
+  std::lock_guard<std::mutex> lock(*o_.metrics_mu);
+  (void)o_.metrics->Write(line);
 }
 
 bool LearnerLoop::Crashed() const {
   return (o_.crash && o_.crash->load()) || (o_.crash_after_steps >= 0 && core_.step() >= o_.crash_after_steps);
 }
 
-bool LearnerLoop::Stopping() const { return o_.stop && o_.stop->load(); }
-
 Status RunLearnerLeader(net::NetContext& context, const LearnerOptions& o, const BatchSampler& train,
                         LocalRing& ring, OuterState& outer, bool* loop_entered, uint32_t* loop_end_crc,
                         LearnerResult* result) {
   std::vector<Fragment> frags;
   DL_RETURN_IF_ERROR(PartitionFragments(ring.backend(0).table(), EffectiveFragments(o.config->sync), &frags));
-  LearnerLoop loop(context, o, ring, outer, std::move(frags));
-  return loop.Run(train, loop_entered, loop_end_crc, result);
+  LearnerLoop loop(context, o, train, ring, outer, std::move(frags));
+  return loop.Run(loop_entered, loop_end_crc, result);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 #include "daemon/train/learner_core.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "daemon/net/wire_transport.h"
+#include "daemon/sync/decide.h"
 #include "daemon/sync/fold.h"
 #include "daemon/sync/merge.h"
 #include "daemon/sync/protocol.h"
@@ -32,20 +34,20 @@ void ContiguousPayload(const ParsedMessage& m, std::vector<uint8_t>* out) {
   for (const auto& chunk : m.payload_spans()) out->insert(out->end(), chunk.begin(), chunk.end());
 }
 
-using Ms = std::chrono::milliseconds;
+double Seconds(SyncTime::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
 
-LearnerCore::LearnerCore(const LearnerOptions& o, const TrainingBackend& backend, OuterState& outer,
+LearnerCore::LearnerCore(const LearnerOptions& o, TrainingBackend& backend0, OuterState& outer,
                          std::vector<Fragment> frags, uint64_t incarnation, LearnerPort* port)
     : o_(o),
       cfg_(*o.config),
       tc_(cfg_.train),
       sc_(cfg_.sync),
       me_(LearnerName(o.index)),
-      backend_(backend),
-      port_(*port),
+      backend_(backend0),
       outer_(outer),
+      port_(port),
       frags_(std::move(frags)),
       P_((int)frags_.size()),
       H_(sc_.inner_steps),
@@ -60,14 +62,25 @@ LearnerCore::LearnerCore(const LearnerOptions& o, const TrainingBackend& backend
       last_loss_(std::numeric_limits<float>::quiet_NaN()),
       step_(o.start_step),
       tokens_per_step_((long)LearnerTokensPerStep(cfg_)) {
+  res_.steps = o.start_step;
   progress_.index = o.index;
-  progress_.ranks = cfg_.train.hosts * cfg_.train.ranks;
   expect_.job_id = o.job_id;
   expect_.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
-  expect_.model_params = backend.num_params();
+  expect_.model_params = backend_.num_params();
   expect_.allowed_senders = {kSyncerName};
-  const SyncTime now = port_.Now();
-  last_step_save_ = last_hello_ = last_join_beat_ = last_beat_ = requested_at_ = train_start_ = now;
+}
+
+LearnerCore::~LearnerCore() = default;
+
+ParseOptions LearnerCore::dealer_expect() const {
+  ParseOptions d = expect_;
+  d.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
+  return d;
+}
+
+void LearnerCore::Describe(const std::string& device, int ranks) {
+  progress_.device = device;
+  progress_.ranks = ranks;
 }
 
 Status LearnerCore::SetUp() {
@@ -84,17 +97,19 @@ Status LearnerCore::SetUp() {
 // ---- Startup ----
 
 Status LearnerCore::OnJoinTimer() {
-  const SyncTime now = port_.Now();
-  if (!joining_sent_) Report(LearnerState::kJoining);
-  if (!joining_sent_ || now - last_join_beat_ >= Ms(20)) {
+  if (!join_reported_) {
+    join_reported_ = true;
+    Report(LearnerState::kJoining);
+  }
+  const SyncTime now = port_->Now();
+  if (Elapsed(last_join_beat_, now, 20)) {
     DL_RETURN_IF_ERROR(Heartbeat(LearnerState::kJoining));
     last_join_beat_ = now;
   }
-  if (!joining_sent_ || now - last_hello_ >= Ms(50)) {
-    DL_RETURN_IF_ERROR(SendDealerMessage(Hello()));
+  if (Elapsed(last_hello_, now, 50)) {
+    DL_RETURN_IF_ERROR(SendToDealer(Hello()));
     last_hello_ = now;
   }
-  joining_sent_ = true;
   return Status::Ok();
 }
 
@@ -112,9 +127,10 @@ HelloMsg LearnerCore::Hello() const {
 Status LearnerCore::Start(bool join_from_snapshot) {
   started_ = true;
   if (join_from_snapshot) {
+    // Train only once the snapshot is in; Globals are buffered meanwhile.
     resync_reason_ = "join";
     Report(LearnerState::kResyncing);
-    return OnTimer();  // the snapshot request
+    return RequestSnapshotIfDue();
   }
   // Version 0 of every fragment is init_params; Globals buffered so far apply now.
   std::map<uint64_t, uint64_t> zero;
@@ -123,12 +139,78 @@ Status LearnerCore::Start(bool join_from_snapshot) {
 }
 
 Status LearnerCore::BeginTraining() {
+  if (training_) return Status::Ok();
+  training_ = true;
   DL_RETURN_IF_ERROR(Heartbeat(StateNow()));
-  last_beat_ = port_.Now();
+  last_beat_ = port_->Now();
   Report(StateNow());
-  train_start_ = port_.Now();
-  res_.train_start_unix_ms = port_.UnixMs();
+  train_start_ = port_->Now();
+  res_.train_start_unix_ms = port_->UnixMs();
   return Status::Ok();
+}
+
+// ---- The end ----
+
+// Flush, so no work is lost at the end: the deltas in flight are merged or let go (lost ones
+// go again), then the work since each fragment's last send goes out, and the learner stays
+// until the syncer has merged that too (within flush_timeout_ms).
+Status LearnerCore::BeginFlush() {
+  flushing_ = true;
+  flush_deadline_ = port_->Now() + std::chrono::milliseconds(o_.flush_timeout_ms);
+  return Status::Ok();
+}
+
+bool LearnerCore::Flushed() const {
+  return (!ledger_.AnyInFlight() && !clone_.awaiting_snapshot() && lost_deltas_.empty()) ||
+         port_->Now() > flush_deadline_;
+}
+
+Status LearnerCore::SendRemaining() {
+  if (!clone_.awaiting_snapshot())
+    for (int p = 0; p < P_; p++)
+      if (!ledger_[p].in_flight && ledger_[p].c_steps > 0) DL_RETURN_IF_ERROR(SendDelta(p, step_));
+  return Status::Ok();
+}
+
+// The last word: a final heartbeat (finished or stopping), or, crashed, the work lost with it.
+Status LearnerCore::Finish() {
+  if (flushing_)
+    for (int p = 0; p < P_; p++)
+      if (ledger_[p].in_flight)
+        port_->Note("fragment " + std::to_string(p) + "'s last delta was not merged within " +
+                    std::to_string(o_.flush_timeout_ms) + " ms of the end");
+  if (res_.crashed) {
+    Report(LearnerState::kFailed);
+    res_ = CrashedResult();
+    return Status::Ok();
+  }
+  const LearnerState final_state = res_.stopped ? LearnerState::kStopping : LearnerState::kFinished;
+  DL_RETURN_IF_ERROR(Heartbeat(final_state));
+  Report(final_state);
+  res_.end_unix_ms = port_->UnixMs();
+  return Status::Ok();
+}
+
+LearnerResult LearnerCore::CrashedResult() const {
+  LearnerResult r = res_;
+  r.crashed = true;
+  r.crashed_unix_ms = port_->UnixMs();
+  r.unsent_tokens_at_crash.clear();
+  for (int p = 0; p < P_; p++) {
+    const LedgerFragment& f = ledger_[p];
+    r.unsent_tokens_at_crash.push_back(f.c_tokens - (f.in_flight ? std::min(f.c_tokens, f.c_tokens_at_send) : 0));
+  }
+  return r;
+}
+
+void LearnerCore::MarkCrashed() {
+  EndWait();
+  res_.crashed = true;
+}
+
+void LearnerCore::MarkStopped() {
+  EndWait();
+  res_.stopped = true;
 }
 
 // ---- Sending ----
@@ -140,7 +222,7 @@ Status LearnerCore::Build(uint64_t* sq, const MessageBody& body, std::shared_ptr
   h.sender = me_;
   h.seq = ++*sq;
   h.incarnation = incarnation_;
-  h.sent_unix_ms = (uint64_t)port_.UnixMs();
+  h.sent_unix_ms = (uint64_t)port_->UnixMs();
   OutgoingMessage om;
   std::span<const uint8_t> bytes;
   if (payload) bytes = {payload->data(), payload->size()};
@@ -153,14 +235,14 @@ Status LearnerCore::Build(uint64_t* sq, const MessageBody& body, std::shared_ptr
 Status LearnerCore::Send(const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) {
   net::Message m;
   DL_RETURN_IF_ERROR(Build(&seq_, body, std::move(payload), &m));
-  port_.SendUplink(std::move(m));
+  port_->SendUplink(std::move(m));
   return Status::Ok();
 }
 
-Status LearnerCore::SendDealerMessage(const MessageBody& body) {
+Status LearnerCore::SendToDealer(const MessageBody& body) {
   net::Message m;
   DL_RETURN_IF_ERROR(Build(&dealer_seq_, body, nullptr, &m));
-  port_.SendDealer(std::move(m));
+  port_->SendDealer(std::move(m));
   return Status::Ok();
 }
 
@@ -177,13 +259,13 @@ Status LearnerCore::Heartbeat(LearnerState state) {
     const LedgerFragment& f = ledger_[p];
     hb.fragments.push_back({(uint32_t)p, f.base_version, f.c_steps, f.c_tokens, f.in_flight});
   }
-  port_.OnHeartbeat(hb);
+  port_->OnHeartbeat(hb);
   return Send(hb, nullptr);
 }
 
 Status LearnerCore::BeatIfDue() {
-  const SyncTime now = port_.Now();
-  if (now - last_beat_ < Ms(o_.heartbeat_interval_ms)) return Status::Ok();
+  const SyncTime now = port_->Now();
+  if (!Elapsed(last_beat_, now, o_.heartbeat_interval_ms)) return Status::Ok();
   last_beat_ = now;
   return Heartbeat(StateNow());
 }
@@ -258,26 +340,24 @@ Status LearnerCore::ResendLost() {
 }
 
 Status LearnerCore::OnTimer() {
-  DL_RETURN_IF_ERROR(outer_error_);
-  if (started_ && clone_.awaiting_snapshot() &&
-      (!request_outstanding_ || port_.Now() - requested_at_ > Ms(o_.snapshot_retry_ms)))
-    DL_RETURN_IF_ERROR(RequestSnapshot());
-  if (!started_) return Status::Ok();
-  DL_RETURN_IF_ERROR(ResendLost());
-  return BeatIfDue();
+  if (started_) DL_RETURN_IF_ERROR(BeatIfDue());
+  DL_RETURN_IF_ERROR(RequestSnapshotIfDue());
+  return ResendLost();
 }
 
 // ---- Receiving ----
 
-// A downlink message (its frames in r): a Global or a SyncerStatus.
+// A downlink message (m, its frames in r): a Global or a SyncerStatus.
 Status LearnerCore::OnDownlink(net::Received& r, const ParsedMessage& m) {
   downlink_seen_ = true;
   res_.bytes_down += m.wire_bytes;
   if (m.get<GlobalMsg>()) DL_RETURN_IF_ERROR(HandleGlobal(r, m));
   if (const SyncerStatusMsg* st = m.get<SyncerStatusMsg>()) HandleStatus(*st);
-  return Status::Ok();
+  return RequestSnapshotIfDue();
 }
 
+// A Global from the downlink: applied when it is the next version of its fragment, buffered while
+// a snapshot is awaited, a gap otherwise.
 Status LearnerCore::HandleGlobal(net::Received& r, const ParsedMessage& m) {
   const GlobalMsg* g = m.get<GlobalMsg>();
   if ((int)g->fragment >= P_) return Status::Ok();
@@ -306,8 +386,8 @@ Status LearnerCore::ApplyGlobal(const ParsedMessage& m) {
   // refuse it and resync from a snapshot.
   if (Status decoded = DecodeFiniteUpdate(frag, *g, m); !decoded.ok()) {
     res_.globals_refused++;
-    port_.Note("refusing Global " + std::to_string(g->version) + " of fragment " + std::to_string(p) + " (" +
-               decoded.message() + "); resyncing");
+    port_->Note("refusing Global " + std::to_string(g->version) + " of fragment " + std::to_string(p) + " (" +
+                decoded.message() + "); resyncing");
     NeedSnapshot("refused global of fragment " + std::to_string(p));
     return Status::Ok();
   }
@@ -322,19 +402,19 @@ Status LearnerCore::ApplyGlobal(const ParsedMessage& m) {
   const size_t update_bytes = topk ? frag.numel * sizeof(float) : contiguous_.size();
   bool applied = false;
   DL_RETURN_IF_ERROR(outer_
-                         .ApplyUpdate((int)g->fragment, update, update_bytes,
+                         .ApplyUpdate(p, update, update_bytes,
                                       topk ? SyncCodec::kFp32 : SyncCodecOf(g->payload.codec), g->payload.block_size,
                                       &applied)
                          .WithContext(me_));
   if (!applied)
-    return Status::Error(me_ + ": the backend refused the Global of fragment " + std::to_string(g->fragment) +
+    return Status::Error(me_ + ": the backend refused the Global of fragment " + std::to_string(p) +
                          " that the wire codec accepted; this is a bug");
   if (Crc32c(base.data(), frag.numel * sizeof(float)) != g->fragment_crc32c) {
     // Our copy of Θ_p is not the syncer's: fetch it (the local θ_p, and a delta in flight,
     // stay until then: a lock-step learner keeps waiting for the snapshot).
     ledger_.OnCrcMismatch(p, g->version);
     res_.crc_mismatches++;
-    NeedSnapshot("crc mismatch on fragment " + std::to_string(g->fragment) + " version " + std::to_string(g->version));
+    NeedSnapshot("crc mismatch on fragment " + std::to_string(p) + " version " + std::to_string(g->version));
     return Status::Ok();
   }
   const GlobalFold fold = ledger_.OnGlobal(p, g->version, included_self);
@@ -345,7 +425,7 @@ Status LearnerCore::ApplyGlobal(const ParsedMessage& m) {
   if (fold.shift_at_send) DL_RETURN_IF_ERROR(outer_.ShiftAtSend(p).WithContext(me_));
   MarkChanged(p);
   res_.globals_applied++;
-  progress_.last_fragment_folded = (int)g->fragment;
+  progress_.last_fragment_folded = p;
   return Status::Ok();
 }
 
@@ -378,8 +458,8 @@ void LearnerCore::HandleDropNotices(const std::vector<DroppedDelta>& drops) {
     if (!ledger_.OnDrop((int)d.fragment, d.base_version)) continue;
     ResetResidual((int)d.fragment);
     res_.deltas_dropped++;
-    port_.Note("the syncer dropped our delta of fragment " + std::to_string(d.fragment) + " (base " +
-               std::to_string(d.base_version) + "): " + d.reason);
+    port_->Note("the syncer dropped our delta of fragment " + std::to_string(d.fragment) + " (base " +
+                std::to_string(d.base_version) + "): " + d.reason);
     if (d.reason == ToString(StalenessVerdict::kFromTheFuture))
       NeedSnapshot("the syncer is behind our base of fragment " + std::to_string(d.fragment));
   }
@@ -400,8 +480,8 @@ void LearnerCore::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
     ResetResidual(p);
     res_.deltas_lost++;
     lost_deltas_.push_back(p);
-    port_.Note("our delta of fragment " + std::to_string(p) + " (base " + std::to_string(ledger_[p].sent_base) +
-               ") never reached the syncer; sending again");
+    port_->Note("our delta of fragment " + std::to_string(p) + " (base " + std::to_string(ledger_[p].sent_base) +
+                ") never reached the syncer; sending again");
   }
 }
 
@@ -416,15 +496,15 @@ Status LearnerCore::OnDealer(ParsedMessage& m) {
     }
     return Status::Ok();
   }
-  if (m.get<SnapshotMsg>() && assembler_ && request_outstanding_) {
-    if (m.get<SnapshotMsg>()->request_id != request_id_) return Status::Ok();  // an older answer
+  if (const SnapshotMsg* sm = m.get<SnapshotMsg>(); sm && assembler_ && request_outstanding_) {
+    if (sm->request_id != request_id_) return Status::Ok();  // an older answer
     if (Status st = assembler_->Add(std::move(m)); !st.ok()) {
-      port_.Note("dropping a snapshot part (" + st.message() + "); will ask again");
+      port_->Note("dropping a snapshot part (" + st.message() + "); will ask again");
       return Status::Ok();
     }
-    if (assembler_->complete()) return InstallSnapshot(assembler_->Take());
+    if (assembler_->complete()) DL_RETURN_IF_ERROR(InstallSnapshot(assembler_->Take()));
   }
-  return Status::Ok();
+  return RequestSnapshotIfDue();
 }
 
 // ---- Snapshots ----
@@ -434,14 +514,22 @@ void LearnerCore::NeedSnapshot(const std::string& why) {
   resync_reason_ = why;
 }
 
+// Once started, while a snapshot is awaited: one request outstanding, again after snapshot_retry_ms.
+Status LearnerCore::RequestSnapshotIfDue() {
+  if (!started_ || !clone_.awaiting_snapshot()) return Status::Ok();
+  if (request_outstanding_ && port_->Now() - requested_at_ <= std::chrono::milliseconds(o_.snapshot_retry_ms))
+    return Status::Ok();
+  return RequestSnapshot();
+}
+
 Status LearnerCore::RequestSnapshot() {
   SnapshotRequestMsg rq;
   rq.request_id = ++request_id_;
   rq.reason = resync_reason_;
   assembler_ = std::make_unique<SnapshotAssembler>(request_id_, backend_.num_params() * sizeof(float) + (1 << 20));
   request_outstanding_ = true;
-  requested_at_ = port_.Now();
-  return SendDealerMessage(rq);
+  requested_at_ = port_->Now();
+  return SendToDealer(rq);
 }
 
 // A complete snapshot: install the fragments that differ, then the buffered newer Globals.
@@ -499,21 +587,27 @@ Status LearnerCore::ApplyBufferedGlobals(const std::map<uint64_t, uint64_t>& ver
 
 Status LearnerCore::BeforeStep(long at, StepControl* control) {
   step_ = at;
+  res_.steps = at;
   DL_RETURN_IF_ERROR(outer_error_);
-  if (tc_.time_limit_s > 0 && port_.Now() - train_start_ >= std::chrono::duration<double>(tc_.time_limit_s)) {
+  DL_RETURN_IF_ERROR(BeginTraining());
+  if (TimeLimitReached()) {
+    EndWait();
     control->stop = true;
     return Status::Ok();
   }
   DL_RETURN_IF_ERROR(ResendLost());
+  // Lock-step modes: wait for fragments in flight too long, as long as the syncer is there (a
+  // lost delta or Global is found through its status and sent or fetched again). The runtime
+  // waits and calls again; the ranges changed meanwhile go with that call.
   if (Blocked()) {
     if (!waiting_) {
       waiting_ = true;
-      wait_start_ = port_.Now();
-      wait_start_unix_ms_ = port_.UnixMs();
+      wait_start_ = port_->Now();
+      wait_start_unix_ms_ = port_->UnixMs();
     }
     return Status::Ok();
   }
-  CloseWait();
+  EndWait();
   DL_RETURN_IF_ERROR(BeatIfDue());
   control->changed.insert(control->changed.end(), changed_.begin(), changed_.end());
   changed_.clear();
@@ -526,19 +620,22 @@ Status LearnerCore::BeforeStep(long at, StepControl* control) {
   return Status::Ok();
 }
 
-// Lock-step modes: a fragment in flight too long holds the step until its Global.
-bool LearnerCore::Blocked() const {
+int LearnerCore::BlockingFragment() const {
   for (int p = 0; p < P_; p++)
-    if (ledger_.Blocks(p, step_, block_after_)) return true;
-  return false;
+    if (ledger_.Blocks(p, step_, block_after_)) return p;
+  return -1;
 }
 
-// The end of a lock-step wait: its time in the result (goodput counts it as blocked).
-void LearnerCore::CloseWait() {
+void LearnerCore::EndWait() {
   if (!waiting_) return;
   waiting_ = false;
-  res_.wait_s += std::chrono::duration<double>(port_.Now() - wait_start_).count();
-  res_.blocked_unix_ms.push_back({wait_start_unix_ms_, port_.UnixMs()});
+  res_.wait_s += Seconds(port_->Now() - wait_start_);
+  res_.blocked_unix_ms.push_back({wait_start_unix_ms_, port_->UnixMs()});
+}
+
+// train.time_limit_s: that many seconds since training started (never when 0).
+bool LearnerCore::TimeLimitReached() const {
+  return tc_.time_limit_s > 0 && Seconds(port_->Now() - train_start_) >= tc_.time_limit_s;
 }
 
 Status LearnerCore::AfterStep(const StepResult& r, double step_s) {
@@ -557,33 +654,41 @@ Status LearnerCore::AfterStep(const StepResult& r, double step_s) {
   ledger_.OnStep((uint64_t)tokens_per_step_);
   const long done = r.step + 1;
   step_ = done;
+  res_.steps = done;
   DL_RETURN_IF_ERROR(SendFiringDeltas(done));
   Report(StateNow());
-  // The learner's own moments, for a restart (its parameters then come from a snapshot).
-  if (tc_.checkpoint_every > 0 && done % tc_.checkpoint_every == 0)
-    DL_RETURN_IF_ERROR(port_.SaveMoments(done).WithContext(me_ + ": saving its moments"));
+  DL_RETURN_IF_ERROR(SaveMomentsIfDue(done));
   if (done % tc_.log_every == 0 || done == tc_.steps) LogStep(r, done, step_s);
   return Status::Ok();
 }
 
-// Every log_every steps: the mean loss since the last time, and a metrics.jsonl line.
+// The learner's own moments, for a restart (its parameters then come from a snapshot).
+Status LearnerCore::SaveMomentsIfDue(long done) {
+  if (tc_.checkpoint_every > 0 && done % tc_.checkpoint_every == 0)
+    DL_RETURN_IF_ERROR(port_->SaveMoments(done).WithContext(me_ + ": saving its moments"));
+  return Status::Ok();
+}
+
+// Every log_every steps: the mean loss since the last time, and a metrics line.
 void LearnerCore::LogStep(const StepResult& r, long done, double step_s) {
   res_.final_train_loss = recent_sum_ / recent_n_;
   recent_sum_ = 0;
   recent_n_ = 0;
-  port_.WriteMetrics({{"learner", o_.index},
-                      {"step", done},
-                      {"loss", r.stats.loss},
-                      {"lr", r.lr},
-                      {"grad_norm", r.stats.grad_norm},
-                      {"tokens", res_.tokens},
-                      {"step_ms", step_s * 1e3},
-                      {"tok_per_s", res_.tokens / res_.train_s},
-                      {"time_ms", port_.UnixMs()},
-                      {"bytes_up", res_.bytes_up},
-                      {"bytes_down", res_.bytes_down},
-                      {"versions", BaseVersions()}});
+  port_->WriteMetrics({{"learner", o_.index},
+                       {"step", done},
+                       {"loss", r.stats.loss},
+                       {"lr", r.lr},
+                       {"grad_norm", r.stats.grad_norm},
+                       {"tokens", res_.tokens},
+                       {"step_ms", step_s * 1e3},
+                       {"tok_per_s", res_.tokens / res_.train_s},
+                       {"time_ms", port_->UnixMs()},
+                       {"bytes_up", res_.bytes_up},
+                       {"bytes_down", res_.bytes_down},
+                       {"versions", BaseVersions()}});
 }
+
+// ---- State ----
 
 // The parameters of fragment p changed on rank 0: the ring copies them before the next step.
 void LearnerCore::MarkChanged(int p) {
@@ -591,94 +696,46 @@ void LearnerCore::MarkChanged(int p) {
   for (const FragmentRange& r : frags_[p].ranges) changed_.push_back({r.offset, r.numel});
 }
 
-// ---- The end ----
-
-// Flush, so no work is lost at the end: the deltas in flight are merged or let go (lost ones
-// go again), then the work since each fragment's last send goes out, and the learner stays
-// until the syncer has merged that too (within flush_timeout_ms).
-void LearnerCore::BeginFlush() {
-  CloseWait();
-  flush_deadline_ = port_.Now() + Ms(o_.flush_timeout_ms);
-}
-
-bool LearnerCore::Flushed() const {
-  return (!ledger_.AnyInFlight() && !clone_.awaiting_snapshot() && lost_deltas_.empty()) ||
-         port_.Now() > flush_deadline_;
-}
-
-Status LearnerCore::SendRemaining() {
-  if (!clone_.awaiting_snapshot())
-    for (int p = 0; p < P_; p++)
-      if (!ledger_[p].in_flight && ledger_[p].c_steps > 0) DL_RETURN_IF_ERROR(SendDelta(p, step_));
-  return Status::Ok();
-}
-
-Status LearnerCore::Finish(bool crashed, bool stopped) {
-  res_.steps = step_;
-  res_.crashed = crashed;
-  res_.stopped = stopped;
-  if (crashed) {
-    const LearnerResult r = CrashedResult();
-    res_.unsent_tokens_at_crash = r.unsent_tokens_at_crash;
-    res_.crashed_unix_ms = r.crashed_unix_ms;
-    Report(LearnerState::kFailed);
-    return Status::Ok();
-  }
-  for (int p = 0; p < P_; p++)
-    if (ledger_[p].in_flight)
-      port_.Note("fragment " + std::to_string(p) + "'s last delta was not merged within " +
-                 std::to_string(o_.flush_timeout_ms) + " ms of the end");
-  const LearnerState final_state = stopped ? LearnerState::kStopping : LearnerState::kFinished;
-  DL_RETURN_IF_ERROR(Heartbeat(final_state));
-  Report(final_state);
-  res_.end_unix_ms = port_.UnixMs();
-  return Status::Ok();
-}
-
-LearnerResult LearnerCore::CrashedResult() {
-  LearnerResult r = res_;
-  r.crashed = true;
-  r.steps = step_;
-  r.crashed_unix_ms = port_.UnixMs();
-  r.unsent_tokens_at_crash.clear();
-  for (int p = 0; p < P_; p++) {
-    const LedgerFragment& f = ledger_[p];
-    r.unsent_tokens_at_crash.push_back(f.c_tokens - (f.in_flight ? std::min(f.c_tokens, f.c_tokens_at_send) : 0));
-  }
-  return r;
-}
-
-// ---- State ----
-
 void LearnerCore::Report(LearnerState state) {
   // What a restart continues from (a few times a second; a step is cheap to lose).
-  const SyncTime now = port_.Now();
-  if (!step_saved_ || now - last_step_save_ > Ms(250)) {
-    step_saved_ = true;
+  const SyncTime now = port_->Now();
+  if (Elapsed(last_step_save_, now, 250)) {
     last_step_save_ = now;
-    port_.SaveStep(step_);
+    port_->SaveStep(step_);
   }
-  if (!o_.on_progress) return;
   progress_.state = state;
-  progress_.step = step_;
-  progress_.tokens = res_.tokens;
-  progress_.loss = last_loss_;
-  progress_.tokens_per_s = res_.train_s > 0 ? res_.tokens / res_.train_s : 0;
-  progress_.base_versions = BaseVersions();
-  progress_.deltas_sent = res_.deltas_sent;
-  progress_.globals_applied = res_.globals_applied;
-  progress_.snapshots_installed = res_.snapshots_installed;
-  o_.on_progress(progress_);
+  progress_ = progress();
+  if (o_.on_progress) o_.on_progress(progress_);
+}
+
+// The counters as they are now; the state as last reported.
+LearnerProgress LearnerCore::progress() const {
+  LearnerProgress p = progress_;
+  p.step = step_;
+  p.tokens = res_.tokens;
+  p.loss = last_loss_;
+  p.tokens_per_s = res_.train_s > 0 ? res_.tokens / res_.train_s : 0;
+  p.base_versions = BaseVersions();
+  p.deltas_sent = res_.deltas_sent;
+  p.globals_applied = res_.globals_applied;
+  p.snapshots_installed = res_.snapshots_installed;
+  return p;
 }
 
 LearnerState LearnerCore::StateNow() const {
   return clone_.awaiting_snapshot() ? LearnerState::kResyncing : LearnerState::kTraining;
 }
 
+// Per fragment: the version of the global it last folded.
 std::vector<uint64_t> LearnerCore::BaseVersions() const {
   std::vector<uint64_t> v;
   for (int p = 0; p < P_; p++) v.push_back(ledger_[p].base_version);
   return v;
+}
+
+// Never happened, or at least ms ago.
+bool LearnerCore::Elapsed(const std::optional<SyncTime>& since, SyncTime now, double ms) {
+  return !since || now - *since >= std::chrono::duration<double, std::milli>(ms);
 }
 
 }  // namespace diloco
