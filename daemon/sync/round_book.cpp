@@ -32,7 +32,9 @@ bool RoundBook::OnHeard(int learner, uint64_t incarnation, SyncTime now) {
   const bool restarted = !l.heard || l.incarnation != incarnation;
   if (restarted) {
     // A new incarnation: waited for again until it says otherwise; its stream starts over.
+    const bool rejoin = l.heard;
     l = LearnerBook();
+    if (rejoin) l.rejoined_at = now;
     l.last_heard = now;
     l.heard = true;
     l.incarnation = incarnation;
@@ -169,6 +171,9 @@ std::optional<SyncTime> RoundBook::ExpectedDeltaAt(int learner, uint32_t p) cons
 RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timings) const {
   RoundState rs;
   rs.timings = timings;
+  std::optional<SyncTime> opened;  // the round's first arrival
+  for (const PendingDelta& pd : pending_[p])
+    if (!opened || pd.at < *opened) opened = pd.at;
   for (int l = 0; l < options_.learners; l++) {
     const LearnerBook& lb = learners_[l];
     LearnerPresence lp;
@@ -177,6 +182,9 @@ RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timing
     for (const PendingDelta& pd : pending_[p])
       if (pd.learner == l) lp.contributed_at = pd.at;
     if (lb.finished && !lp.contributed_at) continue;  // not waited for any more
+    // Restarted after this round opened: it rejoins out of step with the round (its cadence
+    // starts from its own step), so the round does not wait for it; its delta goes to the next.
+    if (!lp.contributed_at && lb.rejoined_at && opened && *lb.rejoined_at > *opened) continue;
     if (lb.finished) lp.last_heard = now;             // its last delta is in: counts as live
     if (!lp.contributed_at) lp.expected_at = ExpectedDeltaAt(l, p);
     if (lb.beat.have) lp.step_ms = lb.beat.step_ms;

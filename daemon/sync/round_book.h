@@ -142,6 +142,9 @@ class RoundBook {
     uint64_t incarnation = 0;
     SyncTime last_heard;
     uint64_t heard_seq = 0;
+    // When this incarnation replaced an earlier one (a restart): a round already open then does
+    // not wait for it (it rejoins out of step; lock-step rounds would deadlock on it).
+    std::optional<SyncTime> rejoined_at;
     bool finished = false;  // stopping / finished / failed: not waited for
     bool done = false;      // finished
     Beat beat;

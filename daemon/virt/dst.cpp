@@ -191,6 +191,11 @@ Status RunDstCase(const DstCase& c, const std::string& scratch_dir, DstCaseResul
   wo.table = &table;
   wo.init_params = init.data();
   wo.threads = 1;
+  // Every learner's steps at its slowest, each fault's time, and the flush timeout, twice over.
+  double slowest = 1, faults_s = 0;
+  for (int i = 0; i < cfg.sync.learners; i++) slowest = std::max(slowest, SlowdownOf(cfg.learners, i));
+  for (const DstFault& f : c.faults) faults_s += f.for_s;
+  wo.max_virtual_s = 2 * (cfg.train.steps * cfg.timing.step_ms / 1e3 * slowest * 1.5 + faults_s + 120);
   std::unique_ptr<VirtualWorld> world;
   DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
   DstWatch watch(*world, &out->violations);

@@ -112,6 +112,19 @@ void VirtualLearner::Kill() {
   done_ = true;
 }
 
+std::string VirtualLearner::Describe() const {
+  if (done_) return me_ + ": ended at step " + std::to_string(result_.steps) + (result_.crashed ? " (killed)" : "");
+  if (!core_) return me_ + ": starting";
+  const LearnerProgress p = core_->progress();
+  std::string versions;
+  for (uint64_t v : p.base_versions) versions += (versions.empty() ? "" : ",") + std::to_string(v);
+  return me_ + ": step " + std::to_string(p.step) + ", " + (core_->StateNow() == LearnerState::kResyncing ? "resyncing" : "training") +
+         (core_->Joined() ? "" : ", joining") +
+         (core_->Blocked() ? ", blocked on fragment " + std::to_string(core_->BlockingFragment()) : "") +
+         ", bases [" + versions + "], " + std::to_string(p.deltas_sent) + " deltas sent, " +
+         std::to_string(p.globals_applied) + " globals applied";
+}
+
 Status VirtualLearner::Aborted() const {
   return aborted_ ? Status::Error("the virtual run was aborted") : Status::Ok();
 }
@@ -153,7 +166,7 @@ Status VirtualLearner::RunLeader(LocalRing& ring, OuterState& outer, const Batch
   down_expect_.allowed_senders = {kSyncerName};
   dealer_expect_ = down_expect_;
   dealer_expect_.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
-  core_->SetRing(ring.description(), ring.world_ranks());
+  core_->Describe(ring.description(), ring.world_ranks());
   DL_RETURN_IF_ERROR(core_->SetUp());
   DL_RETURN_IF_ERROR(Join());
   DL_RETURN_IF_ERROR(core_->BeginTraining());
@@ -188,7 +201,7 @@ Status VirtualLearner::Join() {
 }
 
 Status VirtualLearner::FlushAndFinish() {
-  core_->BeginFlush();
+  DL_RETURN_IF_ERROR(core_->BeginFlush());
   for (int phase = 0; phase < 2; phase++) {
     while (!core_->Flushed()) {
       DL_RETURN_IF_ERROR(WaitForMessage(MsToNs(cfg_.timing.heartbeat_ms)));
@@ -199,7 +212,7 @@ Status VirtualLearner::FlushAndFinish() {
   }
   if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
   liveness_timer_ = 0;
-  DL_RETURN_IF_ERROR(core_->Finish(/*crashed=*/false, /*stopped=*/false));
+  DL_RETURN_IF_ERROR(core_->Finish());
   result_ = core_->result();
   return Status::Ok();
 }

@@ -43,6 +43,9 @@ class VirtualLearner final : public LearnerPort {
   // crashed, with the work that had not left in a delta; its thread unwinds and is joined.
   void Kill();
 
+  // One line of what it is doing (a stuck run's report): step, state, blocked fragment, versions.
+  std::string Describe() const;
+
   bool done() const { return done_; }
   long steps_done() const { return steps_done_; }
   int64_t last_step_ns() const { return last_step_ns_; }  // when its last step ended (virtual)

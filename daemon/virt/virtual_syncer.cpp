@@ -141,6 +141,17 @@ Status VirtualSyncer::Finish() {
   return Status::Ok();
 }
 
+std::string VirtualSyncer::Describe() {
+  std::string out = "syncer:";
+  for (size_t p = 0; p < fragments_.size(); p++)
+    out += " fragment " + std::to_string(p) + " v" + std::to_string(state_.fragments[p].version) + " (" +
+           std::to_string(core_->book().PendingCount((uint32_t)p)) + " pending);";
+  for (int i = 0; i < options_.sync.learners; i++)
+    out += " " + LearnerName(i) + (core_->book().Live(i, Now()) ? " live" : " not live") +
+           (core_->learners()[i].heard ? "" : " (never heard)") + ";";
+  return out;
+}
+
 void VirtualSyncer::GlobalParams(float* flat) const {
   for (size_t p = 0; p < fragments_.size(); p++) ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
 }

@@ -47,6 +47,9 @@ class VirtualSyncer final : public SyncerPort {
   // Called with every Global as it is published (its version, CRC and contributors): DST's checks.
   std::function<void(const GlobalMsg&)> on_global;
 
+  // One line per fragment and learner of what the syncer holds (a stuck run's report).
+  std::string Describe();
+
   // SyncerPort
   SyncTime Now() override { return VirtualScheduler::ToSyncTime(std::max(scheduler_.now_ns(), busy_until_ns_)); }
   int64_t UnixMs() override { return VirtualScheduler::kEpochUnixMs + VirtualScheduler::ToNs(Now()) / 1000000; }

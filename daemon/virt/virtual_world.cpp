@@ -98,6 +98,12 @@ void VirtualWorld::PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns)
   });
 }
 
+std::string VirtualWorld::Describe() {
+  std::string out = syncer_->Describe();
+  for (const auto& incs : incarnations_) out += " | " + incs.back()->Describe();
+  return out;
+}
+
 bool VirtualWorld::AllEnded() const {
   for (size_t i = 0; i < incarnations_.size(); i++)
     if (pending_restarts_[i] > 0 || !incarnations_[i].back()->done()) return false;
@@ -113,6 +119,10 @@ Status VirtualWorld::Run() {
     for (const auto& incs : incarnations_)
       if (incs.back()->done() && !incs.back()->status().ok()) return incs.back()->status();
     if (options_.after_event) DL_RETURN_IF_ERROR(options_.after_event());
+    if (options_.max_virtual_s > 0 && scheduler_.now_ns() > (int64_t)(options_.max_virtual_s * 1e9))
+      return Status::Error("the virtual run passed its limit of " + std::to_string(options_.max_virtual_s) +
+                           " virtual s (" + std::to_string(scheduler_.events_run()) + " events) without ending: " +
+                           Describe());
     if (all_ended_ns_ < 0 && AllEnded()) all_ended_ns_ = scheduler_.now_ns();
     if (all_ended_ns_ >= 0 && (syncer_->AllDone() || scheduler_.now_ns() - all_ended_ns_ > linger_ns)) break;
   }

@@ -27,6 +27,8 @@ struct VirtualWorldOptions {
   const float* init_params = nullptr;  // version 0 of every fragment
   int threads = 1;                     // OpenMP threads of each learner (all computes alone)
   JsonlWriter* metrics = nullptr;      // learners' lines; may be null
+  // The run is an error past this much virtual time (0: no limit): a stuck run ends, not hangs.
+  double max_virtual_s = 0;
   // Scheduler thread, after every event: a non-OK status stops the run with it (DST's checks).
   std::function<Status()> after_event;
 };
@@ -54,6 +56,8 @@ class VirtualWorld {
   const std::vector<std::unique_ptr<VirtualLearner>>& incarnations(int i) const { return incarnations_[i]; }
   // Per learner: when it was down ([kill, restart) in Unix ms; restart 0 = until the end).
   const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down_spans() const { return down_; }
+  // What the syncer and every learner are doing, in one line.
+  std::string Describe();
   // When the last learner ended (virtual ns; -1 while one runs).
   int64_t all_ended_ns() const { return all_ended_ns_; }
 

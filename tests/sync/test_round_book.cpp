@@ -560,3 +560,26 @@ TEST_CASE("round book: the forecast follows the newest heartbeat and stops while
 
 }  // namespace
 }  // namespace diloco
+
+namespace diloco {
+
+// Found by `dilococtl dst --seed 40` (streaming, M=4, a learner killed before its first delta and
+// restarted 3.6 s later): the restarted learner resumed at its own old step, out of step with
+// the round already open, and the lock-step rounds waited on each other forever.
+TEST_CASE("round book: a round does not wait for a learner restarted after it opened", "[unit][sync][round_book]") {
+  RoundBook book(Options(3, 2), kStart);
+  for (int l = 0; l < 3; l++) book.OnHeard(l, 100 + l, At(0));
+  REQUIRE(book.Admit(Delta(0, 0, 0), 0, At(100)));
+  // Learner 2 restarts (a new incarnation) after the round of fragment 0 opened.
+  CHECK(book.OnHeard(2, 999, At(200)));
+  const RoundState rs = book.Round(0, At(300), kNoTimings);
+  std::vector<int> waited;
+  for (const LearnerPresence& lp : rs.learners) waited.push_back(lp.learner);
+  CHECK(waited == std::vector<int>{0, 1});
+  // A round that opens after the restart waits for it as for everyone.
+  REQUIRE(book.Admit(Delta(1, 1, 0), 0, At(400)));
+  const RoundState next = book.Round(1, At(500), kNoTimings);
+  CHECK(next.learners.size() == 3);
+}
+
+}  // namespace diloco
