@@ -154,7 +154,7 @@ Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResul
   DL_RETURN_IF_ERROR(StartLiveness());
 
   *loop_entered = true;
-  long step = o_.start_step;
+  long step = core_.StartStep();
   DL_RETURN_IF_ERROR(
       RunInnerLoop(RankLoopOptions(cfg_, train_, 0, step), ring_.backend(0), ring_.comm(0), this, &step));
   if (ring_.ranks() > 1) *loop_end_crc = ParamsCrc32c(ring_.backend(0));  // before the last polls fold into rank 0

@@ -86,6 +86,9 @@ class LearnerCore {
   // Training starts now: a heartbeat, the start time (train.time_limit_s, goodput). BeforeStep
   // calls it when the runtime has not.
   Status BeginTraining();
+  // The step the inner loop starts at (after the join): options.start_step, or, rejoining a
+  // lock-step fleet from a snapshot, the fleet's step.
+  long StartStep() const;
 
   // r: the frames (kept for buffering while a snapshot is awaited); m: their parse.
   Status OnDownlink(net::Received& r, const ParsedMessage& m);  // Global, SyncerStatus
@@ -228,6 +231,7 @@ class LearnerCore {
   // sync.lr_clock: global: the latest step each other learner is known at (an ordered map: the
   // mean is summed in the same order every run).
   std::map<std::string, uint64_t> known_steps_;
+  long fleet_step_ = 0;  // the furthest other live learner's step in the last SyncerStatus
   double recent_sum_ = 0;
   int recent_n_ = 0;
 };

@@ -173,8 +173,9 @@ Status VirtualLearner::RunLeader(LocalRing& ring, OuterState& outer, const Batch
   liveness_timer_ = scheduler_.After(MsToNs(cfg_.timing.heartbeat_ms), [this] { BeatLiveness(); });
   *loop_entered = true;
   Hook hook(*this);
-  long step = options_.start_step;
-  DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg_, train, 0, options_.start_step), ring.backend(0),
+  long step = core_->StartStep();
+  steps_done_ = step;
+  DL_RETURN_IF_ERROR(RunInnerLoop(RankLoopOptions(cfg_, train, 0, step), ring.backend(0),
                                   ring.comm(0), &hook, &step));
   if (!options_.run_dir.empty()) DL_RETURN_IF_ERROR(SaveLearnerStep(options_.run_dir, options_.index, step));
   return FlushAndFinish();
