@@ -45,7 +45,7 @@ std::string Advice(const RunConfig& cfg, const MemoryPlan& plan, int max_batch) 
   const auto shard_advice = [&] {
     if (tc.shard == ShardMode::kGradients) return;
     if (plan.world > 1)
-      steps.push_back("set train.shard=gradients (ZeRO-2: moments, master and gradients 1/" +
+      steps.push_back("set train.shard=gradients (ZeRO-2: moments and gradients 1/" +
                       std::to_string(plan.world) + " per rank)");
     else
       steps.push_back("shard the state over more ranks: train.ranks or train.hosts > 1 with train.shard=gradients");
