@@ -1,7 +1,8 @@
 # Wire tests: round trips of every message, framing, reassembly, snapshots (net_wire_tests);
 # the fuzz test (net_wire_fuzz_tests, [net][fuzz]; DILOCO_FUZZ_ITERATIONS scales it, default
 # 100000; DILOCO_FUZZ_SEED picks another run).
-diloco_test(net_wire_tests ${CMAKE_CURRENT_LIST_DIR}/test_wire.cpp)
+diloco_test(net_wire_tests ${CMAKE_CURRENT_LIST_DIR}/test_wire.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_wire_golden.cpp)
 target_link_libraries(net_wire_tests PRIVATE diloco_net)
 
 diloco_test(net_wire_fuzz_tests ${CMAKE_CURRENT_LIST_DIR}/test_wire_fuzz.cpp)
