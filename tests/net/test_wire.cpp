@@ -476,6 +476,67 @@ TEST_CASE("body semantics per message type", "[net][unit]") {
   }
 }
 
+// Every enum field is checked against every value of its schema enum (0 and one past the last
+// are rejected, every named value is accepted), in Hello and Welcome alike.
+TEST_CASE("enum fields accept exactly the schema's values", "[net][unit]") {
+  std::mt19937_64 rng(10);
+  auto samples = AllSamples(rng);
+  auto find = [&](MessageType t) {
+    for (const auto& s : samples) {
+      if (TypeOf(s.body) == t) return s;
+    }
+    FAIL("no sample");
+    return samples[0];
+  };
+  // set(body, raw value); last = the schema enum's last value.
+  auto sweep = [&](MessageType type, int last, const std::string& what, auto set) {
+    for (int v = 0; v <= last + 1; ++v) {
+      Sample s = find(type);
+      set(s.body, static_cast<uint8_t>(v));
+      if (type == MessageType::kWelcome && v != 1) std::get<WelcomeMsg>(s.body).reason = "no";
+      INFO(what << " = " << v);
+      OutgoingMessage m;
+      BuildMessageUnchecked(s.header, s.body, s.payload, {}, &m);
+      ParsedMessage p;
+      Status st = Parse(m, SampleOptions(), &p);
+      OutgoingMessage again;
+      const Status built = BuildMessage(s.header, s.body, s.payload, &again);
+      if (v == 0 || v == last + 1) {
+        CHECK(st.message().find(what + " " + std::to_string(v) + " is invalid") != std::string::npos);
+        CHECK_FALSE(built.ok());
+      } else {
+        INFO(st.message());
+        CHECK(st.ok());
+        CHECK(built.ok());
+      }
+    }
+  };
+  sweep(MessageType::kHello, 4, "role", [](MessageBody& b, uint8_t v) {
+    std::get<HelloMsg>(b).role = static_cast<PeerRole>(v);
+  });
+  sweep(MessageType::kHello, 2, "parameter dtype", [](MessageBody& b, uint8_t v) {
+    std::get<HelloMsg>(b).param_dtype = static_cast<ParamDType>(v);
+  });
+  sweep(MessageType::kWelcome, 2, "parameter dtype", [](MessageBody& b, uint8_t v) {
+    std::get<WelcomeMsg>(b).param_dtype = static_cast<ParamDType>(v);
+  });
+  sweep(MessageType::kWelcome, 8, "join result", [](MessageBody& b, uint8_t v) {
+    std::get<WelcomeMsg>(b).result = static_cast<JoinResult>(v);
+  });
+  sweep(MessageType::kHeartbeat, 6, "learner state", [](MessageBody& b, uint8_t v) {
+    std::get<HeartbeatMsg>(b).state = static_cast<LearnerState>(v);
+  });
+  // The model shape is checked the same way in Hello and Welcome.
+  for (MessageType t : {MessageType::kHello, MessageType::kWelcome}) {
+    Sample s = find(t);
+    if (auto* h = std::get_if<HelloMsg>(&s.body)) h->num_fragments = 65;
+    if (auto* w = std::get_if<WelcomeMsg>(&s.body)) w->num_fragments = 65;
+    OutgoingMessage m;
+    BuildMessageUnchecked(s.header, s.body, s.payload, {}, &m);
+    ExpectReject(m, SampleOptions(), "65 fragments is more than max_fragments 64");
+  }
+}
+
 TEST_CASE("BuildMessage refuses a payload that does not match its descriptors", "[net][unit]") {
   std::mt19937_64 rng(9);
   Sample s = AllSamples(rng)[5];
