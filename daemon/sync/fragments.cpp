@@ -269,4 +269,11 @@ long StepsUntilFires(int fragment, long steps_done, int inner_steps_h, int num_f
   return 1 + wait;
 }
 
+long LastFiring(int fragment, long inner_step, int inner_steps_h, int num_fragments) {
+  const int phase = FragmentPhase(fragment, inner_steps_h, num_fragments);
+  if (inner_step < 1) return 0;
+  const long last = inner_step - ((inner_step - phase) % inner_steps_h + inner_steps_h) % inner_steps_h;
+  return last >= 1 ? last : 0;
+}
+
 }  // namespace diloco

@@ -115,5 +115,8 @@ bool Fires(int fragment, long inner_step, int inner_steps_h, int num_fragments);
 // How many more inner steps a learner that has done steps_done makes until
 // fragment p fires (1..H): the syncer's forecast of a learner's next delta.
 long StepsUntilFires(int fragment, long steps_done, int inner_steps_h, int num_fragments);
+// The last step <= inner_step at which fragment p fired (0: none yet): where a lock-step fleet's
+// cadence stood when it sent a delta of p at inner_step.
+long LastFiring(int fragment, long inner_step, int inner_steps_h, int num_fragments);
 
 }  // namespace diloco

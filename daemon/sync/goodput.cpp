@@ -1,5 +1,7 @@
 #include "daemon/sync/goodput.h"
 
+#include "daemon/sync/drop_reasons.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -232,7 +234,7 @@ nlohmann::json GoodputToJson(const GoodputReport& r) {
 namespace {
 
 // One line of events.log: a merge's contributors (merged) and its skipped deltas that carry
-// tokens (lost as kDropped; a "replaced" delta's work travels in the newer one: not lost).
+// tokens (lost as kDropped; DropKeepsWork: a "replaced" or "late" delta's work travels on).
 // Other events are skipped.
 Status ParseMergeLine(const nlohmann::json& ev, int64_t run_start_unix_ms, const std::string& where,
                       std::vector<MergedDelta>* merged, std::vector<LostDelta>* dropped) {
@@ -243,7 +245,7 @@ Status ParseMergeLine(const nlohmann::json& ev, int64_t run_start_unix_ms, const
     for (const nlohmann::json& c : ev.at("contributors"))
       merged->push_back({time_s, fragment, c.at("learner").get<int>(), c.at("tokens").get<double>()});
     for (const nlohmann::json& k : ev.value("skipped", nlohmann::json::array()))
-      if (k.value("why", "") != "replaced" && k.value("tokens", 0.0) > 0)
+      if (!DropKeepsWork(k.value("why", "")) && k.value("tokens", 0.0) > 0)
         dropped->push_back({time_s, fragment, k.at("learner").get<int>(), k.value("tokens", 0.0), LossCause::kDropped});
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(where + ": merge record without a field this reader needs (" + e.what() + ")");

@@ -8,6 +8,11 @@
 
 namespace diloco {
 
+namespace {
+// learner_step comes from the network: bounded before it becomes a long (CheckCounts also bounds it).
+constexpr uint64_t kMaxCadenceStep = uint64_t{1} << 53;
+}  // namespace
+
 RoundBookOptions RoundBookOptionsFor(const SyncConfig& sc, int fragments) {
   RoundBookOptions bo;
   bo.learners = sc.learners;
@@ -16,11 +21,12 @@ RoundBookOptions RoundBookOptionsFor(const SyncConfig& sc, int fragments) {
   bo.max_staleness = sc.max_staleness;
   bo.heartbeat_timeout_ms = sc.heartbeat_timeout_ms;
   bo.norm_limit = sc.norm_limit;
+  bo.lock_step = sc.mode == SyncMode::kDiloco || sc.mode == SyncMode::kStreaming;
   return bo;
 }
 
 RoundBook::RoundBook(const RoundBookOptions& options, SyncTime start)
-    : options_(options), learners_(options.learners), pending_(options.fragments) {
+    : options_(options), learners_(options.learners), pending_(options.fragments), merged_step_(options.fragments) {
   for (LearnerBook& l : learners_) l.last_heard = start;
   NormFilterOptions nf;
   nf.max_ratio = options.norm_limit;
@@ -52,15 +58,21 @@ void RoundBook::OnHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now) {
   LearnerBook& l = learners_[learner];
   // The liveness thread's beats can overtake the training thread's: keep the newest step. Once
   // it said it stops or finished, only a delta (OnDeltaSeen) makes it a worker again, not a
-  // liveness beat of the same step that was on its way.
+  // liveness beat of the same step that was on its way. Until it trains (joining, or resyncing
+  // to join) its step is its checkpoint's: a rejoin into a lock-step fleet starts it at the
+  // fleet's step, which may be lower.
   const bool finishing = hb.state == LearnerState::kFinished || hb.state == LearnerState::kStopping ||
                          hb.state == LearnerState::kFailed;
-  if (l.beat.have && (hb.step < l.beat.step || (l.finished && !finishing && hb.step == l.beat.step))) return;
+  const bool before_training = l.beat.state == LearnerState::kJoining || l.beat.state == LearnerState::kResyncing;
+  if (l.beat.have && ((hb.step < l.beat.step && !before_training) ||
+                      (l.finished && !finishing && hb.step == l.beat.step)))
+    return;
   Beat& b = l.beat;
   b.have = true;
   b.at = now;
   b.step = hb.step;
   b.step_ms = hb.step_time_ms;
+  b.state = hb.state;
   b.fragments.assign(options_.fragments, FragmentCounters());
   b.listed.assign(options_.fragments, false);
   b.in_flight.assign(options_.fragments, false);
@@ -119,6 +131,15 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
     Drop(d.learner, p, d.base_version, 0, "implausible_counts", why, true, true);  // its counts mean nothing
     return false;
   }
+  if (options_.lock_step && merged_step_[p] > 0 && d.learner_step <= kMaxCadenceStep &&
+      Fires((int)p, (long)d.learner_step, options_.inner_steps, options_.fragments) &&
+      d.learner_step <= merged_step_[p]) {
+    Drop(d.learner, p, d.base_version, (double)d.c_tokens, "late",
+         "sent at step " + std::to_string(d.learner_step) + ", its round merged at step " +
+             std::to_string(merged_step_[p]),
+         false, true);
+    return false;
+  }
   const StalenessCheck sc = CheckStaleness(current_version, d.base_version, options_.max_staleness);
   if (!sc.accepted()) {
     Drop(d.learner, p, d.base_version, (double)d.c_tokens, ToString(sc.verdict),
@@ -146,6 +167,7 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
   pd.counts = {(double)d.c_tokens, (double)d.c_steps};
   pd.held = std::move(d.held);
   pd.at = now;
+  pd.learner_step = std::min<uint64_t>(d.learner_step, kMaxCadenceStep);
   for (PendingDelta& old : pending_[p]) {
     if (old.learner != pd.learner) continue;
     // Not told: the learner waits for its newer delta, which is pending.
@@ -198,6 +220,10 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
   for (PendingDelta& pd : pending_[p]) {
     const StalenessCheck c = CheckStaleness(current_version, pd.base_version, options_.max_staleness);
     if (c.accepted()) {
+      const uint64_t fired =
+          (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments);
+      cadence_step_ = std::max(cadence_step_, fired);
+      merged_step_[p] = std::max(merged_step_[p], fired);
       ok.push_back(std::move(pd));
     } else {
       Drop(pd.learner, p, pd.base_version, pd.counts.tokens, ToString(c.verdict),

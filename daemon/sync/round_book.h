@@ -12,6 +12,11 @@
 //   implausible_counts  CheckCounts, and c_steps no more than its last heartbeat for that base
 //                       showed plus the steps since that heartbeat (counts buy weight);
 //   too_stale / from_the_future  CheckStaleness against the fragment's version;
+//   late                (lock-step modes) a cadence delta whose round was merged without it (a
+//                       learner rejoined or cut off meanwhile): told, so the learner stops
+//                       waiting for a Global that would come only with the next round, while the
+//                       others wait for its next delta (a deadlock: dilococtl dst --seed 40); its
+//                       work goes with its next delta of the fragment;
 //   non_finite / norm_too_large  the fragment's NormFilter (on the held ranges' norms when known);
 //   replaced            an older pending delta of the same learner gives way (not told: the
 //                       learner waits for the newer one, which is pending).
@@ -29,6 +34,7 @@
 
 #include "daemon/net/envelope.h"
 #include "daemon/sync/decide.h"
+#include "daemon/sync/drop_reasons.h"
 #include "daemon/sync/held_delta.h"
 #include "daemon/sync/merge.h"
 
@@ -42,6 +48,7 @@ struct RoundBookOptions {
   int64_t heartbeat_timeout_ms = 3000;
   CountLimits count_limits;  // 0 fields: not checked
   double norm_limit = 0;     // NormFilter max_ratio (0: no norm limit; NaN/Inf are always refused)
+  bool lock_step = false;    // diloco, streaming: every live learner's delta of a step in one round
 };
 
 // The book's options for a run's sync settings with P fragments (count limits and the norm
@@ -64,6 +71,7 @@ struct PendingDelta {
   int learner = 0;
   uint64_t base_version = 0;
   ContributionCounts counts;
+  uint64_t learner_step = 0;
   HeldDelta held;
   SyncTime at;
 };
@@ -126,6 +134,13 @@ class RoundBook {
   // When learner's delta for fragment should arrive, from its last heartbeat (none: unknown, or
   // its delta for the fragment is in flight).
   std::optional<SyncTime> ExpectedDeltaAt(int learner, uint32_t fragment) const;
+  // The furthest firing step of the merged deltas (LastFiring of their learner_step; 0: none):
+  // the step at which a lock-step fleet held the merged versions, sent with snapshots so a
+  // rejoining learner starts there, in step with the fleet (found by dilococtl dst --seed 444:
+  // rejoining at its own old step, it was out of step with every round, and lock-step rounds
+  // waited on each other). Not the admitted deltas' step: a round still open would then wait
+  // for a delta the rejoined learner fires only H steps later (seed 413).
+  uint64_t CadenceStep() const { return cadence_step_; }
 
  private:
   struct Beat {
@@ -136,6 +151,7 @@ class RoundBook {
     std::vector<FragmentCounters> fragments;  // indexed by fragment (absent ones zero)
     std::vector<bool> listed;                 // the beat named the fragment
     std::vector<bool> in_flight;              // per fragment
+    LearnerState state = LearnerState::kJoining;
   };
   struct LearnerBook {
     bool heard = false;
@@ -159,6 +175,8 @@ class RoundBook {
   std::vector<std::vector<PendingDelta>> pending_;  // per fragment
   std::vector<NormFilter> filters_;                 // per fragment
   std::vector<DeltaDrop> drops_;
+  uint64_t cadence_step_ = 0;
+  std::vector<uint64_t> merged_step_;  // per fragment: LastFiring of its last merged deltas
 };
 
 }  // namespace diloco

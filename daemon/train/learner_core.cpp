@@ -139,22 +139,21 @@ Status LearnerCore::Start(bool join_from_snapshot) {
 }
 
 // A learner rejoining a lock-step fleet (diloco, streaming) from a snapshot starts at the fleet's
-// step (the furthest other live learner's in the last SyncerStatus), so its fragments fire with
-// theirs (not always exactly: dilococtl dst seeds 413 and 481 still stall; see the issue note). Resuming at its own old step put it out of step with every round, and the lock-step
-// rounds then waited on each other for ever (found by `dilococtl dst --seed 444`).
-// Off: the alignment fixes some DST seeds and breaks others (seed 20); rejoining in phase needs
-// more than the status's lagging steps. Kept to finish next (issue 30's note).
-constexpr bool kAlignRejoin = false;
-
+// cadence step (the snapshot's: the furthest firing step of the deltas the syncer admitted), so
+// its fragments fire with theirs. Resuming at its own old step put it out of step with every
+// round, and the lock-step rounds then waited on each other (found by `dilococtl dst --seed 444`).
+// A snapshot without a cadence (the syncer admitted nothing since it started) keeps the own step.
 long LearnerCore::StartStep() const {
-  if (!o_.join_from_snapshot || block_after_ == std::numeric_limits<long>::max() || !kAlignRejoin)
+  if (!o_.join_from_snapshot || block_after_ == std::numeric_limits<long>::max() || cadence_step_ == 0)
     return o_.start_step;
-  return std::clamp(fleet_step_, o_.start_step, (long)tc_.steps);
+  return std::min(cadence_step_, (long)tc_.steps);
 }
 
 Status LearnerCore::BeginTraining() {
   if (training_) return Status::Ok();
   training_ = true;
+  step_ = StartStep();  // its first heartbeat as a trainer says where it starts
+  res_.steps = step_;
   DL_RETURN_IF_ERROR(Heartbeat(StateNow()));
   last_beat_ = port_->Now();
   Report(StateNow());
@@ -462,9 +461,6 @@ void LearnerCore::HandleStatus(const SyncerStatusMsg& st) {
   HandleDropNotices(st.recent_drops);
   for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++)
     if (st.live_learners[i] != me_ && st.live_steps[i] > 0) known_steps_[st.live_learners[i]] = st.live_steps[i];
-  fleet_step_ = 0;
-  for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++)
-    if (st.live_learners[i] != me_) fleet_step_ = std::max(fleet_step_, (long)st.live_steps[i]);
   if (clone_.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
   CheckVersionsAndAcks(st);
 }
@@ -553,7 +549,9 @@ Status LearnerCore::RequestSnapshot() {
 Status LearnerCore::InstallSnapshot(std::vector<ParsedMessage>&& parts) {
   for (ParsedMessage& part : parts) DL_RETURN_IF_ERROR(InstallSnapshotPart(part));
   std::map<uint64_t, uint64_t> versions;
-  const std::vector<uint64_t>& cut = parts.front().get<SnapshotMsg>()->versions;
+  const SnapshotMsg& first = *parts.front().get<SnapshotMsg>();
+  const std::vector<uint64_t>& cut = first.versions;
+  cadence_step_ = (long)std::min<uint64_t>(first.cadence_step, (uint64_t)tc_.steps);
   for (int p = 0; p < P_; p++) versions[(uint64_t)p] = cut[p];
   res_.snapshots_installed++;
   request_outstanding_ = false;

@@ -231,7 +231,7 @@ class LearnerCore {
   // sync.lr_clock: global: the latest step each other learner is known at (an ordered map: the
   // mean is summed in the same order every run).
   std::map<std::string, uint64_t> known_steps_;
-  long fleet_step_ = 0;  // the furthest other live learner's step in the last SyncerStatus
+  long cadence_step_ = 0;  // the last snapshot's cadence step (StartStep)
   double recent_sum_ = 0;
   int recent_n_ = 0;
 };
