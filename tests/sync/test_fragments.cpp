@@ -433,4 +433,26 @@ TEST_CASE("sync: the cadence staggers fragments over the H inner steps", "[unit]
 }
 
 }  // namespace
+TEST_CASE("LastFiring: the last step at or before a step at which a fragment fired", "[unit][sync][fragments]") {
+  // H = 25, P = 4: phases 0, 6, 12, 18.
+  CHECK(LastFiring(0, 0, 25, 4) == 0);
+  CHECK(LastFiring(0, 24, 25, 4) == 0);  // step 0 never fires
+  CHECK(LastFiring(0, 25, 25, 4) == 25);
+  CHECK(LastFiring(0, 49, 25, 4) == 25);
+  CHECK(LastFiring(1, 5, 25, 4) == 0);
+  CHECK(LastFiring(1, 6, 25, 4) == 6);
+  CHECK(LastFiring(1, 30, 25, 4) == 6);
+  CHECK(LastFiring(1, 31, 25, 4) == 31);
+  // Against Fires, for every step: it fires there, and not after it up to the step.
+  for (auto [h, p] : {std::pair{25, 4}, {2, 4}, {7, 3}, {1, 1}}) {
+    for (int f = 0; f < p; ++f) {
+      for (long step = 0; step < 80; ++step) {
+        const long last = LastFiring(f, step, h, p);
+        if (last > 0) CHECK(Fires(f, last, h, p));
+        for (long s = std::max(last + 1, 1L); s <= step; ++s) CHECK_FALSE(Fires(f, s, h, p));
+      }
+    }
+  }
+}
+
 }  // namespace diloco

@@ -582,4 +582,59 @@ TEST_CASE("round book: a round does not wait for a learner restarted after it op
   CHECK(next.learners.size() == 3);
 }
 
+TEST_CASE("round book: the cadence step is the furthest firing step of the merged deltas",
+          "[unit][sync][round_book]") {
+  RoundBook book(Options(3, 2), kStart);  // H = 10, P = 2: fragment 0 fires at 10, 20..; 1 at 5, 15..
+  CHECK(book.CadenceStep() == 0);
+  REQUIRE(book.Admit(Delta(0, 1, 0, 5, 15), 0, At(1)));
+  CHECK(book.CadenceStep() == 0);  // admitted, not merged: a snapshot still holds the old version
+  REQUIRE(book.TakeForMerge(1, 0).size() == 1);
+  CHECK(book.CadenceStep() == 15);
+  // A flush delta (not at a firing step) counts at its fragment's last firing.
+  REQUIRE(book.Admit(Delta(1, 0, 0, 3, 23), 0, At(2)));
+  REQUIRE(book.TakeForMerge(0, 0).size() == 1);
+  CHECK(book.CadenceStep() == 20);
+}
+
+TEST_CASE("round book: lock-step: a cadence delta whose round merged without it is late, told",
+          "[unit][sync][round_book]") {
+  RoundBookOptions o = Options(3, 2);
+  o.lock_step = true;
+  RoundBook book(o, kStart);
+  REQUIRE(book.Admit(Delta(0, 0, 0, 10, 20), 0, At(1)));
+  REQUIRE(book.Admit(Delta(1, 0, 0, 10, 20), 0, At(2)));
+  REQUIRE(book.TakeForMerge(0, 0).size() == 2);  // the round of step 20
+  // Learner 2 (rejoined) fires fragment 0 at step 20 too, after that round merged.
+  CHECK_FALSE(book.Admit(Delta(2, 0, 0, 10, 20), 1, At(3)));
+  const std::vector<DeltaDrop> drops = book.TakeDrops();
+  REQUIRE(drops.size() == 1);
+  CHECK(drops[0].why == "late");
+  CHECK(drops[0].learner == 2);
+  CHECK(drops[0].tell_learner);
+  CHECK_FALSE(drops[0].rejected);
+  CHECK(DropKeepsWork(drops[0].why));
+  // The next round's deltas, and a flush delta of the merged step's fragment, are not late.
+  CHECK(book.Admit(Delta(2, 0, 1, 10, 30), 1, At(4)));
+  CHECK(book.Admit(Delta(0, 0, 1, 5, 25), 1, At(5)));
+  CHECK(book.TakeDrops().empty());
+  // Not lock-step (decoupled): a delta behind the merged step is merged in the next round.
+  RoundBook free(Options(3, 2), kStart);
+  REQUIRE(free.Admit(Delta(0, 0, 0, 10, 20), 0, At(1)));
+  REQUIRE(free.TakeForMerge(0, 0).size() == 1);
+  CHECK(free.Admit(Delta(2, 0, 0, 10, 20), 1, At(3)));
+}
+
+TEST_CASE("round book: before it trains, a learner's heartbeat step may go back", "[unit][sync][round_book]") {
+  RoundBook book(Options(1, 1), kStart);
+  // Joining at its checkpoint's step 40, it starts at the lock-step fleet's step 30.
+  book.OnHeartbeat(0, Beat(40, 50, {}, LearnerState::kJoining), At(1));
+  book.OnHeartbeat(0, Beat(40, 50, {}, LearnerState::kResyncing), At(2));
+  book.OnHeartbeat(0, Beat(30, 50), At(3));
+  CHECK(book.LastStep(0) == 30);
+  // Once training, an older beat (overtaken by a newer one) is ignored.
+  book.OnHeartbeat(0, Beat(35, 50), At(4));
+  book.OnHeartbeat(0, Beat(33, 50), At(5));
+  CHECK(book.LastStep(0) == 35);
+}
+
 }  // namespace diloco
