@@ -596,7 +596,7 @@ TEST_CASE("round book: the cadence step is the furthest firing step of the merge
   CHECK(book.CadenceStep() == 20);
 }
 
-TEST_CASE("round book: lock-step: a cadence delta whose round merged without it is late, told",
+TEST_CASE("round book: lock-step: a cadence delta whose round merged without it is late and told",
           "[unit][sync][round_book]") {
   RoundBookOptions o = Options(3, 2);
   o.lock_step = true;
