@@ -164,13 +164,17 @@ Status LearnerCore::BeginTraining() {
 
 // ---- The end ----
 
-// Flush, so no work is lost at the end: the deltas in flight are merged or let go (lost ones
-// go again), then the work since each fragment's last send goes out, and the learner stays
-// until the syncer has merged that too (within flush_timeout_ms).
+// Flush, so no work is lost at the end: the work of every fragment with no delta in flight goes
+// out at once, and on every timer after (the work left when a delta in flight was merged or
+// lost); the learner stays until the syncer has merged it all (within flush_timeout_ms), and
+// says it is stopping (StateNow), so rounds stop waiting for it. Sending only once every delta
+// in flight was merged, two learners at their end each waited for a round that needed the
+// other's remaining work, or for a learner with nothing more to send (a quorum of 3 at the end of
+// a decoupled run: the 60 s end stall of `dilococtl dst --seed 139`).
 Status LearnerCore::BeginFlush() {
   flushing_ = true;
   flush_deadline_ = port_->Now() + std::chrono::milliseconds(o_.flush_timeout_ms);
-  return Status::Ok();
+  return SendRemaining();
 }
 
 bool LearnerCore::Flushed() const {
@@ -353,6 +357,7 @@ Status LearnerCore::ResendLost() {
 }
 
 Status LearnerCore::OnTimer() {
+  if (flushing_) DL_RETURN_IF_ERROR(SendRemaining());  // what a merged or lost delta left
   if (started_) DL_RETURN_IF_ERROR(BeatIfDue());
   DL_RETURN_IF_ERROR(RequestSnapshotIfDue());
   return ResendLost();
@@ -737,8 +742,11 @@ LearnerProgress LearnerCore::progress() const {
   return p;
 }
 
+// Flushing at its end, a learner is stopping: the syncer's rounds stop waiting for it (it may
+// have nothing more for a fragment), while its remaining deltas are still merged.
 LearnerState LearnerCore::StateNow() const {
-  return clone_.awaiting_snapshot() ? LearnerState::kResyncing : LearnerState::kTraining;
+  if (clone_.awaiting_snapshot()) return LearnerState::kResyncing;
+  return flushing_ ? LearnerState::kStopping : LearnerState::kTraining;
 }
 
 // Per fragment: the version of the global it last folded.
