@@ -18,7 +18,7 @@
 // whose update does not decode or is not finite is refused (resync). Liveness heartbeats come
 // from a thread of their own (liveness_sender.h). At the end the learner flushes: it waits for
 // the Globals of its deltas in flight, sends the work left, and waits for that to be merged
-// (flush_timeout_ms at most), so no trained token is left out of the global model.
+// (until flush_timeout_ms pass with no learner stepping), so no trained token is left out of the global model.
 //
 // Start (every learner): subscribe to the downlink, connect the uplink and the snapshot DEALER,
 // then the startup exchange: Heartbeat(kJoining) on the uplink and Hello on the DEALER until the
@@ -93,7 +93,7 @@ struct LearnerOptions {
   // Waiting for a Global (lock-step modes, the final flush) lasts as long as the syncer speaks;
   // no downlink message for this long is an error.
   int syncer_timeout_ms = 600000;
-  int flush_timeout_ms = 60000;  // the end waits this long at most for the last deltas' merges
+  int flush_timeout_ms = 60000;  // the end gives up on the last deltas. merges after this long without progress (no other learner stepping)
   // The run directory: the learner keeps learner-<index>.step there (run_dir.h), what a resumed
   // learner continues from. Empty: nothing is written.
   std::string run_dir;

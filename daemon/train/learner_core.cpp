@@ -464,8 +464,18 @@ Status LearnerCore::DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g,
 //    (lost_deltas_), so a lock-step round is not left waiting for it.
 void LearnerCore::HandleStatus(const SyncerStatusMsg& st) {
   HandleDropNotices(st.recent_drops);
-  for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++)
-    if (st.live_learners[i] != me_ && st.live_steps[i] > 0) known_steps_[st.live_learners[i]] = st.live_steps[i];
+  bool others_progress = false;
+  for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++) {
+    if (st.live_learners[i] == me_ || st.live_steps[i] == 0) continue;
+    uint64_t& known = known_steps_[st.live_learners[i]];
+    others_progress |= st.live_steps[i] > known;
+    known = st.live_steps[i];
+  }
+  // Flushing, the wait ends after flush_timeout_ms without progress, not of waiting: a lock-step
+  // round at the end waits for a slow learner still at work (dilococtl dst --seed 313: learners
+  // gave up 60 s after their end, before the last merge, and never applied it).
+  if (flushing_ && others_progress)
+    flush_deadline_ = port_->Now() + std::chrono::milliseconds(o_.flush_timeout_ms);
   if (clone_.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
   CheckVersionsAndAcks(st);
 }

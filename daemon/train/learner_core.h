@@ -109,7 +109,7 @@ class LearnerCore {
   void MarkCrashed();
   void MarkStopped();
 
-  // The end: the deltas in flight merged (or given up after flush_timeout_ms from BeginFlush),
+  // The end: the deltas in flight merged (or given up after flush_timeout_ms with no other learner stepping),
   // the work left sent, merged too; then the last word (a final heartbeat, or the crash's tally).
   Status BeginFlush();
   bool Flushed() const;
