@@ -530,6 +530,7 @@ Status LearnerCore::OnDealer(ParsedMessage& m) {
       port_->Note("dropping a snapshot part (" + st.message() + "); will ask again");
       return Status::Ok();
     }
+    snapshot_heard_at_ = port_->Now();  // progress: the retry timer starts again
     if (assembler_->complete()) DL_RETURN_IF_ERROR(InstallSnapshot(assembler_->Take()));
   }
   return RequestSnapshotIfDue();
@@ -542,10 +543,12 @@ void LearnerCore::NeedSnapshot(const std::string& why) {
   resync_reason_ = why;
 }
 
-// Once started, while a snapshot is awaited: one request outstanding, again after snapshot_retry_ms.
+// Once started, while a snapshot is awaited: one request outstanding, asked again after
+// snapshot_retry_ms without a part of it (not from the request: a large model's snapshot takes
+// longer than that to arrive, and asking again threw away the parts in, so it never completed).
 Status LearnerCore::RequestSnapshotIfDue() {
   if (!started_ || !clone_.awaiting_snapshot()) return Status::Ok();
-  if (request_outstanding_ && port_->Now() - requested_at_ <= std::chrono::milliseconds(o_.snapshot_retry_ms))
+  if (request_outstanding_ && port_->Now() - snapshot_heard_at_ <= std::chrono::milliseconds(o_.snapshot_retry_ms))
     return Status::Ok();
   return RequestSnapshot();
 }
@@ -556,7 +559,7 @@ Status LearnerCore::RequestSnapshot() {
   rq.reason = resync_reason_;
   assembler_ = std::make_unique<SnapshotAssembler>(request_id_, backend_.num_params() * sizeof(float) + (1 << 20));
   request_outstanding_ = true;
-  requested_at_ = port_->Now();
+  snapshot_heard_at_ = port_->Now();
   return SendToDealer(rq);
 }
 

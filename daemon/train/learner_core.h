@@ -207,9 +207,9 @@ class LearnerCore {
   std::optional<SyncTime> last_step_save_, last_beat_, last_join_beat_, last_hello_;
   bool join_reported_ = false;
 
-  // Snapshot requests (Clone pattern): at most one outstanding; re-sent after snapshot_retry_ms.
+  // Snapshot requests (Clone pattern): at most one outstanding; re-sent after snapshot_retry_ms without a part.
   uint64_t request_id_ = 0;
-  SyncTime requested_at_{};
+  SyncTime snapshot_heard_at_{};  // the request sent, or its latest part in
   bool request_outstanding_ = false;
   std::unique_ptr<SnapshotAssembler> assembler_;
   std::string resync_reason_ = "join";
