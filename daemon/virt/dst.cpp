@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "daemon/sync/protocol.h"
+#include "daemon/train/learner.h"
 #include "daemon/train/trainer.h"
 #include "daemon/virt/virtual_world.h"
 #include "kernels/gpt.h"
@@ -63,13 +64,18 @@ double EndBoundS(const RunConfig& cfg) {
   const double step_s = cfg.timing.step_ms / 1e3 * slowest * (1 + cfg.timing.step_jitter);
   const double interval_s = step_s * std::max(1.0, (double)cfg.sync.inner_steps / EffectiveFragments(cfg.sync));
   double link_s = 0;
+  bool lossy = false;
   for (int i = 0; i < cfg.sync.learners; i++) {
     const LearnerConfig lc = LearnerConfigOf(cfg.learners, i);
     const LinkConfig& l = lc.has_link ? lc.link : cfg.timing.link;
     link_s = std::max(link_s, (l.latency_ms + l.jitter_ms) / 1e3);
+    lossy |= l.loss > 0;
   }
+  // On a lossy link a learner that missed a Global at its end resyncs, and a lost snapshot
+  // request or part costs one retry (dilococtl dst --seed 27).
+  const double resync_s = lossy ? LearnerOptions().snapshot_retry_ms / 1e3 : 0;
   return 2 * interval_s + cfg.sync.grace.cap_ms / 1e3 + 8 * link_s + cfg.sync.heartbeat_timeout_ms / 1e3 +
-         4 * cfg.timing.heartbeat_ms / 1e3;
+         4 * cfg.timing.heartbeat_ms / 1e3 + resync_s;
 }
 
 }  // namespace
