@@ -260,7 +260,8 @@ Status LearnerLoop::StartLiveness() {
   return Status::Ok();
 }
 
-// Flush, so no work is lost at the end (the core says when it is settled; flush_timeout_ms at most).
+// Flush, so no work is lost at the end (the core says when it is settled, or gives up after
+// flush_timeout_ms without any learner stepping).
 Status LearnerLoop::Flush() {
   DL_RETURN_IF_ERROR(core_.BeginFlush());
   auto flushed = [&] { return core_.Flushed(); };
