@@ -125,15 +125,23 @@ std::string RoundBook::CheckCountsOf(const DeltaArrival& d) const {
   return "";
 }
 
+// Lock-step: a cadence delta (sent at a firing step) of a round already merged, from a learner
+// that fires the fragment again before its last step (at its last step, the next round takes it:
+// it is the learner's last work, and its flush would only send it again; seed 387).
+bool RoundBook::IsLate(const DeltaArrival& d) const {
+  const uint64_t last_step = options_.count_limits.max_steps;
+  if (!options_.lock_step || last_step == 0 || merged_step_[d.fragment] == 0) return false;
+  if (d.learner_step > merged_step_[d.fragment] || d.learner_step + options_.inner_steps > last_step) return false;
+  return Fires((int)d.fragment, (long)d.learner_step, options_.inner_steps, options_.fragments);
+}
+
 bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) {
   const uint32_t p = d.fragment;
   if (std::string why = CheckCountsOf(d); !why.empty()) {
     Drop(d.learner, p, d.base_version, 0, "implausible_counts", why, true, true);  // its counts mean nothing
     return false;
   }
-  if (options_.lock_step && merged_step_[p] > 0 && d.learner_step <= kMaxCadenceStep &&
-      Fires((int)p, (long)d.learner_step, options_.inner_steps, options_.fragments) &&
-      d.learner_step <= merged_step_[p]) {
+  if (IsLate(d)) {
     Drop(d.learner, p, d.base_version, (double)d.c_tokens, "late",
          "sent at step " + std::to_string(d.learner_step) + ", its round merged at step " +
              std::to_string(merged_step_[p]),

@@ -169,6 +169,7 @@ class RoundBook {
             bool rejected, bool tell);
   // Empty when plausible, else why not (the detail of an implausible_counts drop).
   std::string CheckCountsOf(const DeltaArrival& d) const;
+  bool IsLate(const DeltaArrival& d) const;
 
   RoundBookOptions options_;
   std::vector<LearnerBook> learners_;
