@@ -206,13 +206,20 @@ TEST_CASE("local run: a learner told its delta was rejected sends again", "[e2e]
   const Status st = RunDilocoPair(tmp, hooks, &o, &s, &d);
   INFO(st.message());
   REQUIRE(st.ok());
-  CHECK(d.deltas_dropped == std::vector<uint64_t>{0, 1});
+  // Learner 1's next delta (step 2H) met learner 0's first (step H) in the first round; learner
+  // 0's delta of step 2H then came for a round already merged: dropped as late (its work goes
+  // with its next delta), so the two fire together again from step 3H.
+  CHECK(d.deltas_dropped == std::vector<uint64_t>{1, 1});
   const auto events = ReadJsonl(fs::path(o.run_dir) / "events.log");
   REQUIRE(!events.empty());
   const auto& first = events.front();
   REQUIRE(first["skipped"].size() == 1);
   CHECK(first["skipped"][0]["learner"] == 1);
   CHECK(first["skipped"][0]["why"] == "test_rejected");
+  REQUIRE(events.size() >= 2);
+  REQUIRE(events[1]["skipped"].size() == 1);
+  CHECK(events[1]["skipped"][0]["learner"] == 0);
+  CHECK(events[1]["skipped"][0]["why"] == "late");
   // Nobody left behind (the last merge may take one learner's leftover steps alone).
   for (size_t i = 0; i + 1 < events.size(); ++i) CHECK(events[i]["contributors"].size() == 2);
   CHECK(first["contributors"][1]["steps"].get<double>() + first["contributors"][0]["steps"].get<double>() == 30);
