@@ -125,13 +125,13 @@ std::string RoundBook::CheckCountsOf(const DeltaArrival& d) const {
   return "";
 }
 
-// Lock-step: a cadence delta (sent at a firing step) of a round already merged, from a learner
-// that fires the fragment again before its last step (at its last step, the next round takes it:
-// it is the learner's last work, and its flush would only send it again; seed 387).
+// Lock-step: a cadence delta (sent at a firing step) of a round already merged, sent before the
+// learner's last step (at its last step, the next round takes it: the learner trains no more, and
+// its flush would only send it again; seed 387).
 bool RoundBook::IsLate(const DeltaArrival& d) const {
   const uint64_t last_step = options_.count_limits.max_steps;
   if (!options_.lock_step || last_step == 0 || merged_step_[d.fragment] == 0) return false;
-  if (d.learner_step > merged_step_[d.fragment] || d.learner_step + options_.inner_steps > last_step) return false;
+  if (d.learner_step > merged_step_[d.fragment] || d.learner_step >= last_step) return false;
   return Fires((int)d.fragment, (long)d.learner_step, options_.inner_steps, options_.fragments);
 }
 

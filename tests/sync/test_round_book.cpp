@@ -617,10 +617,10 @@ TEST_CASE("round book: lock-step: a cadence delta whose round merged without it 
   CHECK(book.Admit(Delta(2, 0, 1, 10, 30), 1, At(4)));
   CHECK(book.Admit(Delta(0, 0, 1, 5, 25), 1, At(5)));
   CHECK(book.TakeDrops().empty());
-  // At the run's last step (no firing after it), a late delta goes to the next round: its
-  // learner's flush would only send it again.
+  // Sent at the run's last step, a late delta goes to the next round: its learner trains no more
+  // and its flush would only send it again.
   RoundBookOptions last = o;
-  last.count_limits.max_steps = 25;
+  last.count_limits.max_steps = 20;
   RoundBook end(last, kStart);
   REQUIRE(end.Admit(Delta(0, 0, 0, 10, 20), 0, At(1)));
   REQUIRE(end.TakeForMerge(0, 0).size() == 1);
