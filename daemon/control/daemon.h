@@ -22,6 +22,8 @@
 
 namespace diloco {
 
+struct DaemonImpl;  // daemon_impl.h
+
 class Daemon {
  public:
   static Status Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out);
@@ -34,9 +36,8 @@ class Daemon {
   static void InstallSignalHandlers();
 
  private:
-  struct Impl;
   Daemon() = default;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<DaemonImpl> impl_;
 };
 
 }  // namespace diloco

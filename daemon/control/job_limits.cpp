@@ -109,11 +109,11 @@ Status CheckCorpusAllowed(const std::string& site, const std::string& corpus, co
 
 Status CheckDaemonCanRun(const RunConfig& cfg, const std::string& config_source) {
   if (cfg.sync.mode == SyncMode::kDdp)
-    return Status::Error(config_source + ": sync.mode ddp averages gradients every step in one ring of threads, with "
+    return Status::Refused(config_source + ": sync.mode ddp averages gradients every step in one ring of threads, with "
                                          "no syncer, so it cannot be a daemon job; run it with `dilococtl train`, or "
                                          "submit diloco, streaming or decoupled");
   if (cfg.sync.clock == ClockSource::kVirtual)
-    return Status::Error(config_source + ": sync.clock virtual runs every role in one process on virtual time; run it "
+    return Status::Refused(config_source + ": sync.clock virtual runs every role in one process on virtual time; run it "
                                          "with `dilococtl train`, or submit with sync.clock: wall");
   return Status::Ok();
 }

@@ -120,7 +120,8 @@ Status JobStore::Save(JobRecord record) {
 }
 
 Status JobStore::Load(const std::string& id, JobRecord* out) const {
-  if (!IsJobId(id)) return Status::Error("'" + id + "' is not a job id");
+  if (!IsJobId(id)) return Status::NotFound("'" + id + "' is not a job id");
+  if (!Exists(id)) return Status::NotFound("no job '" + id + "' in " + jobs_dir_);
   std::string text;
   DL_RETURN_IF_ERROR(ReadWholeFile(JobDir(id) + "/state.json", "job state", &text));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);

@@ -59,7 +59,7 @@ class JobStore {
   // Creates the job's directory with job.yaml and state.json (refuses an existing id).
   Status Create(const JobRecord& record, const std::string& config_yaml);
   Status Save(JobRecord record);  // updated_ms = now
-  Status Load(const std::string& id, JobRecord* out) const;
+  Status Load(const std::string& id, JobRecord* out) const;  // kNotFound: no such job
   // Every job, oldest first (by id).
   std::vector<std::string> List() const;
   // Appends "<time> <line>" to the job's job.log.

@@ -3,9 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -144,7 +142,7 @@ struct Role::Impl {
     const auto give_up = Clock::now() + std::chrono::milliseconds((int64_t)(options.bind_retry_s * 1000));
     for (;;) {
       Status st = Syncer::Create(context, so, table, init.data(), &syncer);
-      const bool port_busy = !st.ok() && st.message().find(std::strerror(EADDRINUSE)) != std::string::npos;
+      const bool port_busy = st.code() == StatusCode::kAddressInUse;
       if (!port_busy || Clock::now() >= give_up || crash) DL_RETURN_IF_ERROR(st);
       if (st.ok()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -231,10 +229,11 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
   const std::string ckpt_path = (fs::path(im.options.run_dir) / "checkpoint.bin").string();
   DL_RETURN_IF_ERROR(SaveCheckpoint(ckpt_path, gc, global.data(), AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg)));
-  // The syncer's site trains nothing: it evaluates on its CPU.
+  // On the device the role plan gives it (train/role_plan.h): its site's first learner's, or the CPU.
+  const std::string eval_device = im.options.device.empty() ? "cpu" : im.options.device;
   double initial_val_loss = 0, final_val_loss = 0;
-  DL_RETURN_IF_ERROR(EvaluateParams("cpu", gc, im.init.data(), val, cfg.eval.batches, &initial_val_loss));
-  DL_RETURN_IF_ERROR(EvaluateParams("cpu", gc, global.data(), val, cfg.eval.batches, &final_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, im.init.data(), val, cfg.eval.batches, &initial_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, global.data(), val, cfg.eval.batches, &final_val_loss));
   *result = {{"merges", sr.merges},
              {"dropped_deltas", sr.dropped_deltas},
              {"rejected_deltas", sr.rejected_deltas},

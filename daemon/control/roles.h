@@ -41,7 +41,9 @@ struct RoleOptions {
   RunConfig config;
   std::string run_dir;
   int threads = 1;  // OpenMP threads of this role
-  std::string device;  // a learner: the first device of its ring when not train.device (several per site)
+  // A learner: the first device of its ring; the syncer: where it evaluates (train/role_plan.h);
+  // empty: train.device for a learner, "cpu" for the syncer.
+  std::string device;
   // The syncer's endpoints: bound by a syncer role, connected by a learner role.
   std::string uplink, downlink, snapshot;
   bool allow_plaintext = false;

@@ -270,7 +270,8 @@ Status Socket::Bind(const std::string& endpoint) {
     socket_.bind(endpoint);
     endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
-    return Status::Error(options_.name + ": cannot bind " + endpoint + ": " + e.what());
+    const std::string message = options_.name + ": cannot bind " + endpoint + ": " + e.what();
+    return e.num() == EADDRINUSE ? Status::AddressInUse(message) : Status::Error(message);
   }
   return Status::Ok();
 }

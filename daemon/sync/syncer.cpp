@@ -17,6 +17,7 @@
 #include "daemon/sync/state_writer.h"
 #include "daemon/sync/syncer_core.h"
 #include "daemon/sync/update_log.h"
+#include "daemon/util/log.h"
 
 namespace diloco {
 
@@ -56,7 +57,7 @@ struct Syncer::Impl final : public SyncerPort {
     if (have_events && port_error.ok()) port_error = events.Append(event);
   }
   void Checkpoint(const GlobalState& state) override;
-  void Note(const std::string& line) override { std::fprintf(stderr, "syncer: %s\n", line.c_str()); }
+  void Note(const std::string& line) override { LogToStderr(LogWho("syncer", options.job_id), line); }
 
   // Run's loop.
   Status Loop(Syncer& syncer);
@@ -112,8 +113,8 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
     uint64_t replayed = 0;
     for (uint64_t n : replay.replayed) replayed += n;
     if (replayed > 0)
-      std::fprintf(stderr, "syncer: replayed %llu published updates from the update log after the checkpoint\n",
-                   (unsigned long long)replayed);
+      LogToStderr(LogWho("syncer", options.job_id),
+                  "replayed " + std::to_string(replayed) + " published updates from the update log after the checkpoint");
   } else {
     if (init_params == nullptr) return Status::Error("syncer: no initial parameters and not resuming");
     s->state_ = InitialGlobalState(table, s->fragments_, init_params);
@@ -166,7 +167,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
       DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, s->state_));
     }
     DL_RETURN_IF_ERROR(UpdateLog::Open(options.run_dir, {}, &im.update_log));
-    if (!im.update_log->note().empty()) std::fprintf(stderr, "syncer: %s\n", im.update_log->note().c_str());
+    if (!im.update_log->note().empty()) im.Note(im.update_log->note());
     im.state_writer = std::make_unique<AsyncStateWriter>(im.state_path);
   }
   // The decisions (syncer_core.h), on this runtime's clock and sockets; a new incarnation per start.
@@ -306,9 +307,10 @@ void Syncer::Impl::Checkpoint(const GlobalState& state) {
     }
   }
   UpdateLog* log = update_log.get();
-  state_writer->Submit(state, [log](Status st) {
+  const std::string who = LogWho("syncer", options.job_id);
+  state_writer->Submit(state, [log, who](Status st) {
     if (st.ok()) (void)log->DropPrevious();
-    else std::fprintf(stderr, "syncer: checkpoint failed (the update log keeps everything): %s\n", st.message().c_str());
+    else LogToStderr(who, "checkpoint failed (the update log keeps everything): " + st.message());
   });
 }
 

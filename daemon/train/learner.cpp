@@ -24,6 +24,7 @@
 #include "daemon/train/run_dir.h"
 #include "daemon/train/step_stretch.h"
 #include "daemon/train/trainer.h"
+#include "daemon/util/log.h"
 #include "kernels/rng.h"
 
 namespace diloco {
@@ -75,7 +76,7 @@ class LearnerLoop final : public InnerLoopHook, public LearnerPort {
   void SaveStep(long step) override;
   Status SaveMoments(long done) override;
   void WriteMetrics(const nlohmann::json& line) override;
-  void Note(const std::string& line) override { std::fprintf(stderr, "%s: %s\n", me_.c_str(), line.c_str()); }
+  void Note(const std::string& line) override { LogToStderr(LogWho(me_, o_.job_id), line); }
 
  private:
   // Setup.

@@ -23,6 +23,7 @@
 #include "daemon/train/data.h"
 #include "daemon/train/learner.h"
 #include "daemon/train/local_fleet.h"
+#include "daemon/train/role_plan.h"
 #include "daemon/train/run_summary.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
@@ -72,8 +73,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const int M = sc.learners;
   if (sc.clock == ClockSource::kVirtual) return RunVirtual(options, summary, details);
   if (sc.mode == SyncMode::kDdp) return RunLocalDdp(options, summary, details, hooks);
-  std::vector<std::string> devices(M);
-  for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, i, M, &devices[i]));
+  std::string device_check;  // the learners' devices exist, or they may share them (LearnerDevice)
+  DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, 0, M, &device_check));
 
   const fs::path state_path = fs::path(options.run_dir) / "global_state.bin";
   std::vector<long> start_steps(M, 0);
@@ -110,6 +111,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   const BatchSampler val = ValSampler(*corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
   const int total_threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
   omp_set_num_threads(total_threads);
+  const RolePlan plan = PlanLocal(cfg, LearnersOwnDevices(cfg.train, M), total_threads);
   TrainSummary s;
   s.learners = M;
   s.run_dir = options.run_dir;
@@ -123,7 +125,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                            .WithContext("cannot resume from '" + state_path.string() + "' with this config"));
     for (size_t p = 0; p < frags.size(); p++) ScatterFragment(frags[p], gs.fragments[p].theta.data(), init.data());
   }
-  DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
   DL_RETURN_IF_ERROR(metrics.Write({{"event", options.resume ? "resume" : "start"},
                                     {"start_steps", start_steps},
                                     {"step", 0},
@@ -205,9 +207,10 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       lo.join_from_snapshot = true;
       lo.start_step = std::min<long>(start_steps[i], cfg.train.steps);
     }
-    lo.threads = std::max(1, total_threads / M);
+    const PlannedRole& role = *plan.Find(LearnerName(i));
+    lo.threads = plan.threads_per_role;
     lo.run_dir = options.run_dir;
-    lo.device = devices[i];
+    lo.device = role.device;
     lo.metrics = &metrics;
     lo.metrics_mu = &metrics_mu;
     return lo;
@@ -319,7 +322,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::vector<float> global(table.total_numel());
   final_syncer->GlobalParams(global.data());
   omp_set_num_threads(total_threads);
-  DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
   s.final_val_batches = cfg.eval.batches;
   s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));

@@ -129,6 +129,22 @@ TEST_CASE("a model too big for the site is refused at submit with the estimate",
   CHECK(nlohmann::json::parse(list.out).empty());
 }
 
+TEST_CASE("a ddp or virtual-clock job is refused at submit with what to run instead", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string yaml = dir.Write("ddp.yaml", JobYaml(10));
+  for (const std::string set : {"sync.mode=ddp", "sync.clock=virtual"}) {
+    const CtlResult r = Ctl(dir, "submit '" + yaml + "' --set " + set + " --socket '" + c->SocketPath("site-a") + "'");
+    INFO(set << ": " << r.err);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Catch::Contains(set.substr(0, set.find('=')) + " " + set.substr(set.find('=') + 1)) &&
+                          Catch::Contains("dilococtl train"));
+  }
+  RequireAllRunning(*c);
+  const CtlResult list = Ctl(dir, "list --json --socket '" + c->SocketPath("site-s") + "'");
+  CHECK(nlohmann::json::parse(list.out).empty());
+}
+
 // A peer that answers status with JSON of the wrong shape (holding site-b's real keys, on
 // site-b's endpoint): the asking daemon shows that site as unreachable and stays up.
 TEST_CASE("a peer's status reply of the wrong shape does not take the asking daemon down", "[e2e]") {

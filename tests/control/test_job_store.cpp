@@ -74,6 +74,7 @@ TEST_CASE("job ids and states are checked", "[unit]") {
   JobRecord rec;
   CHECK_FALSE(store.Load("../x", &rec).ok());
   CHECK_THAT(store.Load("nosuch", &rec).message(), Catch::Contains("nosuch"));
+  CHECK(store.Load("nosuch", &rec).code() == StatusCode::kNotFound);
   dir.Write("jobs/bad/state.json", "{not json");
   CHECK_THAT(store.Load("bad", &rec).message(), Catch::Contains("not JSON"));
   dir.Write("jobs/bad2/state.json", "{\"id\": \"bad2\", \"state\": \"weird\"}");

@@ -234,6 +234,19 @@ TEST_CASE("Bind and Connect enforce the endpoint policy", "[net]") {
   CHECK(s->Bind("inproc://strict-ok").ok());
 }
 
+TEST_CASE("Bind on a taken address says so by its code, not only in its text", "[net]") {
+  auto ctx = MakeContext();
+  std::unique_ptr<Socket> a, b;
+  REQUIRE(Socket::Create(*ctx, SocketType::kPull, Plain("first"), &a).ok());
+  REQUIRE(Socket::Create(*ctx, SocketType::kPull, Plain("second"), &b).ok());
+  REQUIRE(a->Bind("tcp://127.0.0.1:*").ok());
+  const Status st = b->Bind(a->endpoint());
+  CHECK(st.code() == StatusCode::kAddressInUse);
+  CHECK(st.WithContext("syncer uplink").code() == StatusCode::kAddressInUse);
+  CHECK_THAT(st.message(), Catch::Contains("second"));
+  CHECK(b->Bind("pgm://x").code() == StatusCode::kError);  // refused by the endpoint policy
+}
+
 // ---------------------------------------------------------------- socket options
 
 TEST_CASE("Sockets always carry linger, HWMs, max message size and ROUTER_MANDATORY", "[net]") {

@@ -2,5 +2,7 @@
 diloco_test(util_tests
   util/test_lock_file.cpp
   util/test_sd_notify.cpp
+  util/test_status.cpp
+  util/test_log.cpp
 )
 target_link_libraries(util_tests PRIVATE diloco_util)

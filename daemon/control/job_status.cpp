@@ -1,0 +1,226 @@
+// What status, list, /metrics and sd_notify say about the jobs (daemon_impl.h).
+#include "daemon/control/daemon_impl.h"
+
+#include "daemon/control/site_metrics.h"
+#include "daemon/util/sd_notify.h"
+
+namespace diloco {
+namespace {
+
+// j[key] when it is a number, else fallback (NaN is stored as JSON null).
+template <typename T>
+T Number(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return j.is_object() && it != j.end() && it->is_number() ? it->get<T>() : fallback;
+}
+
+}  // namespace
+
+// The sites a job's placement names, syncer first, each once.
+std::vector<std::string> SitesOf(const RunConfig& cfg) {
+  std::vector<std::string> sites = {cfg.placement.syncer};
+  for (const std::string& s : cfg.placement.learners)
+    if (std::find(sites.begin(), sites.end(), s) == sites.end()) sites.push_back(s);
+  return sites;
+}
+
+// This site's view of a job: its record, config placement and its roles' progress.
+nlohmann::json DaemonImpl::LocalView(const std::string& id) {
+  JobRecord rec;
+  if (!store->Load(id, &rec).ok()) return nullptr;
+  nlohmann::json j = JobRecordToJson(rec);
+  j["site"] = config.site;
+  j["run_dir"] = store->RunDir(id);
+  if (auto se = store_errors.find(id); se != store_errors.end()) j["store_error"] = se->second;
+  auto it = jobs.find(id);
+  if (it != jobs.end()) {
+    for (auto& [name, role] : it->second.roles) j["roles"][name]["progress"] = role->Progress();
+    for (const std::string& name : it->second.killed) j["roles"][name]["state"] = "down";
+  }
+  RunConfig cfg;
+  if (LoadJobConfig(id, &cfg).ok()) {
+    j["placement"] = {{"syncer", cfg.placement.syncer}, {"learners", cfg.placement.learners}};
+    j["steps"] = cfg.train.steps;
+  }
+  return j;
+}
+
+ControlArgs DaemonImpl::JobStatus(const std::string& id) {
+  nlohmann::json local = LocalView(id);
+  if (local.is_null()) return UnknownJob(id);
+  RunConfig cfg;
+  (void)LoadJobConfig(id, &cfg);
+  nlohmann::json sites = nlohmann::json::object();
+  sites[config.site] = local;
+  for (const std::string& site : SitesOf(cfg)) {
+    if (site == config.site) continue;
+    // Through the peer's worker (peer_views.h): a fresh view from a live peer, the last one (or
+    // none) within 150 ms from a peer whose last call failed.
+    const PeerViews::View v = peer_views->Get(site, id);
+    if (v.ok && v.error.empty()) {
+      sites[site] = v.json;
+      sites[site]["age_ms"] = v.age_ms;
+    } else {
+      sites[site] = {{"site", site}, {"unreachable", v.error.empty() ? "no answer yet" : v.error}};
+    }
+  }
+  nlohmann::json out = {{"id", id}, {"placement", local["placement"]}, {"steps", local["steps"]}, {"sites", sites}};
+  // The syncer's site decides the job's state.
+  const nlohmann::json& ss = sites[cfg.placement.syncer];
+  out["state"] = ss.contains("state") ? ss["state"] : local["state"];
+  if (ss.contains("error")) out["error"] = ss["error"];
+  if (local.contains("error") && !out.contains("error")) out["error"] = local["error"];
+  // A site whose last save of the job's record failed (its disk is full, say): what it has on disk is behind.
+  for (const auto& [site, view] : sites.items())
+    if (view.contains("store_error")) out["store_error"][site] = view["store_error"];
+  out["run_dir"] = ss.value("run_dir", "");
+  out["syncer_site"] = cfg.placement.syncer;
+  // Per role, wherever it runs.
+  nlohmann::json learners = nlohmann::json::array();
+  for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
+    const std::string& site = cfg.placement.learners[i];
+    const std::string name = LearnerName((int)i);
+    nlohmann::json l = {{"learner", (int)i}, {"site", site}};
+    const nlohmann::json& sj = sites[site];
+    if (sj.contains("roles") && sj["roles"].contains(name)) {
+      const nlohmann::json& r = sj["roles"][name];
+      l["state"] = r["state"];
+      if (r.contains("progress")) l["progress"] = r["progress"];
+      if (r.contains("result")) l["result"] = r["result"];
+      if (r.contains("error")) l["error"] = r["error"];
+    } else {
+      l["state"] = sj.contains("unreachable") ? "unreachable" : "unknown";
+    }
+    learners.push_back(l);
+  }
+  out["learners"] = learners;
+  for (const auto& l : learners) {
+    if (l.value("state", "") == "failed" && out["state"] != "failed") {
+      out["state"] = "failed";
+      if (!out.contains("error")) out["error"] = "learner-" + std::to_string(l.value("learner", 0)) + " on " + l.value("site", "?") + ": " + l.value("error", "failed");
+    }
+  }
+  if (ss.contains("roles") && ss["roles"].contains(kSyncerName)) {
+    out["syncer"] = ss["roles"][kSyncerName];
+    out["syncer"]["site"] = cfg.placement.syncer;
+  }
+  if (out["state"] == "completed") {
+    nlohmann::json summary = Summary(out);
+    if (!summary.is_null()) out["summary"] = summary;
+  }
+  return {{"ok", "1"}, {"json", JsonText(out)}};
+}
+
+// The `train --json` summary object, from the syncer's and learners' results.
+nlohmann::json DaemonImpl::Summary(const nlohmann::json& status) {
+  if (!status.contains("syncer") || !status["syncer"].contains("result")) return nullptr;
+  const nlohmann::json& sr = status["syncer"]["result"];
+  nlohmann::json s;
+  long steps = 0, tokens = 0;
+  double train_s = 0, loss = 0;
+  uint64_t up = 0, down = 0;
+  std::vector<long> learner_tokens;
+  double peak_rss = Number(sr, "peak_rss_mb", 0.0);
+  for (const auto& l : status["learners"]) {
+    if (!l.contains("result")) return nullptr;
+    const nlohmann::json& r = l["result"];
+    steps += Number(r, "steps", 0L);
+    tokens += Number(r, "tokens", 0L);
+    train_s = std::max(train_s, Number(r, "train_s", 0.0));
+    loss += Number(r, "final_train_loss", 0.0) / status["learners"].size();
+    up += Number(r, "bytes_up", uint64_t{0});
+    down += Number(r, "bytes_down", uint64_t{0});
+    learner_tokens.push_back(Number(r, "tokens", 0L));
+    peak_rss = std::max(peak_rss, Number(r, "peak_rss_mb", 0.0));
+  }
+  s = {{"final_val_loss", Number(sr, "final_val_loss", 0.0)},
+       {"final_val_batches", Number(sr, "final_val_batches", 0)},
+       {"initial_val_loss", Number(sr, "initial_val_loss", 0.0)},
+       {"final_train_loss", loss},
+       {"steps", steps},
+       {"tokens", tokens},
+       {"train_s", train_s},
+       {"tokens_per_s", train_s > 0 ? tokens / train_s : 0.0},
+       {"bytes_up", up},
+       {"bytes_down", down},
+       {"learners", (int)status["learners"].size()},
+       {"outer_steps", Number(sr, "merges", uint64_t{0})},
+       {"dropped_deltas", Number(sr, "dropped_deltas", uint64_t{0})},
+       {"rejected_deltas", Number(sr, "rejected_deltas", uint64_t{0})},
+       {"versions", sr.value("versions", nlohmann::json::array())},
+       {"learner_tokens", learner_tokens},
+       {"run_dir", status.value("run_dir", "")},
+       {"checkpoint", sr.value("checkpoint", "")},
+       {"global_state", sr.value("global_state", "")},
+       {"wall_s", Number(sr, "wall_s", 0.0)},
+       {"peak_rss_mb", peak_rss},
+       {"job", status.value("id", "")}};
+  if (sr.contains("goodput")) s.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
+  return s;
+}
+
+ControlArgs DaemonImpl::UnknownJob(const std::string& id) {
+  return {{"error", "unknown job id '" + id + "' on site " + config.site + "; `dilococtl list` shows the jobs"},
+          {"usage", "1"}};
+}
+
+// The jobs from `offset` on, as many as fit one reply; "next" is where the following page
+// starts when some are left (the CLI asks until there is none).
+ControlArgs DaemonImpl::List(const ControlArgs& a) {
+  auto it = a.find("offset");
+  const size_t offset = it == a.end() ? 0 : (size_t)std::max(0L, std::atol(it->second.c_str()));
+  const std::vector<std::string> ids = store->List();
+  nlohmann::json arr = nlohmann::json::array();
+  size_t bytes = 2, i = offset;
+  for (; i < ids.size(); i++) {
+    nlohmann::json j = LocalView(ids[i]);
+    if (j.is_null()) continue;
+    const size_t n = JsonText(j).size() + 1;
+    if (bytes + n > kMaxTextBytes - 1024 && !arr.empty()) break;
+    bytes += n;
+    arr.push_back(std::move(j));
+  }
+  ControlArgs out = {{"ok", "1"}, {"json", JsonText(arr)}};
+  if (i < ids.size()) out["next"] = std::to_string(i);
+  return out;
+}
+
+void DaemonImpl::UpdateSdStatus() {
+  int running = 0, done = 0, failed = 0;
+  for (const std::string& id : store->List()) {
+    JobRecord rec;
+    if (!store->Load(id, &rec).ok()) continue;
+    running += rec.state == JobState::kRunning;
+    done += rec.state == JobState::kCompleted;
+    failed += rec.state == JobState::kFailed;
+  }
+  const std::string status = std::to_string(running) + " running, " + std::to_string(done) + " completed, " +
+                             std::to_string(failed) + " failed";
+  if (status != last_status) {
+    last_status = status;
+    (void)SdNotify("STATUS=" + status);
+  }
+}
+
+void DaemonImpl::UpdateMetrics() {
+  if (!metrics_server || Clock::now() - last_metrics < std::chrono::seconds(1)) return;
+  last_metrics = Clock::now();
+  for (auto it = ended_jobs.begin(); it != ended_jobs.end();) {
+    if (jobs.count(it->first) == 0 && Clock::now() - it->second >= std::chrono::seconds(config.metrics_keep_finished_s)) {
+      metrics.RemoveWithLabel("job", it->first);
+      it = ended_jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::map<std::string, int> states = {{"pending", 0}, {"running", 0}, {"completed", 0}, {"failed", 0}, {"stopped", 0}};
+  for (const std::string& id : store->List()) {
+    JobRecord rec;
+    if (store->Load(id, &rec).ok()) states[ToString(rec.state)]++;
+  }
+  for (const auto& [state, n] : states) metrics.Set("dilocod_jobs", {state}, n);
+  for (auto& [id, job] : jobs)
+    for (auto& [name, role] : job.roles) MirrorRoleProgress(&metrics, id, name, role->Progress());
+}
+
+}  // namespace diloco
