@@ -10,7 +10,7 @@ std::string LogStamp(std::chrono::system_clock::time_point now) {
   const int ms = (int)(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
   std::tm utc;
   gmtime_r(&t, &utc);
-  char stamp[40];
+  char stamp[80];  // room for any int the format could print (no truncation warning)
   std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
                 utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, ms);
   return stamp;
