@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+cd /work/wt-tables
+while kill -0 22532 2>/dev/null; do sleep 10; done
+R=results/run.sh; O=results/A.jsonl; E="--set eval.batches=200"
+KEEP=1 $R $O "decoupled" 2 $E
+$R $O "ddp" 2 $E --set sync.mode=ddp
