@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -75,12 +77,37 @@ TEST_CASE("virtual clock: two runs of one config give the same summary and bits,
 TEST_CASE("virtual clock: a run the virtual runtime cannot do is refused before it starts", "[virt]") {
   testing::TempDir tmp;
   TrainOptions o = VirtualTinyRun(tmp, "r");
-  o.config.sync.mode = SyncMode::kDdp;
+  o.resume = true;
   TrainSummary s;
   const Status st = RunVirtual(o, &s);
   REQUIRE_FALSE(st.ok());
-  CHECK(st.message().find("ddp") != std::string::npos);
+  CHECK(st.message().find("resume") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(tmp.path() / "r"));
+}
+
+TEST_CASE("virtual clock: ddp (no syncer to time) runs on the wall clock, as with sync.clock: wall", "[virt]") {
+  testing::TempDir tmp;
+  TrainOptions o = VirtualTinyRun(tmp, "v");
+  o.config.sync.mode = SyncMode::kDdp;
+  o.config.learners.clear();
+  o.config.train.steps = 10;
+  TrainOptions w = o;
+  w.config.sync.clock = ClockSource::kWall;
+  w.run_dir = (tmp.path() / "w").string();
+  TrainSummary vs, ws;
+  VirtualRunStats stats;
+  stats.events = 7;
+  REQUIRE(RunVirtual(o, &vs, nullptr, &stats).message() == "");
+  REQUIRE(RunLocal(w, &ws).message() == "");
+  CHECK(stats.events == 0);
+  CHECK(vs.steps == ws.steps);
+  CHECK(vs.tokens == ws.tokens);
+  CHECK(vs.final_val_loss == ws.final_val_loss);  // lock step: the same bits on either clock
+  CHECK(vs.final_val_loss < vs.initial_val_loss);
+  // The run directory's resolved config says what ran: the wall clock.
+  std::ifstream in(tmp.path() / "v" / "config.yaml");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("clock: wall") != std::string::npos);
 }
 
 // Seeds 1-20 here (the unit suite), 500 in the dst_500_seeds ctest, plus each seed a fix was for.
