@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/protocol.h"
@@ -198,6 +199,20 @@ std::optional<SyncTime> RoundBook::ExpectedDeltaAt(int learner, uint32_t p) cons
                     std::chrono::duration<double, std::milli>(steps * b.step_ms));
 }
 
+// Lock-step: a learner whose heartbeat is past the round's step with no delta of the fragment in
+// flight will not send one for this round (it was lost and then thrown away by a resync, or
+// dropped as late): the round does not wait for it (dilococtl dst --seed 955: a learner cut off
+// and resynced was waited for at step 14 while it waited at step 17 for a later round).
+bool RoundBook::PassedRound(const LearnerBook& lb, uint32_t p) const {
+  if (!options_.lock_step || pending_[p].empty() || !lb.beat.have || p >= lb.beat.in_flight.size()) return false;
+  if (lb.beat.state != LearnerState::kTraining || lb.beat.in_flight[p]) return false;
+  uint64_t round_step = 0;
+  for (const PendingDelta& pd : pending_[p])
+    round_step = std::max<uint64_t>(
+        round_step, (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments));
+  return round_step > 0 && lb.beat.step > round_step;
+}
+
 RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timings) const {
   RoundState rs;
   rs.timings = timings;
@@ -215,6 +230,7 @@ RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timing
     // Restarted after this round opened: it rejoins out of step with the round (its cadence
     // starts from its own step), so the round does not wait for it; its delta goes to the next.
     if (!lp.contributed_at && lb.rejoined_at && opened && *lb.rejoined_at > *opened) continue;
+    if (!lp.contributed_at && PassedRound(lb, p)) continue;
     if (lb.finished) lp.last_heard = now;             // its last delta is in: counts as live
     if (!lp.contributed_at) lp.expected_at = ExpectedDeltaAt(l, p);
     if (lb.beat.have) lp.step_ms = lb.beat.step_ms;
@@ -230,7 +246,6 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
     if (c.accepted()) {
       const uint64_t fired =
           (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments);
-      cadence_step_ = std::max(cadence_step_, fired);
       merged_step_[p] = std::max(merged_step_[p], fired);
       ok.push_back(std::move(pd));
     } else {
@@ -241,6 +256,17 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
   pending_[p].clear();
   std::sort(ok.begin(), ok.end(), [](const PendingDelta& a, const PendingDelta& b) { return a.learner < b.learner; });
   return ok;
+}
+
+uint64_t RoundBook::CadenceStep() const {
+  if (std::all_of(merged_step_.begin(), merged_step_.end(), [](uint64_t s) { return s == 0; })) return 0;
+  uint64_t earliest_open = std::numeric_limits<uint64_t>::max();
+  for (int p = 0; p < options_.fragments; p++) {
+    const long merged = (long)merged_step_[p];
+    const long next = merged + StepsUntilFires(p, merged, options_.inner_steps, options_.fragments);
+    earliest_open = std::min(earliest_open, (uint64_t)next);
+  }
+  return earliest_open - 1;
 }
 
 std::vector<DeltaDrop> RoundBook::TakeDrops() {

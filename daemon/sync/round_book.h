@@ -134,13 +134,15 @@ class RoundBook {
   // When learner's delta for fragment should arrive, from its last heartbeat (none: unknown, or
   // its delta for the fragment is in flight).
   std::optional<SyncTime> ExpectedDeltaAt(int learner, uint32_t fragment) const;
-  // The furthest firing step of the merged deltas (LastFiring of their learner_step; 0: none):
-  // the step at which a lock-step fleet held the merged versions, sent with snapshots so a
-  // rejoining learner starts there, in step with the fleet (found by dilococtl dst --seed 444:
-  // rejoining at its own old step, it was out of step with every round, and lock-step rounds
-  // waited on each other). Not the admitted deltas' step: a round still open would then wait
-  // for a delta the rejoined learner fires only H steps later (seed 413).
-  uint64_t CadenceStep() const { return cadence_step_; }
+  // Where a lock-step fleet's cadence stands (0: no merge yet): the step before the earliest
+  // round not merged yet (per fragment, the firing after its last merged deltas' LastFiring).
+  // Sent with snapshots, so a rejoining learner starts there and fires into every round still to
+  // merge (found by dilococtl dst --seed 444: rejoining at its own old step, it was out of step
+  // with every round, and lock-step rounds waited on each other). Not the furthest merged step:
+  // rounds merge out of step order, and one still open would wait for a delta the rejoined learner
+  // fires only H steps later (seeds 413, 955); what it fires into a round already merged is
+  // dropped as late.
+  uint64_t CadenceStep() const;
 
  private:
   struct Beat {
@@ -170,13 +172,13 @@ class RoundBook {
   // Empty when plausible, else why not (the detail of an implausible_counts drop).
   std::string CheckCountsOf(const DeltaArrival& d) const;
   bool IsLate(const DeltaArrival& d) const;
+  bool PassedRound(const LearnerBook& lb, uint32_t fragment) const;
 
   RoundBookOptions options_;
   std::vector<LearnerBook> learners_;
   std::vector<std::vector<PendingDelta>> pending_;  // per fragment
   std::vector<NormFilter> filters_;                 // per fragment
   std::vector<DeltaDrop> drops_;
-  uint64_t cadence_step_ = 0;
   std::vector<uint64_t> merged_step_;  // per fragment: LastFiring of its last merged deltas
 };
 

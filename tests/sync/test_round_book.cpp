@@ -582,18 +582,28 @@ TEST_CASE("round book: a round does not wait for a learner restarted after it op
   CHECK(next.learners.size() == 3);
 }
 
-TEST_CASE("round book: the cadence step is the furthest firing step of the merged deltas",
+TEST_CASE("round book: the cadence step is the step before the earliest round not merged",
           "[unit][sync][round_book]") {
   RoundBook book(Options(3, 2), kStart);  // H = 10, P = 2: fragment 0 fires at 10, 20..; 1 at 5, 15..
   CHECK(book.CadenceStep() == 0);
-  REQUIRE(book.Admit(Delta(0, 1, 0, 5, 15), 0, At(1)));
+  REQUIRE(book.Admit(Delta(0, 1, 0, 5, 5), 0, At(1)));
   CHECK(book.CadenceStep() == 0);  // admitted, not merged: a snapshot still holds the old version
   REQUIRE(book.TakeForMerge(1, 0).size() == 1);
-  CHECK(book.CadenceStep() == 15);
-  // A flush delta (not at a firing step) counts at its fragment's last firing.
-  REQUIRE(book.Admit(Delta(1, 0, 0, 3, 23), 0, At(2)));
+  CHECK(book.CadenceStep() == 9);  // fragment 0's round of step 10 is the earliest still to merge
+  REQUIRE(book.Admit(Delta(0, 0, 0, 10, 10), 0, At(2)));
   REQUIRE(book.TakeForMerge(0, 0).size() == 1);
-  CHECK(book.CadenceStep() == 20);
+  CHECK(book.CadenceStep() == 14);
+  // Rounds merge out of step order: fragment 1's round of step 15 merges while fragment 0's of
+  // step 20 is open, then fragment 1's of 25: the fleet still stands before step 20.
+  REQUIRE(book.Admit(Delta(0, 1, 1, 10, 15), 1, At(3)));
+  REQUIRE(book.TakeForMerge(1, 1).size() == 1);
+  REQUIRE(book.Admit(Delta(0, 1, 2, 10, 25), 2, At(4)));
+  REQUIRE(book.TakeForMerge(1, 2).size() == 1);
+  CHECK(book.CadenceStep() == 19);
+  // A flush delta (not at a firing step) counts at its fragment's last firing.
+  REQUIRE(book.Admit(Delta(1, 0, 1, 3, 23), 1, At(5)));
+  REQUIRE(book.TakeForMerge(0, 1).size() == 1);
+  CHECK(book.CadenceStep() == 29);
 }
 
 TEST_CASE("round book: lock-step: a cadence delta whose round merged without it is late and told",
@@ -644,6 +654,28 @@ TEST_CASE("round book: before it trains, a learner's heartbeat step may go back"
   book.OnHeartbeat(0, Beat(35, 50), At(4));
   book.OnHeartbeat(0, Beat(33, 50), At(5));
   CHECK(book.LastStep(0) == 35);
+}
+
+TEST_CASE("round book: lock-step: a learner past the round's step with nothing in flight is not waited for",
+          "[unit][sync][round_book]") {
+  RoundBookOptions o = Options(2, 2);  // H = 10, P = 2: fragment 0 fires at 10, 20..
+  o.lock_step = true;
+  RoundBook book(o, kStart);
+  book.OnHeard(0, 1, At(0));
+  book.OnHeard(1, 1, At(0));
+  REQUIRE(book.Admit(Delta(0, 0, 0, 10, 10), 0, At(1)));
+  // Learner 1 at step 10, its delta not sent yet: waited for.
+  book.OnHeartbeat(1, Beat(10, 50, {Counters(0, 0, 10)}), At(2));
+  RoundState rs = book.Round(0, At(3), kNoTimings);
+  CHECK(rs.learners.size() == 2);
+  // At step 12 with its delta of step 10 in flight: waited for.
+  book.OnHeartbeat(1, Beat(12, 50, {Counters(0, 0, 12, true)}), At(4));
+  CHECK(book.Round(0, At(5), kNoTimings).learners.size() == 2);
+  // At step 13 with nothing in flight (lost, then thrown away by a resync): not waited for.
+  book.OnHeartbeat(1, Beat(13, 50, {Counters(0, 0, 1)}), At(6));
+  rs = book.Round(0, At(7), kNoTimings);
+  REQUIRE(rs.learners.size() == 1);
+  CHECK(rs.learners[0].learner == 0);
 }
 
 }  // namespace diloco

@@ -119,7 +119,7 @@ TEST_CASE("dst: drawn cases pass every invariant", "[virt][dst]") {
   for (uint64_t seed = 1; seed <= 20; seed++) seeds.push_back(seed);
   // A restarted learner rejoined a lock-step fleet out of step (444, 413: start at the merged
   // cadence step), or its delta missed a round merged without it (40, 442: dropped as late).
-  for (uint64_t seed : {40, 229, 413, 442, 444}) seeds.push_back(seed);
+  for (uint64_t seed : {40, 229, 413, 442, 444, 955}) seeds.push_back(seed);
   // End stalls: rounds waited on flushing learners (139), learners gave up before a slow one's
   // last merge (313), a late delta at the last step was dropped again and again (387), a resync
   // at the end on a lossy link (27).
