@@ -213,6 +213,17 @@ bool RoundBook::PassedRound(const LearnerBook& lb, uint32_t p) const {
   return round_step > 0 && lb.beat.step > round_step;
 }
 
+// A learner flushing at its end (kStopping) whose last heartbeat shows work for the fragment (in
+// flight, or steps not sent yet): its delta is coming, so a round still waits for it. Without
+// work it is not waited for (dilococtl dst --seed 139: rounds at the end waited for learners with
+// nothing to send); with work, a lock-step round merges its remaining work with the others'
+// instead of one merge per learner (12 lone end merges cost streaming 8% of its loss).
+bool RoundBook::FlushingWorkFor(const LearnerBook& lb, uint32_t p) const {
+  const Beat& b = lb.beat;
+  if (b.state != LearnerState::kStopping || p >= b.listed.size() || !b.listed[p]) return false;
+  return b.in_flight[p] || b.fragments[p].c_steps > 0;
+}
+
 RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timings) const {
   RoundState rs;
   rs.timings = timings;
@@ -226,12 +237,13 @@ RoundState RoundBook::Round(uint32_t p, SyncTime now, const RoundTimings& timing
     lp.last_heard = lb.last_heard;
     for (const PendingDelta& pd : pending_[p])
       if (pd.learner == l) lp.contributed_at = pd.at;
-    if (lb.finished && !lp.contributed_at) continue;  // not waited for any more
+    // Finished, failed, or stopping with nothing more for this fragment: not waited for any more.
+    if (lb.finished && !lp.contributed_at && !FlushingWorkFor(lb, p)) continue;
     // Restarted after this round opened: it rejoins out of step with the round (its cadence
     // starts from its own step), so the round does not wait for it; its delta goes to the next.
     if (!lp.contributed_at && lb.rejoined_at && opened && *lb.rejoined_at > *opened) continue;
     if (!lp.contributed_at && PassedRound(lb, p)) continue;
-    if (lb.finished) lp.last_heard = now;             // its last delta is in: counts as live
+    if (lb.finished && lp.contributed_at) lp.last_heard = now;  // its last delta is in: counts as live
     if (!lp.contributed_at) lp.expected_at = ExpectedDeltaAt(l, p);
     if (lb.beat.have) lp.step_ms = lb.beat.step_ms;
     rs.learners.push_back(lp);

@@ -173,6 +173,7 @@ class RoundBook {
   std::string CheckCountsOf(const DeltaArrival& d) const;
   bool IsLate(const DeltaArrival& d) const;
   bool PassedRound(const LearnerBook& lb, uint32_t fragment) const;
+  bool FlushingWorkFor(const LearnerBook& lb, uint32_t fragment) const;
 
   RoundBookOptions options_;
   std::vector<LearnerBook> learners_;
