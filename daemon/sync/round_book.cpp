@@ -213,14 +213,15 @@ bool RoundBook::PassedRound(const LearnerBook& lb, uint32_t p) const {
   return round_step > 0 && lb.beat.step > round_step;
 }
 
-// A learner flushing at its end (kStopping) whose last heartbeat shows work for the fragment (in
-// flight, or steps not sent yet): its delta is coming, so a round still waits for it. Without
-// work it is not waited for (dilococtl dst --seed 139: rounds at the end waited for learners with
-// nothing to send); with work, a lock-step round merges its remaining work with the others'
-// instead of one merge per learner (12 lone end merges cost streaming 8% of its loss).
+// Lock-step: a learner flushing at its end (kStopping) whose last heartbeat shows work for the
+// fragment (in flight, or steps not sent yet): its delta is coming, so the round still waits for
+// it and merges every learner's remaining work at once (one merge per learner, 12 lone end merges
+// with outer momentum, cost streaming 8% of its loss). Without work it is not waited for; nor in
+// decoupled mode, whose quorum and grace do not need it (dilococtl dst --seeds 139, 475: rounds at
+// the end waited for learners with nothing to send, or whose last word was lost).
 bool RoundBook::FlushingWorkFor(const LearnerBook& lb, uint32_t p) const {
   const Beat& b = lb.beat;
-  if (b.state != LearnerState::kStopping || p >= b.listed.size() || !b.listed[p]) return false;
+  if (!options_.lock_step || b.state != LearnerState::kStopping || p >= b.listed.size() || !b.listed[p]) return false;
   return b.in_flight[p] || b.fragments[p].c_steps > 0;
 }
 
