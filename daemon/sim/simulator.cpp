@@ -406,7 +406,7 @@ class SyncerSim {
   // resyncs from a snapshot and its work is lost; a refused one sends its work again.
   void TakeDrops(double t) {
     for (const DeltaDrop& d : book_->TakeDrops()) {
-      if (d.why == "replaced") continue;  // its work travels in the newer delta
+      if (DropKeepsWork(d.why)) continue;  // its work travels in the learner's next delta
       out_->dropped_deltas++;
       const bool stale = d.why == "too_stale" || d.why == "from_the_future";
       if (stale) lost_.push_back({t, (int)d.fragment, d.learner, d.tokens, LossCause::kDropped});

@@ -52,7 +52,7 @@ struct SimResult {
   double contributors_mean = 0;  // per merge
   std::vector<uint64_t> staleness;  // staleness[s]: merged deltas s versions behind
   uint64_t failures = 0;
-  uint64_t dropped_deltas = 0;  // dropped or refused by the round book (not "replaced")
+  uint64_t dropped_deltas = 0;  // dropped or refused by the round book (not DropKeepsWork's)
   double peak_wan_gbps = 0;     // busiest link, busiest window (uplink and downlink)
   double mean_wan_gbps = 0;     // mean over links and the whole run
   double wan_window_s = 0;      // the peak's window (scenario wan_window_s; the DiLoCo modes)

@@ -16,7 +16,8 @@
 //                       learner rejoined or cut off meanwhile): told, so the learner stops
 //                       waiting for a Global that would come only with the next round, while the
 //                       others wait for its next delta (a deadlock: dilococtl dst --seed 40); its
-//                       work goes with its next delta of the fragment;
+//                       work goes with its next delta of the fragment (one sent at the learner's
+//                       last step is never late: the next round takes it; seed 387);
 //   non_finite / norm_too_large  the fragment's NormFilter (on the held ranges' norms when known);
 //   replaced            an older pending delta of the same learner gives way (not told: the
 //                       learner waits for the newer one, which is pending).

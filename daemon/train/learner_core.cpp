@@ -139,14 +139,15 @@ Status LearnerCore::Start(bool join_from_snapshot) {
 }
 
 // A learner rejoining a lock-step fleet (diloco, streaming) from a snapshot starts at the fleet's
-// cadence step (the snapshot's: the furthest firing step of the deltas the syncer admitted), so
-// its fragments fire with theirs. Resuming at its own old step put it out of step with every
-// round, and the lock-step rounds then waited on each other (found by `dilococtl dst --seed 444`).
-// A snapshot without a cadence (the syncer admitted nothing since it started) keeps the own step.
+// cadence step (the snapshot's, RoundBook::CadenceStep: the step before the earliest round not
+// merged yet), so its fragments fire into the rounds still to merge. Resuming at its own old step
+// put it out of step with every round, and the lock-step rounds then waited on each other (found
+// by `dilococtl dst --seed 444`). A snapshot without a cadence (no merge since the syncer
+// started) keeps the own step.
 long LearnerCore::StartStep() const {
   if (!o_.join_from_snapshot || block_after_ == std::numeric_limits<long>::max() || cadence_step_ == 0)
     return o_.start_step;
-  return std::min(cadence_step_, (long)tc_.steps);
+  return cadence_step_;  // at most train.steps (InstallSnapshot)
 }
 
 Status LearnerCore::BeginTraining() {
