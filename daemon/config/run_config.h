@@ -86,6 +86,7 @@ struct TrainConfig {
   int log_every = 10;        // steps between metrics.jsonl/progress lines when not on a terminal
   // Wall-clock budget in seconds from the start of training; every learner ends at its first step
   // boundary past it, as if train.steps were reached (0 = none). For equal-wall-time comparisons.
+  // A restarted learner keeps the run's budget (a daemon job's counts from its arrival on the site).
   double time_limit_s = 0;
   // Where the learner computes: "cpu", or "cuda" / "cuda:N" for GPUs N .. N+ranks-1 ("cuda" is
   // cuda:0). Only the spelling is checked here; whether the GPUs exist is checked where the job

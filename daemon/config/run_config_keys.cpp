@@ -146,7 +146,7 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"train.checkpoint_every", &t.checkpoint_every, AtLeast(0, at_end), "steps between checkpoints"},
       {"train.log_every", &t.log_every, AtLeast(1), "steps between metrics lines when not on a terminal"},
       {"train.time_limit_s", &t.time_limit_s, AtLeast(0, "0 = no limit"),
-       "wall-clock budget; each learner ends at its first step past it"},
+       "wall-clock budget of the run; each learner ends at its first step past it"},
       {"train.device", &t.device, {}, "cpu, cuda (= cuda:0) or cuda:N: GPUs N .. N+ranks-1",
        "spelling: ParseDevice; the GPUs: where the job starts or is submitted (CheckJobFitsSite)"},
       {"train.ranks", &t.ranks, AtLeast(1, "the learner's local ring size"),

@@ -44,6 +44,7 @@ Status DaemonImpl::StartRoles(const std::string& id, const RunConfig& cfg, bool 
   ro.threads = plan.threads_per_role;
   ro.allow_plaintext = config.allow_plaintext;
   ro.resume = resume;
+  ro.time_budget_start_unix_ms = record->created_ms;
   ro.chaos_link = config.chaos;
   ro.bind_retry_s = resume ? 15 : 0;  // the ports of the role it replaces may take a moment to be free
   for (const PlannedRole& pr : plan.roles) {

@@ -419,6 +419,7 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   lo.init_params = im.init.data();
   lo.join_from_snapshot = im.options.resume;
   lo.start_step = im.start_step;
+  lo.time_budget_start_unix_ms = im.options.time_budget_start_unix_ms;
   lo.threads = std::max(1, im.options.threads);
   lo.run_dir = im.options.run_dir;
   lo.device = im.options.device;

@@ -49,6 +49,10 @@ struct RoleOptions {
   bool allow_plaintext = false;
   std::optional<net::CurveOptions> curve;  // syncer: server keys; learner: client keys + server key
   bool resume = false;                     // continue after a daemon restart
+  // A learner: train.time_limit_s counts from here (Unix ms; the job's arrival on this site), so
+  // a restarted learner (daemon restart, new ring incarnation) keeps the job's budget. 0: from
+  // when it trains.
+  int64_t time_budget_start_unix_ms = 0;
   // The syncer: how long to keep trying when its ports are still taken (a restart right after
   // the role it replaces released them); 0 fails at once.
   double bind_retry_s = 0;

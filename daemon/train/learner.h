@@ -84,6 +84,9 @@ struct LearnerOptions {
   // count from here). AdamW moments come from learner-<index>.ckpt in run_dir when there is one
   // (written every train.checkpoint_every steps), else start at zero.
   long start_step = 0;
+  // When train.time_limit_s started counting (Unix ms, the port's clock): a restarted incarnation
+  // keeps the budget of the first one instead of starting a new one. 0: when this one trains.
+  int64_t time_budget_start_unix_ms = 0;
   int threads = 1;  // OpenMP threads of this learner
   // The first device of this learner's ring when not train.device itself (LearnerDevice).
   std::string device;

@@ -667,9 +667,13 @@ void LearnerCore::EndWait() {
   res_.blocked_unix_ms.push_back({wait_start_unix_ms_, port_->UnixMs()});
 }
 
-// train.time_limit_s: that many seconds since training started (never when 0).
+// train.time_limit_s: that many seconds since training started (never when 0): since the first
+// incarnation's start when the learner was restarted (LearnerOptions::time_budget_start_unix_ms).
 bool LearnerCore::TimeLimitReached() const {
-  return tc_.time_limit_s > 0 && Seconds(port_->Now() - train_start_) >= tc_.time_limit_s;
+  if (tc_.time_limit_s <= 0) return false;
+  if (o_.time_budget_start_unix_ms > 0)
+    return (double)(port_->UnixMs() - o_.time_budget_start_unix_ms) / 1e3 >= tc_.time_limit_s;
+  return Seconds(port_->Now() - train_start_) >= tc_.time_limit_s;
 }
 
 Status LearnerCore::AfterStep(const StepResult& r, double step_s) {

@@ -205,6 +205,11 @@ void LocalFleet::RestartLearner(int i) {
   lo.init_params = nullptr;
   lo.join_from_snapshot = true;
   lo.start_step = latest->result.steps;
+  {
+    // The time budget runs from the first incarnation's start (it has ended: a later one exists).
+    std::lock_guard<std::mutex> lock(mu_);
+    lo.time_budget_start_unix_ms = slots_[i]->incarnations.front()->result.train_start_unix_ms;
+  }
   if (lo.start_step >= lo.config->train.steps) return;
   std::fprintf(stderr, "chaos: restarting %s at step %ld\n", LearnerName(i).c_str(), lo.start_step);
   Start(i, lo);

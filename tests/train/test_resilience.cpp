@@ -222,6 +222,32 @@ namespace {
 // Data parallel under the same chaos: a killed learner stops every rank until it is back, and
 // the job resumes from its last checkpoint; the rolled-back steps are discarded work and the
 // others' wait is blocked time.
+// train.time_limit_s is the run's budget: a restarted learner keeps the first incarnation's (it
+// started a new one, training 0.5 + 2 s against the other's 2 s).
+TEST_CASE("local run: a restarted learner keeps the run's train.time_limit_s", "[e2e][resilience][chaos]") {
+  TempDir tmp;
+  TrainOptions o = TinyRun(tmp, 2);
+  o.config.train.steps = 1000000;
+  o.config.train.time_limit_s = 2.0;
+  ChaosEvent kill;
+  kill.kind = ChaosEventKind::kKill;
+  kill.at_s = 0.5;
+  kill.learner = 1;
+  kill.restart_after_s = 1.0;
+  o.config.chaos.events = {kill};
+  TrainSummary s;
+  LocalRunDetails d;
+  const Status st = RunLocal(o, &s, {}, &d);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  REQUIRE(d.incarnations == std::vector<int>{1, 2});
+  REQUIRE(s.learner_tokens.size() == 2);
+  INFO("tokens " << s.learner_tokens[0] << " and " << s.learner_tokens[1]);
+  // Learner 1 trained about 0.5 + 0.5 of the 2 s (half of learner 0's tokens); with a budget of
+  // its own it trained 0.5 + 2 s.
+  CHECK(s.learner_tokens[1] < 0.8 * s.learner_tokens[0]);
+}
+
 TEST_CASE("local ddp: a killed learner stops the ring which resumes from its checkpoint", "[e2e][resilience][chaos]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
