@@ -39,6 +39,7 @@ GlobalFold FragmentLedger::OnGlobal(int p, uint64_t version, bool included_self)
   GlobalFold fold;
   fold.ours_included = included_self && f.in_flight;
   if (fold_ != FoldRule::kReplay) {
+    fold.replaced_tokens = f.c_tokens - (f.in_flight ? std::min(f.c_tokens, f.c_tokens_at_send) : 0);
     f.c_steps = 0;
     f.c_tokens = 0;
   } else if (!fold.ours_included) {

@@ -38,6 +38,9 @@ struct LedgerFragment {
 struct GlobalFold {
   bool ours_included = false;  // our in-flight delta is in it: fold against θ at send
   bool shift_at_send = false;  // replay of a Global without our delta while ours is in flight
+  // Not replay: the tokens of local progress the fold replaces with Θ (work neither in Θ nor in a
+  // delta in flight); goodput counts them discarded.
+  uint64_t replaced_tokens = 0;
 };
 
 struct StatusVerdict {

@@ -167,6 +167,14 @@ struct LearnerResult {
   int64_t train_start_unix_ms = 0;
   std::vector<std::pair<int64_t, int64_t>> blocked_unix_ms;
   double compute_s = 0;
+  // Work a fold threw away (sync.fold overwrite, or the Θ share of mix): when, which fragment, how
+  // many tokens (goodput's discarded waste).
+  struct Discarded {
+    int64_t unix_ms = 0;
+    int fragment = 0;
+    double tokens = 0;
+  };
+  std::vector<Discarded> discarded;
   // Crashed: per fragment, the tokens trained since its base that had not left in a delta (lost
   // with the learner; an in-flight delta may still be merged).
   std::vector<uint64_t> unsent_tokens_at_crash;

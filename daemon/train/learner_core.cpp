@@ -442,6 +442,10 @@ Status LearnerCore::ApplyGlobal(const ParsedMessage& m) {
                                fold.ours_included ? FoldIncluded::kAtSend : FoldIncluded::kPreviousBase)
                          .WithContext(me_));
   if (fold.shift_at_send) DL_RETURN_IF_ERROR(outer_.ShiftAtSend(p).WithContext(me_));
+  // mix keeps α of the local progress: the rest is thrown away.
+  const double kept = sc_.fold == FoldRule::kMix ? sc_.alpha : 0;
+  if (fold.replaced_tokens > 0 && kept < 1)
+    res_.discarded.push_back({port_->UnixMs(), p, (double)fold.replaced_tokens * (1 - kept)});
   MarkChanged(p);
   res_.globals_applied++;
   progress_.last_fragment_folded = p;

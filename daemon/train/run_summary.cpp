@@ -52,6 +52,9 @@ Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
       for (size_t p = 0; p < r->unsent_tokens_at_crash.size(); p++)
         if (r->unsent_tokens_at_crash[p] > 0)
           in.lost.push_back({rel(r->crashed_unix_ms), (int)p, i, (double)r->unsent_tokens_at_crash[p], LossCause::kCrashed});
+    for (const LearnerResult* r : incarnations[i])
+      for (const LearnerResult::Discarded& d : r->discarded)
+        in.lost.push_back({rel(d.unix_ms), d.fragment, i, d.tokens, LossCause::kDiscarded});
   }
   // A kill can land while the learner waits at a barrier: the down time wins the overlap.
   std::stable_sort(in.spans.begin(), in.spans.end(), [](const ActivitySpan& a, const ActivitySpan& b) {

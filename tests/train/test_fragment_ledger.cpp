@@ -104,6 +104,9 @@ TEST_CASE("ledger: OnGlobal by fold rule, included or not, in flight or not", "[
     const GlobalFold fold = ledger.OnGlobal(0, r.version, r.included);
     CHECK(fold.ours_included == r.ours_included);
     CHECK(fold.shift_at_send == r.shift_at_send);
+    // Overwrite and mix replace the progress neither in Θ nor in flight: the 200 tokens since the
+    // send, or all 700 with nothing sent; replay keeps it.
+    CHECK(fold.replaced_tokens == (r.fold == kReplay ? 0u : r.in_flight ? 200u : 700u));
     CHECK(ledger[0].base_version == r.version);
     CHECK(ledger[0].c_steps == r.c_steps_after);
     CHECK(ledger[0].c_tokens == r.c_tokens_after);

@@ -297,6 +297,29 @@ TEST_CASE("local run: with sync.lr_clock global a slow learner's LR follows the 
   CHECK(ahead >= 2);  // the fast learner's steps pull the slow one's schedule forward
 }
 
+// sync.fold overwrite throws away the steps a learner made while its delta was in flight; goodput
+// says so (its discarded waste read 0 before); replay keeps them. Virtual time: the same merges
+// on any machine.
+TEST_CASE("local run: goodput counts the work a fold overwrite discards", "[e2e]") {
+  double discarded[2] = {0, 0};
+  for (FoldRule fold : {FoldRule::kOverwrite, FoldRule::kReplay}) {
+    TempDir tmp;
+    TrainOptions o = TinyRun(tmp, 2);
+    o.config.sync.clock = ClockSource::kVirtual;
+    o.config.sync.fold = fold;
+    o.config.sync.overlap = 3;  // Globals arrive a few steps after the send
+    TrainSummary s;
+    const Status st = RunLocal(o, &s);
+    INFO(ToString(fold) << ": " << st.message());
+    REQUIRE(st.ok());
+    REQUIRE(s.goodput.has_value());
+    discarded[fold == FoldRule::kReplay] = s.goodput->waste_discarded;
+  }
+  INFO("discarded: overwrite " << discarded[0] << ", replay " << discarded[1]);
+  CHECK(discarded[0] > 0);
+  CHECK(discarded[1] == 0);
+}
+
 TEST_CASE("local run: diloco mode runs lock-step on the same code", "[e2e]") {
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
