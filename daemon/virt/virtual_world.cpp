@@ -60,6 +60,8 @@ void VirtualWorld::StartLearner(int i, bool join_from_snapshot, long start_step)
   lo.init_params = join_from_snapshot ? nullptr : options_.init_params;
   lo.join_from_snapshot = join_from_snapshot;
   lo.start_step = start_step;
+  // A restarted learner keeps the run's train.time_limit_s (the first incarnation's start).
+  if (!incarnations_[i].empty()) lo.time_budget_start_unix_ms = incarnations_[i].front()->result().train_start_unix_ms;
   lo.threads = options_.threads;
   lo.run_dir = options_.run_dir;
   lo.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
