@@ -52,10 +52,12 @@ void TimedLearner::Run(const Continue& step) {
   if (done_) return;
   if (Status st = step(); !st.ok()) {
     status_ = st.WithContext(me_);
+    if (core_) result_ = core_->result();
     End();
   }
 }
 
+// Its result is kept; its model and core go (a long run has an incarnation per failure).
 void TimedLearner::End() {
   done_ = true;
   waiting_ = nullptr;
@@ -63,6 +65,9 @@ void TimedLearner::End() {
     if (*t) scheduler_.Cancel(*t);
     *t = 0;
   }
+  core_.reset();
+  outer_.reset();
+  backend_.reset();
 }
 
 void TimedLearner::Kill() {
