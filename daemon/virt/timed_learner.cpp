@@ -110,7 +110,7 @@ Status TimedLearner::JoinStep() {
                          " virtual ms (joining since " + std::to_string(joining_since_ns_ / 1e9) + " virtual s)");
   DL_RETURN_IF_ERROR(core_->OnJoinTimer());
   WaitThen(MsToNs(20), [this] {
-    DL_RETURN_IF_ERROR(Deliver());
+    DL_RETURN_IF_ERROR(DrainInbox());
     return JoinStep();
   });
   return Status::Ok();
@@ -120,7 +120,7 @@ Status TimedLearner::SnapshotStep() {
   if (!core_->AwaitingSnapshot()) return StartTraining();
   DL_RETURN_IF_ERROR(core_->OnTimer());
   WaitThen(MsToNs(cfg_.timing.heartbeat_ms), [this] {
-    DL_RETURN_IF_ERROR(Deliver());
+    DL_RETURN_IF_ERROR(DrainInbox());
     return SnapshotStep();
   });
   return Status::Ok();
@@ -139,7 +139,7 @@ Status TimedLearner::StartTraining() {
 // The inner loop's hook before step step_: what arrived, the core's timers, its BeforeStep.
 Status TimedLearner::NextStep() {
   if (step_ >= cfg_.train.steps) return FlushStep(-1);
-  DL_RETURN_IF_ERROR(Deliver());
+  DL_RETURN_IF_ERROR(DrainInbox());
   DL_RETURN_IF_ERROR(core_->OnTimer());
   StepControl control;
   DL_RETURN_IF_ERROR(core_->BeforeStep(step_, &control));
@@ -153,7 +153,7 @@ Status TimedLearner::TryStep() {
   if (core_->Blocked()) {
     if (blocked_since_ns_ < 0) blocked_since_ns_ = scheduler_.now_ns();
     WaitThen(MsToNs(cfg_.timing.heartbeat_ms), [this] {
-      DL_RETURN_IF_ERROR(Deliver());
+      DL_RETURN_IF_ERROR(DrainInbox());
       DL_RETURN_IF_ERROR(core_->OnTimer());
       StepControl again;
       DL_RETURN_IF_ERROR(core_->BeforeStep(step_, &again));
@@ -196,7 +196,7 @@ Status TimedLearner::FlushStep(int phase) {
   }
   if (!core_->Flushed()) {
     WaitThen(MsToNs(cfg_.timing.heartbeat_ms), [this, phase] {
-      DL_RETURN_IF_ERROR(Deliver());
+      DL_RETURN_IF_ERROR(DrainInbox());
       DL_RETURN_IF_ERROR(core_->OnTimer());
       return FlushStep(phase);
     });
@@ -241,7 +241,7 @@ void TimedLearner::Deliver(bool from_dealer, net::Message&& m) {
   Run(then);
 }
 
-Status TimedLearner::Deliver() {
+Status TimedLearner::DrainInbox() {
   return inbox_.Drain(*core_, [this](const std::string& line) { Note(line); });
 }
 

@@ -95,7 +95,7 @@ class TimedLearner final : public LearnerPort {
   Status TryStep();
   Status StepEnd();
   Status FlushStep(int phase);
-  Status Deliver();  // the inbox to the core
+  Status DrainInbox();  // what arrived, to the core
   void Deliver(bool from_dealer, net::Message&& m);
   // Waits until a message arrives (at once when one is in) or timeout_ns pass, then runs then.
   void WaitThen(int64_t timeout_ns, Continue then);
