@@ -122,6 +122,7 @@ struct SimulateCommand {
   double hours = 0;
   std::string plot;                    // goodput against chips as an SVG file
   bool json = false;
+  int jobs = 1;                        // rows simulated at once (each on a thread of its own)
 };
 int RunSimulateCommand(const SimulateCommand& cmd);
 

@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
 
   SimulateCommand simulate;
   CLI::App* simulate_cmd = app.add_subcommand(
-      "simulate", "Simulate a deployment's goodput with the syncer's own rules (configs/simulate/)");
+      "simulate", "Simulate a deployment's goodput with the daemon's own learner and syncer cores (configs/simulate/)");
   simulate_cmd->add_option("scenario", simulate.scenario, "Scenario (YAML)")->required()->check(CLI::ExistingFile);
   simulate_cmd->add_option("--mode", simulate.modes, "ddp, elastic-ddp, diloco, streaming, decoupled (repeatable)")
       ->allow_extra_args(false);
@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
   simulate_cmd->add_option("--merge-bench", simulate.merge_bench,
                            "Take the merge throughput from a `dilococtl bench syncer --json` output (its merge_GBps)");
   simulate_cmd->add_flag("--json", simulate.json, "One JSON object per mode and learner count");
+  simulate_cmd->add_option("--jobs", simulate.jobs, "Rows simulated at once, one core each (rows print in order)")
+      ->check(CLI::Range(1, 256));
 
   DstCommand dst;
   CLI::App* dst_cmd = app.add_subcommand(

@@ -1,8 +1,15 @@
 // dilococtl simulate: one row per mode and learner count of a scenario (daemon/sim). Exit 1
 // when a simulation fails, 2 on a bad scenario or option.
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "apps/dilococtl/job_commands.h"
@@ -85,37 +92,69 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
     std::printf("%-12s %8s %10s %8s %7s %10s %6s %9s %8s %9s %9s %8s\n", "mode", "learners", "chips", "goodput",
                 "uptime", "merges/h", "contr", "stale", "failures", "peak Gb/s", "mean Gb/s", "sim s");
   }
-  std::vector<SimResult> results;
+  // The rows, in the order they print.
+  std::vector<std::pair<Scenario, SimMode>> rows;
   for (double chips : chip_counts) {
-  for (SimMode mode : modes) {
-    const bool data_parallel = mode == SimMode::kDdp || mode == SimMode::kElasticDdp;
-    for (size_t i = 0; i < (data_parallel ? 1 : learner_counts.size()); i++) {
-      Scenario s = scenario;
-      s.chips = chips;
-      if (!data_parallel) {
-        s.run.sync.learners = learner_counts[i];
-        s.run.sync.quorum = std::min(s.run.sync.quorum, learner_counts[i]);
-        s.stragglers = std::min(s.stragglers, learner_counts[i]);
+    for (SimMode mode : modes) {
+      const bool data_parallel = mode == SimMode::kDdp || mode == SimMode::kElasticDdp;
+      for (size_t i = 0; i < (data_parallel ? 1 : learner_counts.size()); i++) {
+        Scenario s = scenario;
+        s.chips = chips;
+        if (!data_parallel) {
+          s.run.sync.learners = learner_counts[i];
+          s.run.sync.quorum = std::min(s.run.sync.quorum, learner_counts[i]);
+          s.stragglers = std::min(s.stragglers, learner_counts[i]);
+        }
+        rows.emplace_back(std::move(s), mode);
       }
-      SimResult r;
-      if (Status st = Simulate(s, mode, &r); !st.ok()) {
-        std::fprintf(stderr, "dilococtl simulate: %s, %d learners: %s\n", ToString(mode), s.run.sync.learners,
-                     st.message().c_str());
-        return 1;
-      }
-      if (cmd.json) {
-        std::printf("%s\n", SimResultToJson(r).dump().c_str());
-      } else {
-        std::printf("%-12s %8d %10.0f %8.3f %7.3f %10.1f %6.2f %9s %8llu %9.2f %9.3f %8.2f\n", ToString(mode),
-                    r.learners, r.chips, r.goodput.goodput, r.goodput.uptime, r.merges_per_hour(),
-                    r.contributors_mean, StalenessText(r.staleness).c_str(), (unsigned long long)r.failures,
-                    r.peak_wan_gbps, r.mean_wan_gbps, r.runtime_s);
-      }
-      std::fflush(stdout);
-      results.push_back(r);
     }
   }
+  // Each row is a simulation of its own on one thread; --jobs of them at once, printed in order
+  // as they complete.
+  std::vector<SimResult> results(rows.size());
+  std::vector<Status> statuses(rows.size());
+  std::vector<char> finished(rows.size(), 0);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    omp_set_num_threads(1);  // the rows are the parallelism
+    for (size_t k; (k = next++) < rows.size();) {
+      Status st = Simulate(rows[k].first, rows[k].second, &results[k]);
+      std::lock_guard<std::mutex> lock(mu);
+      statuses[k] = std::move(st);
+      finished[k] = 1;
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int j = 0; j < std::min<int>(cmd.jobs, (int)rows.size()); j++) workers.emplace_back(work);
+  int rc = 0;
+  for (size_t k = 0; k < rows.size() && rc == 0; k++) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return finished[k] != 0; });
+    }
+    const SimResult& r = results[k];
+    if (!statuses[k].ok()) {
+      std::fprintf(stderr, "dilococtl simulate: %s, %d learners: %s\n", ToString(rows[k].second),
+                   rows[k].first.run.sync.learners, statuses[k].message().c_str());
+      rc = 1;
+      next = rows.size();  // start no more
+      break;
+    }
+    if (cmd.json) {
+      std::printf("%s\n", SimResultToJson(r).dump().c_str());
+    } else {
+      std::printf("%-12s %8d %10.0f %8.3f %7.3f %10.1f %6.2f %9s %8llu %9.2f %9.3f %8.2f\n", ToString(r.mode),
+                  r.learners, r.chips, r.goodput.goodput, r.goodput.uptime, r.merges_per_hour(),
+                  r.contributors_mean, StalenessText(r.staleness).c_str(), (unsigned long long)r.failures,
+                  r.peak_wan_gbps, r.mean_wan_gbps, r.runtime_s);
+    }
+    std::fflush(stdout);
   }
+  for (std::thread& t : workers) t.join();
+  if (rc != 0) return rc;
   if (!cmd.plot.empty()) {
     if (Status st = WritePlot(cmd.plot, results); !st.ok()) {
       std::fprintf(stderr, "dilococtl simulate: --plot: %s\n", st.message().c_str());

@@ -11,7 +11,8 @@
 //                                   # (the DiLoCo modes; the run ends with the last merge)
 //   seed: 1
 //   step_s: 1.0                     # mean inner-step time of a learner (fault-free)
-//   step_jitter: 0.02               # coefficient of variation of a step's time (lognormal)
+//   step_jitter: 0.02               # coefficient of variation of a step's time (uniform, half-width
+//                                   # sqrt(3) x step_jitter, at most 0.99: the virtual runtime's draw)
 //   chip_mtbf_h: 500000             # mean time between failures of one chip; 0: none
 //                                   # (the run config's chaos.events kills, by at_s, play too)
 //   detect_s: 30                    # failure -> noticed

@@ -1,22 +1,24 @@
 // `dilococtl simulate`: a discrete-event simulation of a deployment under a virtual clock, to
-// ask what goodput a run would keep at a scale this machine cannot run. No model maths: the
-// learners are step timers with failures, the links are bandwidth and latency, and payload
-// sizes come from the real fragments (PartitionFragments of the run's model) and codecs.
+// ask what goodput a run would keep at a scale this machine cannot run.
 //
-// The DiLoCo modes (decoupled, diloco, streaming) run the daemon's own rules: the fragment
-// cadence (fragments.h: Fires), the syncer's round book (round_book.h: liveness by heartbeat,
-// staleness and count checks, replaced deltas) and its Decide (decide.h: quorum, grace window,
-// forecasts) with the run config's settings (DecideOptionsFor, RoundBookOptionsFor), under the
-// virtual clock. A merge takes the fragment's fp32 bytes times its contributors over the
-// scenario's merge throughput, on the one syncer thread (merges queue). Goodput and uptime are
-// ComputeGoodput's (sync/goodput.h) over the simulated records, as for a real run.
+// The DiLoCo modes (decoupled, diloco, streaming) run the virtual runtime with the maths off
+// (sim/timed_simulation.h, virt/timed_world.h): the daemon's own LearnerCore for every learner
+// (its ledger, fold rule, fragment cadence, drop and resync handling) and its own SyncerCore
+// (round book, Decide, merges, status), exchanging real messages over emulated links, under the
+// run config's settings. The model they hold is a tiny one with the run's fragment count; what
+// the real model costs is charged instead: a Delta or a Global of fragment p takes the wire bytes
+// of the real fragment p (PartitionFragments of the run's model, its codecs: fragment_costs.h),
+// and a merge its fp32 bytes times its contributors over the scenario's merge throughput, on the
+// one syncer thread (merges queue). The results come from what the syncer core recorded (its
+// merge events) and each learner incarnation's result; goodput and uptime are ComputeGoodput's
+// (sync/goodput.h) over them, as for a real run.
 //
-// Learners: chips / M chips each; a learner fails when any chip does (exponential, rate
-// chips_per_learner / chip_mtbf); its unsent work is lost; it is down for detect + restart +
-// rejoin (the snapshot) and comes back as a new incarnation with the current global model.
-// The syncer notices a dead learner by its heartbeats (sync.heartbeat_timeout_ms). The last
-// `stragglers` learners step straggler_factor times slower. Step times are lognormal around
-// step_s (step_jitter).
+// Learners: M = sync.learners, chips / M chips each; a learner fails when any chip does
+// (exponential, rate chips_per_learner / chip_mtbf, drawn again from each restart), is killed
+// (its unsent work is lost), and a new incarnation rejoins from a snapshot detect + restart +
+// rejoin later, at the step it had reached. The syncer notices a dead learner by its heartbeats
+// (sync.heartbeat_timeout_ms). The last `stragglers` learners step straggler_factor times
+// slower. A step's time is uniform around step_s with coefficient of variation step_jitter.
 //
 // The data-parallel baselines have no syncer: ddp is one synchronous job over every chip (a
 // failure anywhere stops everyone for detect + restart + rejoin, and the work since the last

@@ -31,19 +31,19 @@ SyncTime NextTimeout(SyncTime now, const RoundState& state, const DecideOptions&
   return next;
 }
 
-std::string Detail(const Decision& d, SyncTime now) {
-  char line[160];
-  std::snprintf(line, sizeof line, "%d contributed, %d live, quorum %d, grace %.0f ms, %d due",
-                d.contributions, d.live, d.quorum, d.grace_ms, d.awaited);
-  std::string detail = line;
-  if (d.action == DecideAction::kWait && d.wait_until != SyncTime::max()) {
-    std::snprintf(line, sizeof line, ", decide again in %.0f ms", Ms(d.wait_until - now).count());
-    detail += line;
-  }
-  return detail;
-}
-
 }  // namespace
+
+std::string Decision::detail() const {
+  char line[160];
+  std::snprintf(line, sizeof line, "%d contributed, %d live, quorum %d, grace %.0f ms, %d due", contributions, live,
+                quorum, grace_ms, awaited);
+  std::string out = line;
+  if (action == DecideAction::kWait && wait_until != SyncTime::max()) {
+    std::snprintf(line, sizeof line, ", decide again in %.0f ms", Ms(wait_until - decided_at).count());
+    out += line;
+  }
+  return out;
+}
 
 const char* ToString(DecideReason reason) {
   switch (reason) {
@@ -144,7 +144,7 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
     d.action = action;
     d.reason = reason;
     d.wait_until = action == DecideAction::kMerge ? now : wait_until;
-    d.detail = Detail(d, now);
+    d.decided_at = now;
     return d;
   };
   if (d.contributions == 0) {

@@ -109,7 +109,10 @@ struct Decision {
   int quorum = 0;       // K in force: min(K, live), at least 1
   double grace_ms = 0;  // the window in force from quorum (0 outside decoupled mode)
   int awaited = 0;      // live learners whose forecast arrival stretched the window
-  std::string detail;   // one line for logs: counts and times
+  SyncTime decided_at{};  // the `now` it was decided at
+  // One line for logs: counts and times. Built on demand: Decide runs at every message the
+  // syncer takes, a log line is wanted rarely.
+  std::string detail() const;
 };
 
 // What the syncer decides with for a run's sync settings (the daemon and the simulator alike).

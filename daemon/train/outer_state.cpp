@@ -424,6 +424,10 @@ std::unique_ptr<OuterState> MakeOuterState(LocalRing& ring, ShardMode shard) {
   return std::make_unique<BackendOuterState>(ring.backend(0));
 }
 
+std::unique_ptr<OuterState> MakeBackendOuterState(TrainingBackend& backend) {
+  return std::make_unique<BackendOuterState>(backend);
+}
+
 std::unique_ptr<RingCommandHandler> MakeOuterStateFollower(TrainingBackend& backend, LocalComm& comm) {
   return std::make_unique<OuterFollower>(backend, comm);
 }

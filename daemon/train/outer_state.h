@@ -64,6 +64,9 @@ class OuterState {
 // The outer state of `ring` for train.shard `shard`: sharded when shard is not none and the ring
 // has more than one rank.
 std::unique_ptr<OuterState> MakeOuterState(LocalRing& ring, ShardMode shard);
+// The whole state on one backend, without a ring (a learner of one rank that runs no inner loop:
+// the timed learner of `dilococtl simulate`).
+std::unique_ptr<OuterState> MakeBackendOuterState(TrainingBackend& backend);
 // Whether MakeOuterState(ring, shard) shards, i.e. the followers must serve its commands.
 bool OuterStateSharded(const LocalRing& ring, ShardMode shard);
 

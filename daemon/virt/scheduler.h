@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <queue>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "daemon/sync/decide.h"  // SyncTime
 
@@ -36,17 +38,21 @@ class VirtualScheduler {
 
   // Runs the next event (time moves to it); false when none is left.
   bool RunNext();
-  bool empty() const { return queue_.empty(); }
+  bool empty() const { return events_.empty(); }
   // The time of the next event (now when none).
-  int64_t next_ns() const { return queue_.empty() ? now_ns_ : queue_.begin()->first.first; }
+  int64_t next_ns() const;
   uint64_t events_run() const { return events_run_; }
 
  private:
   int64_t now_ns_ = 0;
   uint64_t next_id_ = 0;
   uint64_t events_run_ = 0;
-  std::map<std::pair<int64_t, uint64_t>, Event> queue_;  // (time, id): id breaks ties in order
-  std::map<uint64_t, int64_t> time_of_;                  // id -> time, for Cancel
+  // (time, id), earliest first: id breaks ties in the order scheduled. A cancelled event's entry
+  // stays until it comes up and is skipped (its id is no longer in events_).
+  using Entry = std::pair<int64_t, uint64_t>;
+  mutable std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue_;
+  std::unordered_map<uint64_t, Event> events_;  // id -> what to run, while scheduled
+  void SkipCancelled() const;
 };
 
 }  // namespace diloco

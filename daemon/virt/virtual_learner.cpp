@@ -15,6 +15,8 @@
 #include "daemon/train/outer_state.h"
 #include "daemon/train/run_dir.h"
 #include "daemon/train/trainer.h"
+#include "daemon/virt/liveness_beat.h"
+#include "daemon/virt/virtual_step.h"
 
 namespace diloco {
 
@@ -160,12 +162,7 @@ Status VirtualLearner::RunLeader(LocalRing& ring, OuterState& outer, const Batch
   std::vector<Fragment> frags;
   DL_RETURN_IF_ERROR(PartitionFragments(ring.backend(0).table(), EffectiveFragments(cfg_.sync), &frags));
   core_ = std::make_unique<LearnerCore>(options_, ring.backend(0), outer, std::move(frags), incarnation_, this);
-  down_expect_.job_id = options_.job_id;
-  down_expect_.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
-  down_expect_.model_params = ring.backend(0).num_params();
-  down_expect_.allowed_senders = {kSyncerName};
-  dealer_expect_ = down_expect_;
-  dealer_expect_.accept = MessageBit(MessageType::kWelcome) | MessageBit(MessageType::kSnapshot);
+  inbox_.Expect(core_->downlink_expect(), core_->dealer_expect(), options_.job_id);
   core_->Describe(ring.description(), ring.world_ranks());
   DL_RETURN_IF_ERROR(core_->SetUp());
   DL_RETURN_IF_ERROR(Join());
@@ -242,7 +239,7 @@ Status VirtualLearner::WaitForMessage(int64_t timeout_ns) {
 }
 
 void VirtualLearner::DeliverDownlink(net::Message&& m) {
-  inbox_.emplace_back(false, std::move(m));
+  inbox_.Push(false, std::move(m));
   if (!waiting_) return;
   waiting_ = false;
   scheduler_.Cancel(wake_timer_);
@@ -251,7 +248,7 @@ void VirtualLearner::DeliverDownlink(net::Message&& m) {
 }
 
 void VirtualLearner::DeliverDealer(net::Message&& m) {
-  inbox_.emplace_back(true, std::move(m));
+  inbox_.Push(true, std::move(m));
   if (!waiting_) return;
   waiting_ = false;
   scheduler_.Cancel(wake_timer_);
@@ -261,53 +258,23 @@ void VirtualLearner::DeliverDealer(net::Message&& m) {
 
 // What arrived since the last step boundary, checked as the sockets' validators check it.
 Status VirtualLearner::ProcessInbox() {
-  while (!inbox_.empty()) {
-    auto [from_dealer, message] = std::move(inbox_.front());
-    inbox_.pop_front();
-    ParsedMessage parsed;
-    const auto spans = message.spans();
-    if (Status st = ParseEnvelope(spans, from_dealer ? dealer_expect_ : down_expect_, &parsed); !st.ok()) {
-      Note("dropping a message that fails its checks: " + st.message());
-      continue;
-    }
-    if (from_dealer) {
-      DL_RETURN_IF_ERROR(core_->OnDealer(parsed));
-      continue;
-    }
-    net::Received r;
-    r.topic = options_.job_id;
-    r.seq = down_seq_.Observe(parsed.header.sender, parsed.header.incarnation, parsed.header.seq);
-    if (!r.seq.deliver()) continue;
-    r.message = std::move(message);
-    DL_RETURN_IF_ERROR(core_->OnDownlink(r, parsed));
-  }
-  return Status::Ok();
+  return inbox_.Drain(*core_, [this](const std::string& line) { Note(line); });
 }
 
 void VirtualLearner::BeatLiveness() {
   liveness_timer_ = scheduler_.After(MsToNs(cfg_.timing.heartbeat_ms), [this] { BeatLiveness(); });
   if (!have_beat_) return;
-  EnvelopeHeader h;
-  h.job_id = options_.job_id;
-  h.sender = me_;
-  h.seq = ++liveness_seq_;
-  h.incarnation = incarnation_;
-  h.sent_unix_ms = (uint64_t)scheduler_.unix_ms();
-  OutgoingMessage om;
-  if (!BuildMessage(h, last_beat_, {}, &om).ok()) return;
-  network_.LearnerPublish(options_.index, LivenessTopic(options_.job_id), net::ToMessage(std::move(om), nullptr));
+  net::Message m;
+  if (!BuildLivenessBeat(options_.job_id, me_, ++liveness_seq_, incarnation_, scheduler_.unix_ms(), last_beat_, &m).ok())
+    return;
+  network_.LearnerPublish(options_.index, LivenessTopic(options_.job_id), std::move(m));
 }
 
-// timing.step_ms × (1 ± step_jitter), then × learners[i].slowdown × (1 + e), e exponential with
-// mean learners[i].jitter (the wall runtime's stretch). Both draws every step, so one learner's
-// draws do not depend on its settings.
+// The step's virtual duration (virtual_step.h); its own time is kept for AfterStep.
 int64_t VirtualLearner::StepNs() {
-  const double u = step_rng_.uniform(), v = step_rng_.uniform();
-  const double base_ms = cfg_.timing.step_ms * (1 + cfg_.timing.step_jitter * (2 * u - 1));
-  const LearnerConfig lc = LearnerConfigOf(cfg_.learners, options_.index);
-  const double e = lc.jitter > 0 ? -lc.jitter * std::log1p(-v) : 0;
-  step_base_s_ = base_ms / 1e3;
-  return MsToNs(base_ms * lc.slowdown * (1 + e));
+  const VirtualStep step = DrawVirtualStep(cfg_, options_.index, step_rng_);
+  step_base_s_ = step.base_s;
+  return step.ns;
 }
 
 void VirtualLearner::SendUplink(net::Message&& m) { network_.LearnerPublish(options_.index, options_.job_id, std::move(m)); }

@@ -20,6 +20,7 @@
 #include "daemon/train/learner_core.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/virt/baton.h"
+#include "daemon/virt/core_inbox.h"
 #include "daemon/virt/scheduler.h"
 #include "daemon/virt/virtual_network.h"
 #include "kernels/rng.h"
@@ -90,9 +91,7 @@ class VirtualLearner final : public LearnerPort {
   Rng step_rng_;
 
   std::unique_ptr<LearnerCore> core_;
-  ParseOptions down_expect_, dealer_expect_;
-  net::SequenceTracker down_seq_;
-  std::deque<std::pair<bool, net::Message>> inbox_;  // (from the dealer?, frames), in arrival order
+  CoreInbox inbox_;
   bool waiting_ = false;         // in WaitForMessage: a delivery wakes it
   uint64_t wake_timer_ = 0;
   bool have_beat_ = false;

@@ -5,13 +5,19 @@
 
 namespace diloco {
 
-std::optional<int64_t> VirtualLink::Send(int64_t t_ns, size_t bytes) {
+std::optional<int64_t> VirtualLink::Send(int64_t t_ns, size_t bytes, bool payload) {
   messages_++;
   bytes_sent_ += bytes;
   const int64_t start = std::max(t_ns, free_at_ns_);
   const int64_t serialise =
       config_.bandwidth_mbps > 0 ? (int64_t)std::llround((double)bytes * 8.0 / (config_.bandwidth_mbps * 1e6) * 1e9) : 0;
   free_at_ns_ = start + serialise;
+  if (payload) payload_bytes_ += bytes;
+  if (payload && window_ns_ > 0) {
+    const size_t w = (size_t)(start / window_ns_);
+    if (window_bytes_.size() <= w) window_bytes_.resize(w + 1, 0);
+    window_bytes_[w] += (double)bytes;
+  }
   busy_ns_ += serialise;
   // Draw both numbers for every message, lost or not, so one message's fate does not shift the
   // draws of the next.
@@ -24,6 +30,16 @@ std::optional<int64_t> VirtualLink::Send(int64_t t_ns, size_t bytes) {
   const int64_t arrival = free_at_ns_ + (int64_t)std::llround((config_.latency_ms + jitter) * 1e6);
   last_arrival_ns_ = std::max(last_arrival_ns_, arrival);
   return last_arrival_ns_;
+}
+
+}  // namespace diloco
+
+namespace diloco {
+
+double VirtualLink::PeakGbps() const {
+  double peak = 0;
+  for (double b : window_bytes_) peak = std::max(peak, b * 8 / ((double)window_ns_ / 1e9) / 1e9);
+  return peak;
 }
 
 }  // namespace diloco

@@ -43,8 +43,14 @@ void VirtualNetwork::SetCut(int learner, bool cut) {
   downlinks_[learner]->SetCut(cut);
 }
 
-void VirtualNetwork::LearnerPublish(int learner, const std::string& topic, net::Message&& m) {
-  const auto at = uplinks_[learner]->Send(scheduler_.now_ns(), m.bytes() + topic.size());
+void VirtualNetwork::CountWindows(int64_t window_ns) {
+  for (auto& l : uplinks_) l->CountWindows(window_ns);
+  for (auto& l : downlinks_) l->CountWindows(window_ns);
+}
+
+void VirtualNetwork::LearnerPublish(int learner, const std::string& topic, net::Message&& m, size_t charged_bytes) {
+  const auto at = uplinks_[learner]->Send(scheduler_.now_ns(), charged_bytes > 0 ? charged_bytes : m.bytes() + topic.size(),
+                                         charged_bytes > 0);
   if (!at) return;
   auto msg = std::make_shared<net::Message>(std::move(m));
   scheduler_.At(*at, [this, learner, topic, msg, epoch = epoch_[learner]] {
@@ -61,10 +67,10 @@ void VirtualNetwork::LearnerRequest(int learner, net::Message&& m) {
   });
 }
 
-void VirtualNetwork::SyncerPublish(int64_t t_ns, const net::Message& m) {
+void VirtualNetwork::SyncerPublish(int64_t t_ns, const net::Message& m, size_t charged_bytes) {
   for (int i = 0; i < learners(); i++) {
     if (!up_[i]) continue;
-    const auto at = downlinks_[i]->Send(t_ns, m.bytes());
+    const auto at = downlinks_[i]->Send(t_ns, charged_bytes > 0 ? charged_bytes : m.bytes(), charged_bytes > 0);
     if (!at) continue;
     auto msg = std::make_shared<net::Message>(CopyMessage(m));
     scheduler_.At(*at, [this, i, msg, epoch = epoch_[i]] {

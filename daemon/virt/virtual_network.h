@@ -29,11 +29,13 @@ class VirtualNetwork {
  public:
   VirtualNetwork(VirtualScheduler& scheduler, const RunConfig& config, VirtualReceivers receivers);
 
-  // Sent at the scheduler's current time.
-  void LearnerPublish(int learner, const std::string& topic, net::Message&& m);
+  // Sent at the scheduler's current time. charged_bytes > 0: the link carries that many bytes
+  // instead of the message's own (`dilococtl simulate`: a tiny model's Delta timed as the real
+  // model's).
+  void LearnerPublish(int learner, const std::string& topic, net::Message&& m, size_t charged_bytes = 0);
   void LearnerRequest(int learner, net::Message&& m);
   // Sent at t_ns (the syncer's own time: later than now while a merge keeps it busy).
-  void SyncerPublish(int64_t t_ns, const net::Message& m);  // to every learner that is up
+  void SyncerPublish(int64_t t_ns, const net::Message& m, size_t charged_bytes = 0);  // to every learner that is up
   void SyncerReply(int64_t t_ns, int learner, net::Message&& m);
 
   // A learner killed: nothing reaches it, and what it sent before is lost with its connections
@@ -41,6 +43,10 @@ class VirtualNetwork {
   void Disconnect(int learner);
   void Reconnect(int learner);
   void SetCut(int learner, bool cut);  // a partition: both directions lose everything
+
+  // Every link counts its payload bytes (the messages charged a size) per window of window_ns
+  // (VirtualLink::PeakGbps).
+  void CountWindows(int64_t window_ns);
 
   int learners() const { return (int)up_.size(); }
   const VirtualLink& uplink(int learner) const { return *uplinks_[learner]; }

@@ -5,9 +5,20 @@
 #include <filesystem>
 
 #include "daemon/sync/protocol.h"
+#include "daemon/train/trainer.h"
 #include "kernels/rng.h"
 
 namespace diloco {
+
+SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_dir) {
+  SyncerOptions so;
+  so.sync = cfg.sync;
+  so.run_dir = run_dir;
+  so.count_limits = CountLimitsOf(cfg);
+  so.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
+  so.exit_when_all_finished = true;
+  return so;
+}
 
 Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& network, const SyncerOptions& options,
                              double merge_gbps, const TensorTable& table, const float* init_params,
@@ -40,10 +51,38 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
 
 void VirtualSyncer::Start() { Tick(); }
 
-bool VirtualSyncer::Busy(const std::function<void()>& again) {
+// A message that arrives while a merge keeps the syncer busy waits, as in its socket's queue.
+// When the merge is done, every waiting message is taken, then the core decides: the wall
+// syncer's loop (a batch of messages, then OnTimer), so merges that follow each other cannot
+// starve a waiting message (a rejoining learner's Hello waited forever behind a busy syncer).
+bool VirtualSyncer::Busy(std::function<void()> again) {
   if (scheduler_.now_ns() >= busy_until_ns_) return false;
-  scheduler_.At(busy_until_ns_, again);
+  deferred_.push_back(std::move(again));
+  ScheduleDrain();
   return true;
+}
+
+void VirtualSyncer::ScheduleDrain() {
+  if (drain_timer_ != 0) return;  // Drain looks again if the merge was extended meanwhile
+  drain_timer_ = scheduler_.At(busy_until_ns_, [this] {
+    drain_timer_ = 0;
+    Drain();
+  });
+}
+
+void VirtualSyncer::Drain() {
+  if (scheduler_.now_ns() < busy_until_ns_) {
+    ScheduleDrain();
+    return;
+  }
+  draining_ = true;
+  while (!deferred_.empty()) {
+    std::function<void()> handle = std::move(deferred_.front());
+    deferred_.pop_front();
+    handle();
+  }
+  draining_ = false;
+  Tick();
 }
 
 void VirtualSyncer::OnUplink(int learner, const std::string& topic, net::Message&& m) {
@@ -62,7 +101,7 @@ void VirtualSyncer::OnUplink(int learner, const std::string& topic, net::Message
   if (!r.seq.deliver()) return;
   r.message = std::move(*msg);
   core_->OnUplink(r, parsed);
-  Tick();
+  if (!draining_) Tick();
 }
 
 void VirtualSyncer::OnRequest(int learner, net::Message&& m) {
@@ -79,12 +118,15 @@ void VirtualSyncer::OnRequest(int learner, net::Message&& m) {
   r.peer = LearnerName(learner);
   r.message = std::move(*msg);
   After(core_->OnRequest(r, parsed));
-  Tick();
+  if (!draining_) Tick();
 }
 
 void VirtualSyncer::Tick() {
   if (!error_.ok()) return;
-  if (Busy([this] { Tick(); })) return;
+  if (scheduler_.now_ns() < busy_until_ns_) {
+    ScheduleDrain();  // decides once the merge is done and what waited is in
+    return;
+  }
   SyncTime wake = Now() + std::chrono::hours(1);
   After(core_->OnTimer(&wake));
   if (!error_.ok() || core_->AllDone()) return;
@@ -94,7 +136,7 @@ void VirtualSyncer::Tick() {
   timer_at_ns_ = at;
   timer_ = scheduler_.At(at, [this] {
     timer_ = 0;
-    Tick();
+    Drain();
   });
 }
 
@@ -107,14 +149,19 @@ void VirtualSyncer::After(Status st) {
 void VirtualSyncer::Publish(net::Message&& m) {
   ParsedMessage parsed;
   const auto spans = m.spans();
+  size_t charged = 0;
   if (ParseEnvelope(spans, published_expect_, &parsed).ok())
     if (const GlobalMsg* g = parsed.get<GlobalMsg>(); g && g->fragment < fragments_.size()) {
-      const double bytes = (double)fragments_[g->fragment].numel * sizeof(float) * (double)g->contributors.size();
+      const bool charge = g->fragment < charged_merge_bytes_.size();
+      const double fragment_bytes =
+          charge ? charged_merge_bytes_[g->fragment] : (double)fragments_[g->fragment].numel * sizeof(float);
+      const double bytes = fragment_bytes * (double)g->contributors.size();
       busy_until_ns_ = std::max(scheduler_.now_ns(), busy_until_ns_) + (int64_t)(bytes / merge_bytes_per_ns_);
+      if (charge) charged = (size_t)charged_global_bytes_[g->fragment];
       if (on_global) on_global(*g);
     }
   bytes_published_ += m.bytes();
-  network_.SyncerPublish(VirtualScheduler::ToNs(Now()), m);
+  network_.SyncerPublish(VirtualScheduler::ToNs(Now()), m, charged);
 }
 
 void VirtualSyncer::Reply(const std::string& peer, net::Message&& m) {
@@ -134,7 +181,8 @@ void VirtualSyncer::Note(const std::string& line) { std::fprintf(stderr, "syncer
 Status VirtualSyncer::Finish() {
   DL_RETURN_IF_ERROR(error_);
   if (timer_ != 0) scheduler_.Cancel(timer_);
-  timer_ = 0;
+  if (drain_timer_ != 0) scheduler_.Cancel(drain_timer_);
+  timer_ = drain_timer_ = 0;
   DL_RETURN_IF_ERROR(core_->Flush().WithContext("syncer"));
   if (!options_.run_dir.empty())
     DL_RETURN_IF_ERROR(SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), state_));

@@ -5,6 +5,8 @@
 // every runtime; the final global state to global_state.bin.
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,10 +17,14 @@
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/syncer_core.h"
+#include "daemon/config/run_config.h"
 #include "daemon/virt/scheduler.h"
 #include "daemon/virt/virtual_network.h"
 
 namespace diloco {
+
+// The syncer options of a virtual run of cfg (events.log and global_state.bin in run_dir; "" none).
+SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_dir);
 
 class VirtualSyncer final : public SyncerPort {
  public:
@@ -30,6 +36,13 @@ class VirtualSyncer final : public SyncerPort {
   // Scheduler thread, at the arrival time.
   void OnUplink(int learner, const std::string& topic, net::Message&& m);
   void OnRequest(int learner, net::Message&& m);
+  // `dilococtl simulate`: a tiny model stands in for a real one. A Global of fragment p then
+  // travels as global_bytes[p] and its merge costs merge_bytes[p] (the real fragment's fp32
+  // bytes) per contributor.
+  void ChargeAs(std::vector<double> global_bytes, std::vector<double> merge_bytes) {
+    charged_global_bytes_ = std::move(global_bytes);
+    charged_merge_bytes_ = std::move(merge_bytes);
+  }
   // Starts the core's timers.
   void Start();
   bool AllDone() const { return core_->AllDone(); }
@@ -64,8 +77,10 @@ class VirtualSyncer final : public SyncerPort {
   VirtualSyncer(VirtualScheduler& scheduler, VirtualNetwork& network) : scheduler_(scheduler), network_(network) {}
   void Tick();          // the core's timers, then the next one
   void After(Status st);  // keeps the first error
-  // Runs fn now, or when the merge in progress is done.
-  bool Busy(const std::function<void()>& again);
+  // While a merge is in progress: again waits for its end (true); else false.
+  bool Busy(std::function<void()> again);
+  void ScheduleDrain();
+  void Drain();  // what waited for the merge, in arrival order, then Tick
 
   VirtualScheduler& scheduler_;
   VirtualNetwork& network_;
@@ -79,9 +94,13 @@ class VirtualSyncer final : public SyncerPort {
   EventLog events_;
   bool have_events_ = false;
   std::vector<MergeEvent> merges_;
+  std::vector<double> charged_global_bytes_, charged_merge_bytes_;  // ChargeAs; empty: the real sizes
   int64_t busy_until_ns_ = 0;
   uint64_t timer_ = 0;
   int64_t timer_at_ns_ = -1;
+  std::deque<std::function<void()>> deferred_;  // arrived during a merge, in arrival order
+  uint64_t drain_timer_ = 0;
+  bool draining_ = false;
   uint64_t bytes_published_ = 0, bytes_received_ = 0;
   Status error_;
 };

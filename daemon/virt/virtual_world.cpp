@@ -5,21 +5,6 @@
 
 namespace diloco {
 
-namespace {
-
-SyncerOptions SyncerOptionsOf(const VirtualWorldOptions& o) {
-  const RunConfig& cfg = *o.config;
-  SyncerOptions so;
-  so.sync = cfg.sync;
-  so.run_dir = o.run_dir;
-  so.count_limits = CountLimitsOf(cfg);
-  so.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
-  so.exit_when_all_finished = true;
-  return so;
-}
-
-}  // namespace
-
 Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<VirtualWorld>* out) {
   std::unique_ptr<VirtualWorld> w(new VirtualWorld());
   w->options_ = options;
@@ -38,7 +23,7 @@ Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<
     self->incarnations_[i].back()->DeliverDealer(std::move(m));
   };
   w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, receivers);
-  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, SyncerOptionsOf(options), cfg.timing.merge_gbps,
+  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, options.run_dir), cfg.timing.merge_gbps,
                                            *options.table, options.init_params, &w->syncer_));
   w->incarnations_.resize(M);
   w->down_.resize(M);

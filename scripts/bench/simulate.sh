@@ -10,8 +10,9 @@
 #   scripts/bench/simulate.sh --bench-syncer          # merge rate: this machine's `bench syncer --json`
 #   scripts/bench/simulate.sh --merge-bench FILE.json # merge rate: a saved `bench syncer --json` output
 #   scripts/bench/simulate.sh --wan                   # peak WAN: balanced against whole-tensor fragments
+#   scripts/bench/simulate.sh --jobs 8                # rows at once (default: every core, nproc)
 #
-# --wan (about 10 s): GPT-2 124M and 12B (configs/simulate/{gpt2-124m,model-12b}-wan.yaml) at
+# --wan (about 25 s): GPT-2 124M and 12B (configs/simulate/{gpt2-124m,model-12b}-wan.yaml) at
 # P = 8, 24, 48 (and 96 for 12B), each partition rule, as a markdown table: the mean rate of a
 # link ("optimal": a perfectly even schedule sends it all the time), the peak over one fragment
 # interval and over the busiest minute, each against the mean.
@@ -34,7 +35,8 @@ out=""
 wan=0
 merge_bench=""
 bench_syncer=0
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+jobs=$(nproc 2>/dev/null || echo 1)
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --scenarios) scenarios=$2; shift 2 ;;
@@ -45,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --wan) wan=1; shift ;;
     --merge-bench) merge_bench=$(abspath "$2"); shift 2 ;;
     --bench-syncer) bench_syncer=1; shift ;;
+    --jobs) jobs=$2; shift 2 ;;
     -h|--help) usage ;;
     *) echo "simulate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -92,7 +95,7 @@ if [[ $bench_syncer = 1 ]]; then
   echo "simulate.sh: dilococtl bench syncer (20M params, 4 learners, int4)" >&2
   "$bin" bench syncer --params 20000000 --learners 4 --codec int4 --json > "$merge_bench"
 fi
-args=()
+args=(--jobs "$jobs")
 [[ -z $merge_bench ]] || args+=(--merge-bench "$merge_bench")
 for c in $chips; do args+=(--chips "$c"); done
 for m in $learners; do args+=(--learners "$m"); done

@@ -329,7 +329,7 @@ TEST_CASE("sync: Decide: quorum, everyone in, grace window and liveness, with re
     INFO(row.name);
     const Decision d =
         Decide(kNow, StateOf(row.learners, row.timings), OptionsOf(row.mode, row.quorum));
-    INFO(d.detail);
+    INFO(d.detail());
     CHECK(ToString(d.reason) == std::string(ToString(row.reason)));
     CHECK(d.action == row.action);
     CHECK(d.quorum == row.expect_quorum);
@@ -353,7 +353,7 @@ TEST_CASE("sync: Decide again at wait_until: the grace window closes the round",
   const Decision closed = Decide(waiting.wait_until, state, options);
   CHECK(closed.action == DecideAction::kMerge);
   CHECK(closed.reason == DecideReason::kGraceExpired);
-  CHECK(closed.detail == "1 contributed, 2 live, quorum 1, grace 750 ms, 0 due");
+  CHECK(closed.detail() == "1 contributed, 2 live, quorum 1, grace 750 ms, 0 due");
 }
 
 TEST_CASE("sync: the grace window is gamma (tau step - quorum - sync time) clamped to the cap",
