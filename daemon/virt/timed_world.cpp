@@ -15,19 +15,7 @@ Status TimedWorld::Create(const TimedWorldOptions& options, std::unique_ptr<Time
   const TensorTable table = gpt_tensor_table(w->model_);
   w->init_.resize(table.total_numel());
   gpt_init_params(w->model_, cfg.train.seed, w->init_.data());
-  TimedWorld* self = w.get();
-  VirtualReceivers receivers;
-  receivers.syncer_uplink = [self](int i, const std::string& topic, net::Message&& m) {
-    self->syncer_->OnUplink(i, topic, std::move(m));
-  };
-  receivers.syncer_router = [self](int i, net::Message&& m) { self->syncer_->OnRequest(i, std::move(m)); };
-  receivers.learner_downlink = [self](int i, net::Message&& m) {
-    self->incarnations_[i].back()->DeliverDownlink(std::move(m));
-  };
-  receivers.learner_dealer = [self](int i, net::Message&& m) {
-    self->incarnations_[i].back()->DeliverDealer(std::move(m));
-  };
-  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, receivers);
+  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->syncer_, &w->incarnations_));
   w->network_->CountWindows((int64_t)(options.window_s * 1e9));
   DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, ""),
                                            cfg.timing.merge_gbps, table, w->init_.data(), &w->syncer_));

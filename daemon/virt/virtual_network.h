@@ -25,6 +25,26 @@ struct VirtualReceivers {
   std::function<void(int learner, net::Message&& m)> learner_dealer;
 };
 
+// The receivers of a world of one syncer and learners by incarnation (VirtualWorld, TimedWorld):
+// the syncer's sockets go to *syncer, a learner's to its latest incarnation. Both are read at
+// delivery time, so they may be filled after the network is made.
+template <class Syncer, class Learner>
+VirtualReceivers ReceiversOf(const std::unique_ptr<Syncer>* syncer,
+                             const std::vector<std::vector<std::unique_ptr<Learner>>>* incarnations) {
+  VirtualReceivers r;
+  r.syncer_uplink = [syncer](int i, const std::string& topic, net::Message&& m) {
+    (*syncer)->OnUplink(i, topic, std::move(m));
+  };
+  r.syncer_router = [syncer](int i, net::Message&& m) { (*syncer)->OnRequest(i, std::move(m)); };
+  r.learner_downlink = [incarnations](int i, net::Message&& m) {
+    (*incarnations)[i].back()->DeliverDownlink(std::move(m));
+  };
+  r.learner_dealer = [incarnations](int i, net::Message&& m) {
+    (*incarnations)[i].back()->DeliverDealer(std::move(m));
+  };
+  return r;
+}
+
 class VirtualNetwork {
  public:
   VirtualNetwork(VirtualScheduler& scheduler, const RunConfig& config, VirtualReceivers receivers);

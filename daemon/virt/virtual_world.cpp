@@ -10,19 +10,7 @@ Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<
   w->options_ = options;
   const RunConfig& cfg = *options.config;
   const int M = cfg.sync.learners;
-  VirtualWorld* self = w.get();
-  VirtualReceivers receivers;
-  receivers.syncer_uplink = [self](int i, const std::string& topic, net::Message&& m) {
-    self->syncer_->OnUplink(i, topic, std::move(m));
-  };
-  receivers.syncer_router = [self](int i, net::Message&& m) { self->syncer_->OnRequest(i, std::move(m)); };
-  receivers.learner_downlink = [self](int i, net::Message&& m) {
-    self->incarnations_[i].back()->DeliverDownlink(std::move(m));
-  };
-  receivers.learner_dealer = [self](int i, net::Message&& m) {
-    self->incarnations_[i].back()->DeliverDealer(std::move(m));
-  };
-  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, receivers);
+  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->syncer_, &w->incarnations_));
   DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, options.run_dir), cfg.timing.merge_gbps,
                                            *options.table, options.init_params, &w->syncer_));
   w->incarnations_.resize(M);
