@@ -152,14 +152,8 @@ Status TimedLearner::NextStep() {
 Status TimedLearner::TryStep() {
   if (core_->Blocked()) {
     if (blocked_since_ns_ < 0) blocked_since_ns_ = scheduler_.now_ns();
-    WaitThen(MsToNs(cfg_.timing.heartbeat_ms), [this] {
-      DL_RETURN_IF_ERROR(DrainInbox());
-      DL_RETURN_IF_ERROR(core_->OnTimer());
-      StepControl again;
-      DL_RETURN_IF_ERROR(core_->BeforeStep(step_, &again));
-      if (again.stop) return FlushStep(-1);
-      return TryStep();
-    });
+    // The step has not run, so NextStep asks again for the same step.
+    WaitThen(MsToNs(cfg_.timing.heartbeat_ms), [this] { return NextStep(); });
     return Status::Ok();
   }
   blocked_since_ns_ = -1;
