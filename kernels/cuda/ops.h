@@ -191,4 +191,18 @@ void sync_encode(uint8_t* payload, float* residual, int* bad, const float* delta
 // nibble; non-finite bf16) — out is then not usable.
 void sync_decode(float* out, int* bad, const uint8_t* payload, int kind, int block, size_t n, Stream stream);
 
+// ---- chunked top-k records (sync_sparse.cu; CPU: kernels/cpu/sync_sparse.cpp, kernels/sync_sparse.h) ----
+// records (sparse_records_bytes(n, chunk, keep, bits) bytes, OVERWRITTEN) = the records of x (n)
+// cut into chunks of `chunk` values, byte for byte sparse_encode_chunk's, chunk after chunk: the
+// payload of one tensor of topk_chunked without its 8-byte header (daemon/net/codec.cpp frames
+// it). keep in [1, chunk], bits 2, 4 or 8. scratch: sparse_encode_scratch_words(n, chunk, keep)
+// device words (the kept indices). *bad (a device int) is set to 0, or to 1 when some value is
+// NaN or Inf: the records are then not usable (the CPU codec refuses such input).
+// Not wired into the learner yet: it encodes sparse uplinks on the host (LearnerCore::
+// EncodeUplink), because their error feedback (the decaying accumulator) lives there; a device
+// path needs that residual on the device too (TrainingBackend's sync ops).
+size_t sparse_encode_scratch_words(size_t n, size_t chunk, size_t keep);
+void sparse_encode(uint8_t* records, uint32_t* scratch, int* bad, const float* x, size_t n, size_t chunk,
+                   size_t keep, int bits, Stream stream);
+
 }  // namespace diloco::cuda
