@@ -34,7 +34,10 @@
 // different multiple for each distribution (and a pass over all C values more). At 4 bits the
 // kept sigma x 1.25 gives 0.058 (Gaussian) / 0.106 (Laplace).
 //
-// CPU only here (no CUDA encoder yet); the decoder checks everything a payload could get wrong.
+// kernels/cpu/sync_sparse.cpp is the reference. kernels/cuda/sync_sparse.cu encodes the same
+// records on the device (cuda::sparse_encode in kernels/cuda/ops.h), tested byte-identical by
+// tests/kernels/test_cuda_sparse.cpp; the learner still encodes on the host (its sparse error
+// feedback lives there). The decoder (CPU only) checks everything a payload could get wrong.
 #pragma once
 
 #include <cstddef>

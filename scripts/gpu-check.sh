@@ -3,7 +3,8 @@
 #   1. configure + build with CUDA (build-gpu/, Release, DILOCO_CUDA=ON)
 #   2. every CUDA op against its CPU reference on fresh random shapes
 #      (cuda_tests [cuda], one process per test case; fp32 <= 1e-5,
-#      bf16 <= 1e-2, poisoned outputs; each row shows the largest error)
+#      bf16 <= 1e-2, poisoned outputs; each row shows the largest error;
+#      the sync codecs, topk_chunked's records included, byte for byte)
 #   3. a full training step against the CPU engine (loss, per-tensor
 #      gradient norms), and a 1-rank NCCL all-reduce
 #   3b. issue 29 on the GPU: train.shard (ZeRO-1/2) against the unsharded
@@ -12,7 +13,8 @@
 #      when present, else 1 rank); train.recompute against stored
 #      activations, bit for bit; allocated() against cudaMemGetInfo
 #   4. benchmarks: GPT-2 124M training tokens/s and MFU; memory-bound
-#      kernels' GB/s against a measured device copy; codec GB/s; each op of
+#      kernels' GB/s against a measured device copy; codec GB/s (the dense
+#      codecs with error feedback, the topk_chunked encoder); each op of
 #      a GPT-2 step timed alone (cuda_bench breakdown)
 #   5. dilocod itself on the GPU: `dilococtl train configs/gpt2-124m.yaml
 #      --set train.device=cuda` for TRAIN_STEPS steps on a token corpus made

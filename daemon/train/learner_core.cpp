@@ -316,7 +316,9 @@ Status LearnerCore::SendDelta(int p, long at_step) {
 // dense codecs with the plain residual by the backend; sparse codecs (top-k, topk_chunked) and the
 // decaying accumulator (sync.codec.feedback: accumulate) on the host from the backend's exact fp32
 // Δ + residual, whose residual is then zero (fp32 loses nothing), the host one kept in
-// up_topk_ef_. false when a value is not finite.
+// up_topk_ef_. false when a value is not finite. (topk_chunked's records have a device encoder,
+// cuda::sparse_encode, byte-identical to the host's; using it here needs this residual on the
+// device first, so a CUDA learner still ships Δ to the host in fp32.)
 Status LearnerCore::EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes,
                                  bool* encoded) {
   if (!IsSparseCodec(up_codec_) && up_topk_ef_.feedback().rule == FeedbackRule::kResidual)

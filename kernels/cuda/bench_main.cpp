@@ -32,6 +32,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/rng.h"
+#include "kernels/sync_sparse.h"
 
 namespace diloco::cuda {
 namespace {
@@ -204,6 +205,18 @@ int bench_kernels() {
                   name, enc_ms, enc_in, dec_ms, dec_out);
       result((std::string(name) + "_encode_ef_input").c_str(), enc_in, "GB/s", ">=1000");
       result((std::string(name) + "_decode_output").c_str(), dec_out, "GB/s", ">=1000");
+    }
+    // The chunked top-k records (chunk 4096, keep 64, 2 bits: the defaults) of the same values,
+    // without error feedback: fp32 values encoded per second x 4 bytes. No target yet.
+    {
+      const size_t chunk = 4096, keep = 64;
+      DeviceArray<uint8_t> records(diloco::sparse_records_bytes(P, chunk, keep, 2));
+      DeviceArray<uint32_t> scratch(sparse_encode_scratch_words(P, chunk, keep));
+      const double ms = time_ms(
+          [&] { sparse_encode(records.get(), scratch.get(), bad.get(), g.get(), P, chunk, keep, 2, nullptr); });
+      const double in = 4.0 * P / (ms / 1e3) / 1e9;
+      std::printf("%-28s encode    %7.3f ms (%6.0f GB/s of fp32 input)\n", "codec_topk_chunked", ms, in);
+      result("codec_topk_chunked_encode_input", in, "GB/s", "-");
     }
   }
   return 0;
