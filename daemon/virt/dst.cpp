@@ -291,9 +291,14 @@ Status RunDstCase(const DstCase& c, const std::string& scratch_dir, DstCaseResul
   // timed from the later of the last step and the last heal (dilococtl dst --seed 175); the same
   // for a syncer down at the end, from its restart, and for a learner killed while it flushed
   // after its last step: the run waits for its next incarnation (dilococtl dst --seed 1018).
+  // The restarts that happened (a kill of a learner that had ended does nothing).
   double heal_s = 0;
   for (const DstFault& f : c.faults)
-    if (f.kind != DstFault::kClockJump) heal_s = std::max(heal_s, f.at_s + f.for_s);
+    if (f.kind == DstFault::kPartition) heal_s = std::max(heal_s, f.at_s + f.for_s);
+  for (const auto& spans : world->down_spans())
+    for (const auto& [down_ms, up_ms] : spans)
+      heal_s = std::max(heal_s, (double)(up_ms - VirtualScheduler::kEpochUnixMs) / 1e3);
+  for (int64_t restart_ns : world->syncer_restarts_ns()) heal_s = std::max(heal_s, restart_ns / 1e9);
   const double from_s = std::max(last_step_s, heal_s);
   double bound_s = EndBoundS(cfg);
   // A held-back message is late by up to the window: as much again on every round trip counted.
