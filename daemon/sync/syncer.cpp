@@ -85,6 +85,23 @@ net::SocketOptions SyncerSocket(const SyncerOptions& o, const std::string& name)
 
 Syncer::~Syncer() = default;
 
+Status ResumeGlobalState(const std::string& run_dir, const TensorTable& table, const std::vector<Fragment>& fragments,
+                         GlobalState* state, uint64_t* replayed) {
+  const std::string path = (std::filesystem::path(run_dir) / "global_state.bin").string();
+  DL_RETURN_IF_ERROR(LoadGlobalState(path, state).WithContext("syncer: resuming"));
+  DL_RETURN_IF_ERROR(CheckGlobalStateFits(*state, table, fragments).WithContext("syncer: resuming from '" + path + "'"));
+  // The checkpoint may be older than what was published: the update log has the rest.
+  ReplayReport replay;
+  auto decode = [](const Fragment& frag, const UpdateRecord& r, std::span<float> update) {
+    return DecodeTensors(r.codec, r.payload, FragmentNumels(frag), r.tensor_bytes, update);
+  };
+  DL_RETURN_IF_ERROR(ReplayUpdateLogs(run_dir, fragments, decode, state, &replay)
+                         .WithContext("syncer: replaying the update log over '" + path + "'"));
+  *replayed = 0;
+  for (uint64_t n : replay.replayed) *replayed += n;
+  return Status::Ok();
+}
+
 Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
                       const float* init_params, std::unique_ptr<Syncer>* out) {
   if (!options.learner_keys.empty() && (int)options.learner_keys.size() != options.sync.learners)
@@ -99,19 +116,8 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   const size_t P = s->fragments_.size();
   if (options.resume) {
     if (options.run_dir.empty()) return Status::Error("syncer: resume needs a run directory");
-    const std::string path = (std::filesystem::path(options.run_dir) / "global_state.bin").string();
-    DL_RETURN_IF_ERROR(LoadGlobalState(path, &s->state_).WithContext("syncer: resuming"));
-    DL_RETURN_IF_ERROR(CheckGlobalStateFits(s->state_, table, s->fragments_)
-                           .WithContext("syncer: resuming from '" + path + "'"));
-    // The checkpoint may be older than what was published: the update log has the rest.
-    ReplayReport replay;
-    auto decode = [](const Fragment& frag, const UpdateRecord& r, std::span<float> update) {
-      return DecodeTensors(r.codec, r.payload, FragmentNumels(frag), r.tensor_bytes, update);
-    };
-    DL_RETURN_IF_ERROR(ReplayUpdateLogs(options.run_dir, s->fragments_, decode, &s->state_, &replay)
-                           .WithContext("syncer: replaying the update log over '" + path + "'"));
     uint64_t replayed = 0;
-    for (uint64_t n : replay.replayed) replayed += n;
+    DL_RETURN_IF_ERROR(ResumeGlobalState(options.run_dir, table, s->fragments_, &s->state_, &replayed));
     if (replayed > 0)
       LogToStderr(LogWho("syncer", options.job_id),
                   "replayed " + std::to_string(replayed) + " published updates from the update log after the checkpoint");

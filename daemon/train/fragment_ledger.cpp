@@ -13,6 +13,7 @@ bool FragmentLedger::AnyInFlight() const {
 
 bool FragmentLedger::Blocks(int p, long step, long block_after) const {
   const LedgerFragment& f = fragments_[p];
+  if (f.skipped_step >= 0 && step - f.skipped_step >= block_after) return true;
   return f.in_flight && step - f.send_step >= block_after;
 }
 
@@ -84,6 +85,15 @@ StatusVerdict FragmentLedger::OnStatus(const std::vector<uint64_t>& versions, co
     v.lost.push_back(p);
   }
   return v;
+}
+
+void FragmentLedger::OnSkipped(int p, long step) {
+  LedgerFragment& f = fragments_[p];
+  if (!f.in_flight && f.skipped_step < 0) f.skipped_step = step;
+}
+
+void FragmentLedger::OnResynced() {
+  for (LedgerFragment& f : fragments_) f.skipped_step = -1;
 }
 
 void FragmentLedger::OnSnapshot(int p, uint64_t version) {

@@ -13,6 +13,12 @@
 //             syncer's heard seq that it does not hold pending will never be merged (lost on the
 //             way, dropped with a lost notice, or the syncer restarted): send again;
 //   Snapshot  a fragment installed from a snapshot: counters reset, nothing in flight.
+//   Skipped   a cadence firing that sent nothing because a snapshot was awaited: in lock-step
+//             modes it blocks as a delta in flight would, until the snapshot is in (Resynced).
+//             A learner resyncing with nothing in flight trained on unblocked, and a syncer
+//             down for seconds let it run a round or more ahead of the fleet, whose lock-step
+//             rounds then waited on each other for ever (a syncer restart; see
+//             tests/virt/test_virtual_run.cpp, "lock-step learner resyncing runs ahead").
 #pragma once
 
 #include <cstdint>
@@ -32,6 +38,7 @@ struct LedgerFragment {
   long send_step = 0;
   uint64_t c_steps_at_send = 0, c_tokens_at_send = 0;
   bool bad = false;  // CRC mismatch: the base is wrong until a snapshot replaces it
+  long skipped_step = -1;  // a firing skipped while a snapshot was awaited (-1: none)
 };
 
 // How to fold a Global into the parameters (the backend's sync_fold / sync_shift_at_send).
@@ -55,7 +62,8 @@ class FragmentLedger {
   int size() const { return (int)fragments_.size(); }
   const LedgerFragment& operator[](int p) const { return fragments_[p]; }
   bool AnyInFlight() const;
-  // Lock-step modes wait while a fragment has been in flight block_after steps or more.
+  // Lock-step modes wait while a fragment has been in flight (or its firing skipped) block_after
+  // steps or more.
   bool Blocks(int p, long step, long block_after) const;
 
   void OnStep(uint64_t tokens);
@@ -73,6 +81,9 @@ class FragmentLedger {
   // ack: the status's LearnerAck for this learner incarnation (nullptr: none, or another one's).
   StatusVerdict OnStatus(const std::vector<uint64_t>& versions, const LearnerAck* ack);
   void OnSnapshot(int p, uint64_t version);
+  // p fired at step while a snapshot was awaited (nothing sent); the first such step counts.
+  void OnSkipped(int p, long step);
+  void OnResynced();  // the snapshot is in: no skipped firing blocks any more
 
  private:
   std::vector<LedgerFragment> fragments_;

@@ -340,11 +340,13 @@ void LearnerCore::ResetResidual(int p) {
 }
 
 // The fragments whose cadence fires after step done. No deltas while a snapshot is awaited: the
-// bases are about to change.
+// bases are about to change (the firing is skipped, and blocks a lock-step learner: the ledger).
 Status LearnerCore::SendFiringDeltas(long done) {
-  for (int p = 0; p < P_; p++)
-    if (Fires(p, done, H_, P_) && !ledger_[p].in_flight && !clone_.awaiting_snapshot())
-      DL_RETURN_IF_ERROR(SendDelta(p, done));
+  for (int p = 0; p < P_; p++) {
+    if (!Fires(p, done, H_, P_) || ledger_[p].in_flight) continue;
+    if (clone_.awaiting_snapshot()) ledger_.OnSkipped(p, done);
+    else DL_RETURN_IF_ERROR(SendDelta(p, done));
+  }
   return Status::Ok();
 }
 
@@ -614,6 +616,7 @@ Status LearnerCore::InstallSnapshotPart(ParsedMessage& part) {
 Status LearnerCore::ApplyBufferedGlobals(const std::map<uint64_t, uint64_t>& versions) {
   std::vector<net::VersionedUpdate> apply;
   clone_.OnSnapshot(versions, &apply);
+  if (!clone_.awaiting_snapshot()) ledger_.OnResynced();
   ParsedMessage m;
   for (auto& u : apply) {
     const auto spans = u.message.spans();

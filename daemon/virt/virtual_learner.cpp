@@ -57,6 +57,7 @@ class VirtualLearner::Hook final : public InnerLoopHook {
     virtual_r.step_s = v_.step_base_s_;  // the step's own time: what goodput's nominal rate counts
     v_.steps_done_ = r.step + 1;
     v_.last_step_ns_ = v_.scheduler_.now_ns();
+    v_.requests_after_last_step_ = 0;
     return v_.core_->AfterStep(virtual_r, (double)step_ns_ / 1e9);
   }
 
@@ -265,7 +266,7 @@ void VirtualLearner::BeatLiveness() {
   liveness_timer_ = scheduler_.After(MsToNs(cfg_.timing.heartbeat_ms), [this] { BeatLiveness(); });
   if (!have_beat_) return;
   net::Message m;
-  if (!BuildLivenessBeat(options_.job_id, me_, ++liveness_seq_, incarnation_, scheduler_.unix_ms(), last_beat_, &m).ok())
+  if (!BuildLivenessBeat(options_.job_id, me_, ++liveness_seq_, incarnation_, UnixMs(), last_beat_, &m).ok())
     return;
   network_.LearnerPublish(options_.index, LivenessTopic(options_.job_id), std::move(m));
 }
@@ -279,7 +280,10 @@ int64_t VirtualLearner::StepNs() {
 
 void VirtualLearner::SendUplink(net::Message&& m) { network_.LearnerPublish(options_.index, options_.job_id, std::move(m)); }
 
-void VirtualLearner::SendDealer(net::Message&& m) { network_.LearnerRequest(options_.index, std::move(m)); }
+void VirtualLearner::SendDealer(net::Message&& m) {
+  requests_after_last_step_++;
+  network_.LearnerRequest(options_.index, std::move(m));
+}
 
 void VirtualLearner::OnHeartbeat(const HeartbeatMsg& hb) {
   last_beat_ = hb;

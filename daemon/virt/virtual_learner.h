@@ -7,6 +7,7 @@
 // as from the wall runtime's liveness thread.
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <string>
@@ -44,18 +45,24 @@ class VirtualLearner final : public LearnerPort {
   // crashed, with the work that had not left in a delta; its thread unwinds and is joined.
   void Kill();
 
+  // Scheduler thread: its clock steps forward by jump_ns (dst.h); the core sees it at its next look.
+  void JumpClock(int64_t jump_ns) { clock_offset_ns_ += std::max<int64_t>(0, jump_ns); }
+
   // One line of what it is doing (a stuck run's report): step, state, blocked fragment, versions.
   std::string Describe() const;
 
   bool done() const { return done_; }
   long steps_done() const { return steps_done_; }
   int64_t last_step_ns() const { return last_step_ns_; }  // when its last step ended (virtual)
+  // Requests it sent (Hello, SnapshotRequest) since its last step ended: at the end, each after
+  // the first is a snapshot asked again (a request or a part lost on the way).
+  int requests_after_last_step() const { return requests_after_last_step_; }
   const Status& status() const { return status_; }
   const LearnerResult& result() const { return result_; }
 
   // LearnerPort
-  SyncTime Now() override { return scheduler_.now(); }
-  int64_t UnixMs() override { return scheduler_.unix_ms(); }
+  SyncTime Now() override { return VirtualScheduler::ToSyncTime(scheduler_.now_ns() + clock_offset_ns_); }
+  int64_t UnixMs() override { return scheduler_.unix_ms() + clock_offset_ns_ / 1000000; }
   void SendUplink(net::Message&& m) override;
   void SendDealer(net::Message&& m) override;
   void OnHeartbeat(const HeartbeatMsg& hb) override;
@@ -102,6 +109,8 @@ class VirtualLearner final : public LearnerPort {
   double step_base_s_ = 0;      // the current step's time without slowdown and jitter
   long steps_done_ = 0;
   int64_t last_step_ns_ = 0;
+  int64_t clock_offset_ns_ = 0;
+  int requests_after_last_step_ = 0;  // JumpClock: the core's clock is ahead of the scheduler's by this
   bool done_ = false;
   bool aborted_ = false;  // this thread's view: the baton said the run was aborted
   Status status_;

@@ -7,6 +7,7 @@ namespace diloco {
 
 std::optional<int64_t> VirtualLink::Send(int64_t t_ns, size_t bytes, bool payload) {
   messages_++;
+  duplicate_ns_.reset();
   bytes_sent_ += bytes;
   const int64_t start = std::max(t_ns, free_at_ns_);
   const int64_t serialise =
@@ -28,8 +29,28 @@ std::optional<int64_t> VirtualLink::Send(int64_t t_ns, size_t bytes, bool payloa
     return std::nullopt;
   }
   const int64_t arrival = free_at_ns_ + (int64_t)std::llround((config_.latency_ms + jitter) * 1e6);
-  last_arrival_ns_ = std::max(last_arrival_ns_, arrival);
-  return last_arrival_ns_;
+  if (!faults_.any()) {
+    last_arrival_ns_ = std::max(last_arrival_ns_, arrival);
+    return last_arrival_ns_;
+  }
+  // Faults: all four numbers drawn for every message that arrives, as above.
+  const bool held = fault_rng_.uniform() < faults_.reorder;
+  const double held_ms = fault_rng_.uniform() * faults_.window_ms;
+  const bool duplicated = fault_rng_.uniform() < faults_.duplicate;
+  const double copy_ms = fault_rng_.uniform() * faults_.window_ms;
+  int64_t at = std::max(last_arrival_ns_, arrival);
+  if (held) {
+    // Held back: later messages do not wait for it (last_arrival_ns_ stays).
+    reordered_++;
+    at = arrival + (int64_t)std::llround(held_ms * 1e6);
+  } else {
+    last_arrival_ns_ = at;
+  }
+  if (duplicated) {
+    duplicated_++;
+    duplicate_ns_ = at + (int64_t)std::llround(copy_ms * 1e6);
+  }
+  return at;
 }
 
 }  // namespace diloco

@@ -2,7 +2,9 @@
 // timing.link or learners[i].link), delivered as scheduler events. What travels is the real
 // envelope's frames (the receivers parse and check them as a socket's validator would); the
 // learner's PUB streams and DEALER share its uplink, the syncer's PUB and ROUTER replies its
-// downlink. A learner that is down receives nothing (SetUp).
+// downlink. A learner that is down receives nothing (Disconnect), nor does a syncer that is down
+// (SyncerDown); what was on its way to either is lost with the process's connections. What a
+// syncer sent before it died still arrives (it had left the process).
 #pragma once
 
 #include <functional>
@@ -63,6 +65,12 @@ class VirtualNetwork {
   void Disconnect(int learner);
   void Reconnect(int learner);
   void SetCut(int learner, bool cut);  // a partition: both directions lose everything
+  // The syncer process died / its next incarnation listens (VirtualWorld::KillSyncerAt).
+  void SyncerDown();
+  void SyncerUp();
+  bool syncer_up() const { return syncer_up_; }
+  // Every link duplicates and reorders (virtual_link.h), each from its own seed drawn from seed.
+  void SetFaults(const LinkFaults& faults, uint64_t seed);
 
   // Every link counts its payload bytes (the messages charged a size) per window of window_ns
   // (VirtualLink::PeakGbps).
@@ -78,6 +86,14 @@ class VirtualNetwork {
   std::vector<std::unique_ptr<VirtualLink>> uplinks_, downlinks_;
   std::vector<bool> up_;
   std::vector<uint64_t> epoch_;  // per learner: its connections' generation
+  bool syncer_up_ = true;
+  uint64_t syncer_epoch_ = 0;  // the syncer's connections' generation
+
+  // Sends m on link at t_ns; at each arrival (none when lost, two when duplicated), deliver gets
+  // it if the learner's connections are still the ones it was sent on, and (to_syncer) the
+  // syncer's too.
+  void Carry(VirtualLink& link, int64_t t_ns, size_t bytes, bool payload, int learner, bool to_syncer,
+             net::Message&& m, std::function<void(net::Message&&)> deliver);
 };
 
 // A copy of m's frames (a PUB delivers one message to each subscriber).

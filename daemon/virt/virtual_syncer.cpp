@@ -22,13 +22,33 @@ SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_
 
 Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& network, const SyncerOptions& options,
                              double merge_gbps, const TensorTable& table, const float* init_params,
-                             std::unique_ptr<VirtualSyncer>* out) {
-  if (options.resume) return Status::Error("syncer: a virtual run cannot resume yet; start a new run");
+                             std::unique_ptr<VirtualSyncer>* out, bool durable, uint64_t start) {
+  if (options.resume && (!durable || options.run_dir.empty()))
+    return Status::Error("syncer: a virtual run resumes only a durable syncer with a run directory");
+  if (durable && options.run_dir.empty()) return Status::Error("syncer: a durable virtual syncer needs a run directory");
   std::unique_ptr<VirtualSyncer> s(new VirtualSyncer(scheduler, network));
   s->options_ = options;
   s->merge_bytes_per_ns_ = merge_gbps;  // GB/s = bytes/ns
   DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(options.sync), &s->fragments_));
-  s->state_ = InitialGlobalState(table, s->fragments_, init_params);
+  if (options.resume) {
+    uint64_t replayed = 0;
+    DL_RETURN_IF_ERROR(ResumeGlobalState(options.run_dir, table, s->fragments_, &s->state_, &replayed));
+  } else {
+    s->state_ = InitialGlobalState(table, s->fragments_, init_params);
+  }
+  if (durable) {
+    namespace fs = std::filesystem;
+    if (!options.resume) {
+      // A new run: its version 0 is the base the update log replays over (as Syncer::Create).
+      std::error_code ec;
+      fs::remove(UpdateLogPath(options.run_dir), ec);
+      fs::remove(PreviousUpdateLogPath(options.run_dir), ec);
+      DL_RETURN_IF_ERROR(SaveGlobalState((fs::path(options.run_dir) / "global_state.bin").string(), s->state_));
+    }
+    UpdateLogOptions lo;
+    lo.sync = false;  // a simulated crash loses no page cache
+    DL_RETURN_IF_ERROR(UpdateLog::Open(options.run_dir, lo, &s->update_log_));
+  }
   const int M = options.sync.learners;
   s->uplink_expect_.job_id = options.job_id;
   s->uplink_expect_.accept = MessageBit(MessageType::kDelta) | MessageBit(MessageType::kHeartbeat);
@@ -43,13 +63,36 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
     DL_RETURN_IF_ERROR(s->events_.Open((std::filesystem::path(options.run_dir) / "events.log").string()));
     s->have_events_ = true;
   }
-  const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1);
+  const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1 + start);
   s->core_ = std::make_unique<SyncerCore>(s->options_, s->fragments_, &s->state_, table, incarnation, s.get());
   *out = std::move(s);
   return Status::Ok();
 }
 
+VirtualSyncer::~VirtualSyncer() {
+  if (timer_ != 0) scheduler_.Cancel(timer_);
+  if (drain_timer_ != 0) scheduler_.Cancel(drain_timer_);
+}
+
 void VirtualSyncer::Start() { Tick(); }
+
+void VirtualSyncer::JumpClock(int64_t jump_ns) {
+  clock_offset_ns_ += std::max<int64_t>(0, jump_ns);
+  if (!draining_) Tick();  // the timer was set on the old clock: what is due now runs now
+}
+
+Status VirtualSyncer::LogUpdate(const UpdateRecord& record) {
+  return update_log_ ? update_log_->Append(record) : Status::Ok();
+}
+
+// The wall syncer's recipe (update_log.h), with the state written at once.
+void VirtualSyncer::Checkpoint(const GlobalState& state) {
+  if (!update_log_) return;
+  Status st = update_log_->HasPrevious() ? Status::Ok() : update_log_->Rotate();
+  if (st.ok()) st = SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), state);
+  if (st.ok()) st = update_log_->DropPrevious();
+  After(st.WithContext("checkpoint"));
+}
 
 // A message that arrives while a merge keeps the syncer busy waits, as in its socket's queue.
 // When the merge is done, every waiting message is taken, then the core decides: the wall
@@ -130,7 +173,8 @@ void VirtualSyncer::Tick() {
   SyncTime wake = Now() + std::chrono::hours(1);
   After(core_->OnTimer(&wake));
   if (!error_.ok() || core_->AllDone()) return;
-  const int64_t at = std::max(VirtualScheduler::ToNs(wake), std::max(scheduler_.now_ns(), busy_until_ns_));
+  const int64_t at =
+      std::max(VirtualScheduler::ToNs(wake) - clock_offset_ns_, std::max(scheduler_.now_ns(), busy_until_ns_));
   if (timer_ != 0 && timer_at_ns_ == at) return;
   if (timer_ != 0) scheduler_.Cancel(timer_);
   timer_at_ns_ = at;
@@ -161,14 +205,14 @@ void VirtualSyncer::Publish(net::Message&& m) {
       if (on_global) on_global(*g);
     }
   bytes_published_ += m.bytes();
-  network_.SyncerPublish(VirtualScheduler::ToNs(Now()), m, charged);
+  network_.SyncerPublish(std::max(scheduler_.now_ns(), busy_until_ns_), m, charged);
 }
 
 void VirtualSyncer::Reply(const std::string& peer, net::Message&& m) {
   const int learner = LearnerIndexOf(peer);
   if (learner < 0 || learner >= network_.learners()) return;
   bytes_published_ += m.bytes();
-  network_.SyncerReply(VirtualScheduler::ToNs(Now()), learner, std::move(m));
+  network_.SyncerReply(std::max(scheduler_.now_ns(), busy_until_ns_), learner, std::move(m));
 }
 
 void VirtualSyncer::OnMerge(const MergeEvent& event) {

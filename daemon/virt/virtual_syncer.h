@@ -1,8 +1,11 @@
 // The syncer of a virtual run: the same SyncerCore as a daemon's or local mode's syncer, on the
 // scheduler's thread. A merge keeps it busy for the fragment's fp32 bytes times its contributors
 // over timing.merge_gbps: what it publishes leaves then, and what arrives meanwhile waits. The
-// core's clock is the scheduler's, later by the merge in progress. Merges go to events.log as in
-// every runtime; the final global state to global_state.bin.
+// core's clock is the scheduler's, later by the merge in progress (and by a jump of its own clock:
+// JumpClock). Merges go to events.log as in every runtime; the final global state to
+// global_state.bin. A durable one also keeps the wall syncer's update log and checkpoints in
+// run_dir (synchronously: they cost no virtual time), so that a next incarnation can resume from
+// them (options.resume) at exactly the versions published (VirtualWorld::KillSyncerAt).
 #pragma once
 
 #include <deque>
@@ -17,6 +20,7 @@
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/syncer_core.h"
+#include "daemon/sync/update_log.h"
 #include "daemon/config/run_config.h"
 #include "daemon/virt/scheduler.h"
 #include "daemon/virt/virtual_network.h"
@@ -28,10 +32,13 @@ SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_
 
 class VirtualSyncer final : public SyncerPort {
  public:
-  // options: as for Syncer::Create (endpoints unused; resume not supported yet).
+  // options: as for Syncer::Create (endpoints unused; resume needs durable). durable: keep the
+  // update log and checkpoints in options.run_dir. start: 0 for the first incarnation, n for the
+  // n-th restart (its incarnation number differs).
   static Status Create(VirtualScheduler& scheduler, VirtualNetwork& network, const SyncerOptions& options,
                        double merge_gbps, const TensorTable& table, const float* init_params,
-                       std::unique_ptr<VirtualSyncer>* out);
+                       std::unique_ptr<VirtualSyncer>* out, bool durable = false, uint64_t start = 0);
+  ~VirtualSyncer() override;  // cancels its timers: a killed syncer does nothing more
 
   // Scheduler thread, at the arrival time.
   void OnUplink(int learner, const std::string& topic, net::Message&& m);
@@ -46,6 +53,11 @@ class VirtualSyncer final : public SyncerPort {
   // Starts the core's timers.
   void Start();
   bool AllDone() const { return core_->AllDone(); }
+  // A merge keeps it busy until then (virtual ns): what it publishes leaves then.
+  int64_t busy_until_ns() const { return busy_until_ns_; }
+  // Its clock steps forward by jump_ns (dst.h: a paused VM resumed); what was due in between is
+  // due at once. Never back.
+  void JumpClock(int64_t jump_ns);
   // The end: merges what is pending, writes global_state.bin.
   Status Finish();
   // The first error of the core (the run stops on it).
@@ -64,13 +76,15 @@ class VirtualSyncer final : public SyncerPort {
   std::string Describe();
 
   // SyncerPort
-  SyncTime Now() override { return VirtualScheduler::ToSyncTime(std::max(scheduler_.now_ns(), busy_until_ns_)); }
+  SyncTime Now() override {
+    return VirtualScheduler::ToSyncTime(std::max(scheduler_.now_ns(), busy_until_ns_) + clock_offset_ns_);
+  }
   int64_t UnixMs() override { return VirtualScheduler::kEpochUnixMs + VirtualScheduler::ToNs(Now()) / 1000000; }
   void Publish(net::Message&& m) override;
   void Reply(const std::string& peer, net::Message&& m) override;
-  Status LogUpdate(const UpdateRecord&) override { return Status::Ok(); }
+  Status LogUpdate(const UpdateRecord& record) override;
   void OnMerge(const MergeEvent& event) override;
-  void Checkpoint(const GlobalState&) override {}
+  void Checkpoint(const GlobalState& state) override;
   void Note(const std::string& line) override;
 
  private:
@@ -96,6 +110,8 @@ class VirtualSyncer final : public SyncerPort {
   std::vector<MergeEvent> merges_;
   std::vector<double> charged_global_bytes_, charged_merge_bytes_;  // ChargeAs; empty: the real sizes
   int64_t busy_until_ns_ = 0;
+  int64_t clock_offset_ns_ = 0;  // JumpClock: the core's clock is ahead of the scheduler's by this
+  std::unique_ptr<UpdateLog> update_log_;  // durable only
   uint64_t timer_ = 0;
   int64_t timer_at_ns_ = -1;
   std::deque<std::function<void()>> deferred_;  // arrived during a merge, in arrival order

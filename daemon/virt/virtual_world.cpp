@@ -1,5 +1,7 @@
 #include "daemon/virt/virtual_world.h"
 
+#include <limits>
+
 #include "daemon/train/trainer.h"
 #include "kernels/rng.h"
 
@@ -11,11 +13,14 @@ Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<
   const RunConfig& cfg = *options.config;
   const int M = cfg.sync.learners;
   w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->syncer_, &w->incarnations_));
-  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, options.run_dir), cfg.timing.merge_gbps,
-                                           *options.table, options.init_params, &w->syncer_));
+  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, options.run_dir),
+                                           cfg.timing.merge_gbps, *options.table, options.init_params, &w->syncer_,
+                                           options.durable_syncer));
   w->incarnations_.resize(M);
   w->down_.resize(M);
   w->pending_restarts_.assign(M, 0);
+  w->clock_offset_ns_.assign(M, 0);
+  w->ended_ns_.assign(M, -1);
   *out = std::move(w);
   return Status::Ok();
 }
@@ -38,11 +43,16 @@ void VirtualWorld::StartLearner(int i, bool join_from_snapshot, long start_step)
   lo.threads = options_.threads;
   lo.run_dir = options_.run_dir;
   lo.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
+  // A restarted learner that cannot join (cut off, or the syncer down, for longer than its
+  // handshake timeout) is restarted by its supervisor until it does: here it keeps asking, as in
+  // TimedWorld (dilococtl dst --seed 1095: a learner restarted into a 65 s partition).
+  if (join_from_snapshot) lo.handshake_timeout_ms = std::numeric_limits<int>::max();
   (void)LearnerDevice(cfg.train, i, cfg.sync.learners, &lo.device);  // checked when the run starts
   const uint64_t incarnation = mix_seed(cfg.timing.seed ^ (uint64_t)i, 0x1ea7, incarnations_[i].size());
   baton_.Revive(i);
   incarnations_[i].push_back(
       std::make_unique<VirtualLearner>(scheduler_, baton_, *network_, lo, incarnation, options_.metrics));
+  incarnations_[i].back()->JumpClock(clock_offset_ns_[i]);  // the machine's clock, as the last one saw it
   incarnations_[i].back()->Launch();
 }
 
@@ -73,8 +83,54 @@ void VirtualWorld::PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns)
   });
 }
 
+void VirtualWorld::KillSyncerAt(int64_t t_ns, int64_t restart_after_ns) {
+  scheduler_.At(t_ns, [this, restart_after_ns] { KillSyncer(restart_after_ns); });
+}
+
+void VirtualWorld::KillSyncer(int64_t restart_after_ns) {
+  if (!syncer_) return;  // down already
+  if (!options_.durable_syncer || restart_after_ns < 0) {
+    error_ = Status::Error("a virtual syncer is killed only when durable, and restarted (this is a bug of the test)");
+    return;
+  }
+  if (syncer_->busy_until_ns() > scheduler_.now_ns()) {
+    scheduler_.At(syncer_->busy_until_ns(), [this, restart_after_ns] { KillSyncer(restart_after_ns); });
+    return;
+  }
+  on_global_ = std::move(syncer_->on_global);
+  syncer_.reset();
+  network_->SyncerDown();
+  scheduler_.After(restart_after_ns, [this] { RestartSyncer(); });
+}
+
+void VirtualWorld::RestartSyncer() {
+  SyncerOptions so = VirtualSyncerOptions(*options_.config, options_.run_dir);
+  so.resume = true;
+  Status st = VirtualSyncer::Create(scheduler_, *network_, so, options_.config->timing.merge_gbps, *options_.table,
+                                    nullptr, &syncer_, /*durable=*/true, ++syncer_starts_);
+  if (!st.ok()) {
+    error_ = st.WithContext("restarting the syncer");
+    return;
+  }
+  network_->SyncerUp();
+  syncer_restarts_ns_.push_back(scheduler_.now_ns());
+  syncer_->on_global = on_global_;
+  syncer_->Start();
+}
+
+void VirtualWorld::JumpClockAt(int64_t t_ns, int learner, int64_t jump_ns) {
+  scheduler_.At(t_ns, [this, learner, jump_ns] {
+    if (learner < 0) {
+      if (syncer_) syncer_->JumpClock(jump_ns);  // a syncer that is down starts on a fresh clock
+      return;
+    }
+    clock_offset_ns_[learner] += jump_ns;
+    if (!incarnations_[learner].empty()) incarnations_[learner].back()->JumpClock(jump_ns);
+  });
+}
+
 std::string VirtualWorld::Describe() {
-  std::string out = syncer_->Describe();
+  std::string out = syncer_ ? syncer_->Describe() : "syncer: down";
   for (const auto& incs : incarnations_) out += " | " + incs.back()->Describe();
   return out;
 }
@@ -90,7 +146,8 @@ Status VirtualWorld::Run() {
   for (int i = 0; i < learners(); i++) StartLearner(i, /*join_from_snapshot=*/false, 0);
   const int64_t linger_ns = (int64_t)options_.config->sync.heartbeat_timeout_ms * 1000000;
   while (scheduler_.RunNext()) {
-    DL_RETURN_IF_ERROR(syncer_->error());
+    DL_RETURN_IF_ERROR(error_);
+    if (syncer_) DL_RETURN_IF_ERROR(syncer_->error());
     for (const auto& incs : incarnations_)
       if (incs.back()->done() && !incs.back()->status().ok()) return incs.back()->status();
     if (options_.after_event) DL_RETURN_IF_ERROR(options_.after_event());
@@ -98,8 +155,12 @@ Status VirtualWorld::Run() {
       return Status::Error("the virtual run passed its limit of " + std::to_string(options_.max_virtual_s) +
                            " virtual s (" + std::to_string(scheduler_.events_run()) + " events) without ending: " +
                            Describe());
+    for (size_t i = 0; i < incarnations_.size(); i++)
+      if (ended_ns_[i] < 0 && pending_restarts_[i] == 0 && incarnations_[i].back()->done())
+        ended_ns_[i] = scheduler_.now_ns();
     if (all_ended_ns_ < 0 && AllEnded()) all_ended_ns_ = scheduler_.now_ns();
-    if (all_ended_ns_ >= 0 && (syncer_->AllDone() || scheduler_.now_ns() - all_ended_ns_ > linger_ns)) break;
+    // A syncer that is down is waited for: its restart is scheduled.
+    if (all_ended_ns_ >= 0 && syncer_ && (syncer_->AllDone() || scheduler_.now_ns() - all_ended_ns_ > linger_ns)) break;
   }
   if (!AllEnded())
     return Status::Error("the virtual run stalled at " + std::to_string(scheduler_.now_ns() / 1e9) +

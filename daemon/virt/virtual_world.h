@@ -31,6 +31,8 @@ struct VirtualWorldOptions {
   double max_virtual_s = 0;
   // Scheduler thread, after every event: a non-OK status stops the run with it (DST's checks).
   std::function<Status()> after_event;
+  // The syncer keeps its update log and checkpoints in run_dir (needed by KillSyncerAt).
+  bool durable_syncer = false;
 };
 
 class VirtualWorld {
@@ -42,15 +44,23 @@ class VirtualWorld {
   // timeout of virtual time at most after that), or an error.
   Status Run();
   // After Run: merges what is pending, writes global_state.bin.
-  Status FinishSyncer() { return syncer_->Finish(); }
+  Status FinishSyncer() { return syncer_ ? syncer_->Finish() : Status::Error("the syncer is down"); }
 
   // Faults, at virtual time t_ns (scheduled before or during Run). restart_after_ns < 0: never.
   void KillLearnerAt(int64_t t_ns, int learner, int64_t restart_after_ns);
   void PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns);
+  // The syncer dies (a kill -9: its timers, what waited for it and what was on its way to it are
+  // gone) and a new incarnation resumes from its update log restart_after_ns later (>= 0;
+  // durable_syncer only). A kill that comes during a merge lands at the merge's end: the merge,
+  // its update log record and its Global are one step of the core.
+  void KillSyncerAt(int64_t t_ns, int64_t restart_after_ns);
+  // A role's steady clock steps forward by jump_ns (learner -1: the syncer's): dst.h's model.
+  void JumpClockAt(int64_t t_ns, int learner, int64_t jump_ns);
 
   VirtualScheduler& scheduler() { return scheduler_; }
   VirtualNetwork& network() { return *network_; }
-  VirtualSyncer& syncer() { return *syncer_; }
+  VirtualSyncer& syncer() { return *syncer_; }  // not while it is down (between kill and restart)
+  bool syncer_running() const { return syncer_ != nullptr; }
   int learners() const { return (int)incarnations_.size(); }
   // Learner i's incarnations, in order (the last may still run during Run).
   const std::vector<std::unique_ptr<VirtualLearner>>& incarnations(int i) const { return incarnations_[i]; }
@@ -60,11 +70,17 @@ class VirtualWorld {
   std::string Describe();
   // When the last learner ended (virtual ns; -1 while one runs).
   int64_t all_ended_ns() const { return all_ended_ns_; }
+  // Per learner: when its last incarnation ended with no restart to come (virtual ns; -1: not yet).
+  const std::vector<int64_t>& ended_ns() const { return ended_ns_; }
+  // When the syncer's incarnations after the first started (virtual ns).
+  const std::vector<int64_t>& syncer_restarts_ns() const { return syncer_restarts_ns_; }
 
  private:
   VirtualWorld() = default;
   void StartLearner(int i, bool join_from_snapshot, long start_step);
   void KillLearner(int i, int64_t restart_after_ns);
+  void KillSyncer(int64_t restart_after_ns);
+  void RestartSyncer();
   bool AllEnded() const;
 
   VirtualWorldOptions options_;
@@ -76,6 +92,12 @@ class VirtualWorld {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> down_;
   std::vector<int> pending_restarts_;  // per learner: restarts scheduled, not yet done
   int64_t all_ended_ns_ = -1;
+  std::vector<int64_t> ended_ns_;
+  std::vector<int64_t> syncer_restarts_ns_;
+  std::vector<int64_t> clock_offset_ns_;  // per learner: its clock's jumps so far
+  uint64_t syncer_starts_ = 0;            // restarts of the syncer so far
+  std::function<void(const GlobalMsg&)> on_global_;  // the syncer's, kept across its restarts
+  Status error_;  // a restart that failed
 };
 
 }  // namespace diloco

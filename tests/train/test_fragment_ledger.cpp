@@ -2,6 +2,7 @@
 // and in-flight delta, and which fold a Global asks for.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -245,6 +246,30 @@ TEST_CASE("ledger: a CRC mismatch marks the base bad, a snapshot resets all but 
   CHECK(f.c_tokens_at_send == 0);
   CHECK_FALSE(ledger.AnyInFlight());
   CHECK(ledger[1].c_steps == 3);  // another fragment's snapshot: this one counts on
+}
+
+// Regression (a syncer restart): a lock-step learner resyncing with nothing in flight trained on
+// past its skipped firings and ran rounds ahead of the fleet (test_virtual_run.cpp).
+TEST_CASE("ledger: a firing skipped during a resync blocks as a delta in flight would, until the resync ends",
+          "[unit][ledger]") {
+  FragmentLedger ledger(2, FoldRule::kOverwrite, 4);
+  ledger.OnSkipped(0, /*step=*/8);
+  ledger.OnSkipped(0, /*step=*/16);  // the first skipped firing counts
+  CHECK(ledger[0].skipped_step == 8);
+  CHECK_FALSE(ledger.AnyInFlight());
+  CHECK_FALSE(ledger.Blocks(0, 9, /*block_after=*/2));
+  CHECK(ledger.Blocks(0, 10, 2));
+  CHECK(ledger.Blocks(0, 9, 0));                                      // diloco: at once
+  CHECK_FALSE(ledger.Blocks(0, 1000, std::numeric_limits<long>::max()));  // decoupled: never
+  CHECK_FALSE(ledger.Blocks(1, 10, 2));
+  ledger.OnSend(1, 12, 3);
+  ledger.OnSkipped(1, 12);  // in flight: the firing had nothing to skip
+  CHECK(ledger[1].skipped_step == -1);
+  ledger.OnResynced();
+  CHECK_FALSE(ledger.Blocks(0, 10, 2));
+  ledger.OnSkipped(0, 20);
+  ledger.OnSnapshot(0, 3);  // a fragment installed: nothing skipped any more
+  CHECK_FALSE(ledger.Blocks(0, 30, 2));
 }
 
 }  // namespace

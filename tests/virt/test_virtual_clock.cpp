@@ -79,4 +79,49 @@ TEST_CASE("a virtual link's losses and jitter repeat with its seed, and a cut lo
   CHECK(cut.Send(0, 10));
 }
 
+TEST_CASE("a virtual link's duplicates and reorderings repeat with their seed, and leave it as it was without", "[virt]") {
+  LinkConfig lc;
+  lc.latency_ms = 5;
+  lc.jitter_ms = 2;
+  lc.loss = 0.1;
+  // (arrival, copy's arrival) per message; -1: none.
+  auto run = [&](uint64_t seed, const LinkFaults* faults) {
+    VirtualLink link(lc, 7);
+    if (faults) link.SetFaults(*faults, seed);
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int i = 0; i < 400; i++) {
+      const int64_t at = link.Send(i * 1000000, 100).value_or(-1);
+      out.push_back({at, at >= 0 && link.duplicate_ns() ? *link.duplicate_ns() : -1});
+    }
+    return out;
+  };
+  const auto plain = run(0, nullptr);
+  const LinkFaults zero;
+  const auto none = run(3, &zero);  // all 0: as without
+  CHECK(none == plain);
+  LinkFaults f;
+  f.duplicate = 0.2;
+  f.reorder = 0.2;
+  f.window_ms = 30;
+  const auto a = run(3, &f), b = run(3, &f), c = run(4, &f);
+  CHECK(a == b);
+  CHECK(a != c);
+  int copies = 0, overtaken = 0;
+  int64_t latest = -1;
+  for (size_t i = 0; i < a.size(); i++) {
+    CHECK((a[i].first < 0) == (plain[i].first < 0));  // the same messages are lost
+    if (a[i].first < 0) continue;
+    if (a[i].second >= 0) {
+      copies++;
+      CHECK(a[i].second >= a[i].first);
+      CHECK(a[i].second <= a[i].first + 30000000);
+    }
+    overtaken += a[i].first < latest;  // a later message arrived before this one
+    latest = std::max(latest, a[i].first);
+  }
+  CHECK(copies > 40);
+  CHECK(copies < 110);
+  CHECK(overtaken > 20);
+}
+
 }  // namespace diloco
