@@ -1,12 +1,13 @@
 // Goodput and uptime of a daemon job as its syncer sees it, while it runs (sync/goodput.h has
 // the definitions). Local mode accounts from every learner's own records; in daemon mode the
 // learners run on other sites, so the syncer's site accounts from what reaches it:
-//   merges and dropped deltas   its events.log, read as it grows (MergeTapeReader)
+//   merges and dropped deltas   the syncer's merge tape (merge_tape.h: each merge handed over as
+//                               it is made; a resumed syncer's tape starts from its events.log)
 //   the run's start             the syncer's start (the learners start with it; their start-up
 //                               counts as time not spent training)
-//   a learner's nominal rate    the best rate its heartbeats reported (each: its tokens over the
-//                               time of its steps so far, so this is its fault-free pace; a
-//                               learner slowed by its config counts at its slowed pace)
+//   a learner's nominal rate    NominalTokensPerS (sync/goodput.h) over its incarnations, as local
+//                               mode counts it: each incarnation's latest heartbeat carries its
+//                               tokens and its nominal rate (so its provisioned time)
 //   down                        from the last time a learner was heard until it is heard again,
 //                               when it was declared dead meanwhile (no heartbeat within
 //                               sync.heartbeat_timeout_ms) or came back as a new incarnation
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "daemon/sync/goodput.h"
+#include "daemon/sync/merge_tape.h"
 #include "daemon/sync/syncer.h"
 
 namespace diloco {
@@ -32,7 +34,7 @@ struct LiveGoodputOptions {
   std::vector<double> fragment_weights;  // numel shares, sum 1
   double tokens_per_step = 0;            // per learner step (ranks x batch x block)
   int inner_steps = 1;                   // H: a fragment's merge cadence in steps
-  std::string events_path;               // the syncer's events.log
+  const MergeTape* merges = nullptr;     // the syncer's; outlives this
   int64_t start_unix_ms = 0;             // the run's start
 };
 
@@ -41,8 +43,7 @@ class LiveGoodput {
   explicit LiveGoodput(LiveGoodputOptions options);
 
   void Observe(const SyncerStatusSnapshot& status, int64_t now_unix_ms);
-  // So far (wall time up to now_unix_ms). An error until a learner has reported its rate, or
-  // when events.log is damaged.
+  // So far (wall time up to now_unix_ms). An error until a learner has reported its rate.
   Status Report(int64_t now_unix_ms, GoodputReport* out);
 
  private:
@@ -50,7 +51,10 @@ class LiveGoodput {
     bool heard = false;
     uint64_t incarnation = 0;
     int64_t last_heard_ms = 0;
-    double best_tokens_per_s = 0;       // best heartbeat rate seen
+    // Tokens and provisioned time of the incarnations before this one, and of this one so far.
+    double past_tokens = 0, past_provisioned_s = 0;
+    double tokens = 0, provisioned_s = 0;
+    double Rate() const { return NominalTokensPerS(past_tokens + tokens, past_provisioned_s + provisioned_s); }
     int64_t down_since_ms = -1;         // open down span
     int64_t finished_ms = -1;           // done with its steps
     std::vector<std::pair<int64_t, int64_t>> down;  // closed down spans
@@ -59,9 +63,6 @@ class LiveGoodput {
   const LiveGoodputOptions options_;
   std::mutex mu_;
   std::vector<Learner> learners_;
-  MergeTapeReader tape_;
-  std::vector<MergedDelta> merged_;
-  std::vector<LostDelta> lost_;
 };
 
 }  // namespace diloco

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <thread>
 
 #include "daemon/control/job_store.h"
@@ -23,7 +22,6 @@
 #include "daemon/train/ring_member.h"
 #include "daemon/train/run_dir.h"
 #include "kernels/comm/gloo_comm.h"
-#include "daemon/util/appended_lines.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
 #include "kernels/rng.h"
@@ -46,49 +44,6 @@ const char* StateName(LearnerState s) {
   return "unknown";
 }
 
-// From the syncer's events.log, read as it grows (only the whole lines added since the last
-// call): the last merge, how rounds were closed (quorum, grace window, ...), which is where
-// the syncer waited, and the staleness of what was merged.
-class MergeHistory {
- public:
-  explicit MergeHistory(std::string path) : lines_(std::move(path)) {}
-
-  void AddTo(nlohmann::json* out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    lines_.ReadNew([&](std::string_view line, int64_t) {
-      const nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
-      if (!m.is_object() || !m.contains("reason") || !m["reason"].is_string()) return true;
-      reasons_[m["reason"].get<std::string>()]++;
-      if (m.contains("contributors") && m["contributors"].is_array())
-        for (const auto& c : m["contributors"]) {
-          const double staleness = c.is_object() ? c.value("staleness", 0.0) : 0.0;
-          staleness_sum_ += staleness;
-          staleness_max_ = std::max(staleness_max_, staleness);
-          contributions_++;
-        }
-      last_ = {{"fragment", m.value("fragment", 0)},
-               {"version", m.value("version", uint64_t{0})},
-               {"reason", m.value("reason", "")},
-               {"time_ms", m.value("time_ms", int64_t{0})},
-               {"grace_ms", m.value("grace_ms", 0.0)},
-               {"contributors", m.contains("contributors") && m["contributors"].is_array() ? m["contributors"].size() : 0}};
-      return true;
-    });
-    if (last_.is_null()) return;
-    (*out)["last_merge"] = last_;
-    (*out)["merge_reasons"] = reasons_;
-    (*out)["staleness"] = {{"sum", staleness_sum_}, {"count", contributions_}, {"max", staleness_max_}};
-  }
-
- private:
-  AppendedLines lines_;
-  std::mutex mu_;
-  std::map<std::string, int> reasons_;
-  double staleness_sum_ = 0, staleness_max_ = 0;  // over merged deltas
-  int64_t contributions_ = 0;
-  nlohmann::json last_;
-};
-
 }  // namespace
 
 struct Role::Impl {
@@ -99,10 +54,10 @@ struct Role::Impl {
   std::atomic<Syncer*> live{nullptr};
   std::atomic<bool> started{false};
   std::atomic<double> startup_s{0};
-  // Syncer role.
+  // Syncer role. The merge tape outlives the syncer that feeds it.
+  MergeTape merges;
   std::unique_ptr<Syncer> syncer;
-  std::unique_ptr<LiveGoodput> goodput;  // before syncer: Observe reads it
-  std::unique_ptr<MergeHistory> merge_history;
+  std::unique_ptr<LiveGoodput> goodput;
   std::unique_ptr<Corpus> corpus;
   // Learner role.
   int index = -1;
@@ -139,6 +94,10 @@ struct Role::Impl {
     so.learner_keys = options.learner_keys;
     so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
     so.exit_when_all_finished = true;
+    // A resumed syncer's job keeps the merges it made before (status, goodput).
+    if (Status st = merges.Load((fs::path(options.run_dir) / "events.log").string()); !st.ok())
+      Log("the merges before this start are not in the job's accounts: " + st.message());
+    so.on_merge = merges.Listener();
     const auto give_up = Clock::now() + std::chrono::milliseconds((int64_t)(options.bind_retry_s * 1000));
     for (;;) {
       Status st = Syncer::Create(context, so, table, init.data(), &syncer);
@@ -156,10 +115,9 @@ struct Role::Impl {
     for (const Fragment& f : frags) go.fragment_weights.push_back((double)f.numel / numel);
     go.tokens_per_step = (double)LearnerTokensPerStep(cfg);
     go.inner_steps = cfg.sync.inner_steps;
-    go.events_path = (fs::path(options.run_dir) / "events.log").string();
+    go.merges = &merges;
     go.start_unix_ms = UnixMsNow();
     goodput = std::make_unique<LiveGoodput>(go);
-    merge_history = std::make_unique<MergeHistory>(go.events_path);
     return Status::Ok();
   }
   std::mutex metrics_mu;
@@ -519,7 +477,7 @@ nlohmann::json Role::Progress() const {
             {"bytes_published", s.bytes_published},
             {"learners", learners},
             {"startup_s", im.startup_s.load()}};
-    im.merge_history->AddTo(&out);
+    im.merges.AddStatsTo(&out);
     GoodputReport g;
     if (im.goodput->Report(UnixMsNow(), &g).ok()) out["goodput"] = GoodputToJson(g);
     return out;

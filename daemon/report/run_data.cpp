@@ -12,6 +12,8 @@
 #include <regex>
 #include <sstream>
 
+#include "daemon/sync/event_log.h"
+
 namespace diloco {
 namespace {
 
@@ -106,19 +108,13 @@ RunSummary ParseSummary(const json& j) {
   return s;
 }
 
-MergeRecord ParseMerge(const json& j) {
+MergeRecord RecordOf(const MergeEvent& e) {
   MergeRecord m;
-  const double t = Num(j, "time_ms");
-  m.time_ms = std::isfinite(t) ? static_cast<int64_t>(t) : 0;
-  m.fragment = static_cast<int>(Int(j, "fragment", 0));
-  m.version = Int(j, "version", 0);
-  m.reason = Str(j, "reason");
-  auto it = j.find("contributors");
-  if (it != j.end() && it->is_array()) {
-    for (const json& c : *it) {
-      if (c.is_object()) m.staleness.push_back(Int(c, "staleness", 0));
-    }
-  }
+  m.time_ms = e.time_ms;
+  m.fragment = e.fragment;
+  m.version = static_cast<long>(e.version);
+  m.reason = e.reason;
+  for (const MergeContributor& c : e.contributors) m.staleness.push_back(static_cast<long>(c.staleness));
   return m;
 }
 
@@ -275,8 +271,12 @@ void LoadInto(const fs::path& root, RunData* run, LoadState* ls) {
   for (const char* name : {"events.log.1", "events.log"}) {
     if (!fs::exists(root / name)) continue;
     run->has_events_log = true;
+    int bad = 0;
     ReadJsonLines(root / name, &run->notes, [&](const json& j) {
-      if (Str(j, "event") == "merge") run->merges.push_back(ParseMerge(j));
+      if (!IsMergeLine(j)) return;
+      MergeEvent e;
+      if (Status st = MergeEventFromJson(j, name, &e); st.ok()) run->merges.push_back(RecordOf(e));
+      else if (++bad <= kMaxNotesPerFile) run->notes.push_back(st.message());
     });
   }
 }

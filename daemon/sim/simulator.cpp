@@ -6,6 +6,8 @@
 #include <random>
 
 #include "daemon/sim/timed_simulation.h"
+#include "daemon/sync/goodput.h"
+#include "daemon/train/trainer.h"
 
 namespace diloco {
 namespace {
@@ -18,9 +20,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 Status SimulateDataParallel(const Scenario& s, bool elastic, SimResult* out) {
   const int S = elastic ? s.elastic_slices : 1;
   const double end = s.hours * 3600;
-  const double tokens_per_step =
-      (double)s.run.train.batch_size * s.run.model.block_size * std::max(1, s.run.train.ranks) * s.run.sync.learners;
-  const double rate = tokens_per_step / s.step_s;  // the whole job, fault-free
+  const double tokens_per_step = (double)LearnerTokensPerStep(s.run) * s.run.sync.learners;
+  const double rate = NominalTokensPerS(tokens_per_step, s.step_s);  // the whole job, fault-free
   // A synchronous job runs at its slowest member's pace.
   const double pace = s.stragglers > 0 ? 1.0 / s.straggler_factor : 1.0;
   const double fail_rate_per_s = s.chips / (s.chip_mtbf_h * 3600);  // any chip, the whole job

@@ -50,6 +50,17 @@ struct MergeEvent {
 
 nlohmann::json MergeEventToJson(const MergeEvent& event);
 
+// The one reader of a merge line (every reader of events.log goes through it). Needs time_ms,
+// fragment and contributors (each with learner and tokens); a field missing otherwise reads as 0 or
+// empty. where: names the line in the error.
+bool IsMergeLine(const nlohmann::json& line);
+Status MergeEventFromJson(const nlohmann::json& line, const std::string& where, MergeEvent* out);
+
+// Every merge in an events.log, its rotated part (<path>.1) first. Other events are skipped, and
+// so is an unparsable last line (the syncer may be writing it); any other bad line is an error
+// that names it. missing_ok: a log not there holds no merge (else an error).
+Status ReadEventLog(const std::string& path, bool missing_ok, std::vector<MergeEvent>* out);
+
 // events.log is rotated at this size (events.log.1 keeps the previous part): a merge line is a
 // few hundred bytes, so each part holds about 100k merges.
 constexpr int64_t kEventsLogRotateBytes = int64_t{64} << 20;

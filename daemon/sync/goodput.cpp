@@ -231,74 +231,22 @@ nlohmann::json GoodputToJson(const GoodputReport& r) {
           {"provisioned_tokens", r.provisioned_tokens}};
 }
 
-namespace {
-
-// One line of events.log: a merge's contributors (merged) and its skipped deltas that carry
-// tokens (lost as kDropped; DropKeepsWork: a "replaced" or "late" delta's work travels on).
-// Other events are skipped.
-Status ParseMergeLine(const nlohmann::json& ev, int64_t run_start_unix_ms, const std::string& where,
-                      std::vector<MergedDelta>* merged, std::vector<LostDelta>* dropped) {
-  if (!ev.is_object() || ev.value("event", "") != "merge") return Status::Ok();
-  try {
-    const double time_s = static_cast<double>(ev.at("time_ms").get<int64_t>() - run_start_unix_ms) / 1000;
-    const int fragment = ev.at("fragment").get<int>();
-    for (const nlohmann::json& c : ev.at("contributors"))
-      merged->push_back({time_s, fragment, c.at("learner").get<int>(), c.at("tokens").get<double>()});
-    for (const nlohmann::json& k : ev.value("skipped", nlohmann::json::array()))
-      if (!DropKeepsWork(k.value("why", "")) && k.value("tokens", 0.0) > 0)
-        dropped->push_back({time_s, fragment, k.at("learner").get<int>(), k.value("tokens", 0.0), LossCause::kDropped});
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Error(where + ": merge record without a field this reader needs (" + e.what() + ")");
-  }
-  return Status::Ok();
+void GoodputRecordsOf(const MergeEvent& e, int64_t run_start_unix_ms, std::vector<MergedDelta>* merged,
+                      std::vector<LostDelta>* lost) {
+  const double time_s = (double)(e.time_ms - run_start_unix_ms) / 1000;
+  for (const MergeContributor& c : e.contributors) merged->push_back({time_s, e.fragment, c.learner, c.tokens});
+  for (const SkippedDelta& k : e.skipped)
+    if (!DropKeepsWork(k.why) && k.tokens > 0) lost->push_back({time_s, e.fragment, k.learner, k.tokens, LossCause::kDropped});
 }
-
-}  // namespace
 
 Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms, std::vector<MergedDelta>* out,
                         std::vector<LostDelta>* lost) {
-  std::ifstream f(events_path);
-  if (!f) return Status::Error("cannot open " + events_path + ": is it the run directory's events.log?");
-  // The part rotated away (event_log.h) comes first; it was complete when it was rotated.
-  struct Line {
-    std::string text, where;
-  };
-  std::vector<Line> lines;
-  for (const std::string& part : {events_path + ".1", events_path}) {
-    std::ifstream in(part);
-    int number = 0;
-    for (std::string line; std::getline(in, line);) lines.push_back({std::move(line), part + " line " + std::to_string(++number)});
-  }
-  std::vector<MergedDelta> merged;
+  std::vector<MergeEvent> events;
+  DL_RETURN_IF_ERROR(ReadEventLog(events_path, /*missing_ok=*/false, &events));
   std::vector<LostDelta> dropped;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (lines[i].text.empty()) continue;
-    const nlohmann::json ev = nlohmann::json::parse(lines[i].text, nullptr, false);
-    if (ev.is_discarded()) {
-      if (i + 1 == lines.size()) break;  // the syncer may be writing it now
-      return Status::Error(lines[i].where + ": not JSON; is the file damaged?");
-    }
-    DL_RETURN_IF_ERROR(ParseMergeLine(ev, run_start_unix_ms, lines[i].where, &merged, &dropped));
-  }
-  out->insert(out->end(), merged.begin(), merged.end());
+  for (const MergeEvent& e : events) GoodputRecordsOf(e, run_start_unix_ms, out, &dropped);
   if (lost) lost->insert(lost->end(), dropped.begin(), dropped.end());
   return Status::Ok();
-}
-
-MergeTapeReader::MergeTapeReader(std::string events_path) : lines_(std::move(events_path)) {}
-
-Status MergeTapeReader::ReadNew(int64_t run_start_unix_ms, std::vector<MergedDelta>* merged,
-                                std::vector<LostDelta>* lost) {
-  Status st;
-  lines_.ReadNew([&](std::string_view line, int64_t number) {
-    if (line.empty()) return true;
-    const std::string where = lines_.path() + " line " + std::to_string(number);
-    const nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
-    st = ev.is_discarded() ? Status::Error(where + ": not JSON; is the file damaged?")
-                           : ParseMergeLine(ev, run_start_unix_ms, where, merged, lost);
-    return st.ok();  // a bad line stops this read and is not read again
-  });
-  return st;
 }
 
 }  // namespace diloco

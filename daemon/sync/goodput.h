@@ -1,12 +1,13 @@
 // Goodput and uptime of a run: how much of the compute we paid for reached
 // the global model, and how much of the time the global model kept moving.
 // A pure unit over plain records (no clock, no files) so every rule is a
-// table row in a test; ReadMergedDeltas fills the merge records from a run's
-// events.log. All times are seconds since the run start; tokens are counts.
+// table row in a test; GoodputRecordsOf turns the syncer's merges into its
+// records (merge_tape.h keeps them for a running job). All times are seconds
+// since the run start; tokens are counts.
 //
 // Definitions (M learners, P fragments with weights w_p = numel share):
 //   provisioned_tokens = Σ_l nominal_tokens_per_s[l] × wall_s
-//     (nominal = the learner's fault-free rate, given by the caller).
+//     (nominal = the learner's fault-free rate: NominalTokensPerS below).
 //   merged_tokens = Σ_p w_p × Σ_{deltas of p merged} tokens
 //     (a token trains every fragment, so it only fully counts once every
 //     fragment's delta carrying it has been merged).
@@ -45,10 +46,20 @@
 #include <string>
 #include <vector>
 
-#include "daemon/util/appended_lines.h"
+#include "daemon/sync/event_log.h"
 #include "daemon/util/status.h"
 
 namespace diloco {
+
+// A learner's nominal rate, the one definition every runtime uses (local, virtual, a daemon job's
+// syncer from heartbeats): its tokens over its provisioned time, the time its steps took on the
+// hardware it was given. That is each step's own time stretched by its configured slowdown and
+// step noise (learners[i].slowdown, jitter; a virtual step's drawn time), since slower hardware is
+// what was provisioned; but not by a chaos slowdown (a fault: it shows as goodput lost), and not
+// counting time spent waiting at a barrier, syncing or down (those are waste).
+inline double NominalTokensPerS(double tokens, double provisioned_s) {
+  return provisioned_s > 0 ? tokens / provisioned_s : 0;
+}
 
 // kSyncing: snapshot install etc.; kIdle: done with its steps while the run goes on
 enum class Activity { kTraining, kDown, kBlocked, kSyncing, kIdle };
@@ -123,24 +134,14 @@ Status GoodputOverTime(const GoodputInput& input, double bucket_s, std::vector<G
 //  "merged_tokens", "provisioned_tokens"}
 nlohmann::json GoodputToJson(const GoodputReport& report);
 
-// Appends one MergedDelta per contributor of each merge line of the syncer's
-// events.log (event_log.h), its time = (time_ms − run_start_unix_ms) / 1000.
-// Lines whose "event" is not "merge" are skipped; an unparsable last line is
-// skipped too (the syncer may be writing it). With lost: the merges' skipped
-// deltas that carry tokens, as kDropped (a "replaced" delta is not lost: its
-// work travels in the newer delta that replaced it).
+// A merge's goodput records: one MergedDelta per contributor, and its skipped deltas that carry
+// tokens as kDropped LostDeltas (a "replaced" or "late" delta is not lost: its work travels in the
+// learner's next delta, drop_reasons.h); time = (time_ms − run_start_unix_ms) / 1000.
+void GoodputRecordsOf(const MergeEvent& event, int64_t run_start_unix_ms, std::vector<MergedDelta>* merged,
+                      std::vector<LostDelta>* lost);
+
+// The goodput records of every merge in a finished run's events.log (ReadEventLog's rules).
 Status ReadMergedDeltas(const std::string& events_path, int64_t run_start_unix_ms,
                         std::vector<MergedDelta>* out, std::vector<LostDelta>* lost = nullptr);
-
-// The same records from an events.log that grows (a running syncer's): each ReadNew parses only
-// the whole lines written since the last call. A file not there yet holds no merge.
-class MergeTapeReader {
- public:
-  explicit MergeTapeReader(std::string events_path);
-  Status ReadNew(int64_t run_start_unix_ms, std::vector<MergedDelta>* merged, std::vector<LostDelta>* lost);
-
- private:
-  AppendedLines lines_;
-};
 
 }  // namespace diloco

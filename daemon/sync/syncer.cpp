@@ -55,6 +55,7 @@ struct Syncer::Impl final : public SyncerPort {
   }
   void OnMerge(const MergeEvent& event) override {
     if (have_events && port_error.ok()) port_error = events.Append(event);
+    if (options.on_merge) options.on_merge(event);
   }
   void Checkpoint(const GlobalState& state) override;
   void Note(const std::string& line) override { LogToStderr(LogWho("syncer", options.job_id), line); }

@@ -65,6 +65,7 @@
 
 #include "daemon/config/sync_config.h"
 #include "daemon/sync/decide.h"
+#include "daemon/sync/event_log.h"
 #include "daemon/net/context.h"
 #include "daemon/net/envelope.h"
 #include "daemon/net/socket.h"
@@ -114,6 +115,9 @@ struct SyncerOptions {
   // Test hook: when it returns true for a delta (learner, fragment), the syncer rejects it as if
   // it had failed its checks ("test_rejected"). May be empty.
   std::function<bool(int learner, uint32_t fragment)> reject_delta;
+  // Each merge, as it is appended to events.log (a MergeTape's Listener keeps the run's merges
+  // for its accounts, so nobody reads the log back). On the syncer's thread; may be empty.
+  std::function<void(const MergeEvent&)> on_merge;
 };
 
 // One learner as the syncer sees it (CurrentStatus).

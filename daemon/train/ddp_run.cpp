@@ -81,7 +81,7 @@ struct DdpLearnerResult {
   long steps = 0;
   long tokens = 0;
   double train_s = 0;
-  double compute_s = 0;  // the steps' own time, without a slowdown's stretch
+  double provisioned_s = 0;  // NominalTokensPerS's time (sync/goodput.h)
   double final_train_loss = 0;
   uint64_t bytes_up = 0;
 };
@@ -114,9 +114,10 @@ class DdpHook final : public InnerLoopHook {
       return Status::Error(me + ": training diverged at step " + std::to_string(r.step) +
                            " (the averaged loss or gradient is NaN/Inf). Try a lower train.lr or train.grad_clip");
     // A slow learner is slow at every step: the others wait for it in the next all-reduce.
-    const double step_s = stretch_.Apply(r.step_s, chaos_ ? chaos_->Slowdown(learner_) : 1.0);
+    const StretchedStep s = stretch_.Apply(r.step_s, chaos_ ? chaos_->Slowdown(learner_) : 1.0);
+    const double step_s = s.step_s;
     res_->train_s += step_s;
-    res_->compute_s += r.step_s;
+    res_->provisioned_s += s.provisioned_s;
     res_->tokens += tokens_per_step_;
     res_->bytes_up += ring_bytes_;
     recent_sum_ += r.stats.loss;
@@ -333,8 +334,9 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
     double step_s = 0;
     for (int i = 0; i < M; i++) {
       const DdpLearnerResult& r = results[i];
-      in.nominal_tokens_per_s.push_back(r.compute_s > 0 ? r.tokens / r.compute_s : 0);
-      if (r.tokens > 0) step_s = std::max(step_s, r.compute_s * tokens_per_step / r.tokens);
+      const double rate = NominalTokensPerS((double)r.tokens, r.provisioned_s);
+      in.nominal_tokens_per_s.push_back(rate);
+      if (rate > 0) step_s = std::max(step_s, tokens_per_step / rate);
       for (const auto& [a, b] : down_spans[i]) in.spans.push_back({i, rel(a), rel(b), Activity::kDown});
       for (const auto& [a, b] : blocked_spans[i]) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
       for (const auto& [t, st] : step_log) in.merged.push_back({std::min(rel(t), in.wall_s), 0, i, tokens_per_step});

@@ -349,8 +349,9 @@ Status LearnerLoop::BeforeStep(long at, TrainingBackend&, StepControl* control) 
 Status LearnerLoop::AfterStep(const StepResult& r, TrainingBackend&) {
   // A slowed learner (learners[i].slowdown and .jitter, or the factor chaos sets; as in ddp) sleeps
   // the stretch (step_stretch.h); the core counts the step's time with it.
-  const double step_s = r.stats.applied ? stretch_.Apply(r.step_s, o_.slowdown ? o_.slowdown->load() : 1.0) : r.step_s;
-  return core_.AfterStep(r, step_s);
+  const StretchedStep s =
+      r.stats.applied ? stretch_.Apply(r.step_s, o_.slowdown ? o_.slowdown->load() : 1.0) : StretchedStep{r.step_s, r.step_s};
+  return core_.AfterStep(r, s.step_s, s.provisioned_s);
 }
 
 void LearnerLoop::OnHeartbeat(const HeartbeatMsg& hb) {

@@ -162,11 +162,11 @@ struct LearnerResult {
   bool stopped = false;         // stopped cleanly through LearnerOptions::stop
   bool moments_restored = false; // a restart took its AdamW moments from learner-<i>.ckpt
   // For goodput accounting: when this incarnation started training, when it was blocked at an
-  // outer step (lock-step modes, [start, end) in Unix ms), and its steps' own time (without a
-  // slowdown's stretch): tokens / compute_s is its nominal rate.
+  // outer step (lock-step modes, [start, end) in Unix ms), and its provisioned time (its steps on
+  // the hardware it was given, without a chaos slowdown): NominalTokensPerS (sync/goodput.h).
   int64_t train_start_unix_ms = 0;
   std::vector<std::pair<int64_t, int64_t>> blocked_unix_ms;
-  double compute_s = 0;
+  double provisioned_s = 0;
   // Work a fold threw away (sync.fold overwrite, or the Θ share of mix): when, which fragment, how
   // many tokens (goodput's discarded waste).
   struct Discarded {

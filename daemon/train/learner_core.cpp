@@ -270,7 +270,7 @@ Status LearnerCore::Heartbeat(LearnerState state) {
   hb.step = step_;
   hb.tokens = res_.tokens;
   hb.loss = last_loss_;
-  hb.tokens_per_s = res_.train_s > 0 ? (float)(res_.tokens / res_.train_s) : 0.f;
+  hb.tokens_per_s = (float)NominalTokensPerS((double)res_.tokens, res_.provisioned_s);
   hb.step_time_ms = (float)step_ms_ema_;
   hb.interval_ms = o_.heartbeat_interval_ms;
   for (int p = 0; p < P_; p++) {
@@ -685,13 +685,13 @@ bool LearnerCore::TimeLimitReached() const {
   return Seconds(port_->Now() - train_start_) >= tc_.time_limit_s;
 }
 
-Status LearnerCore::AfterStep(const StepResult& r, double step_s) {
+Status LearnerCore::AfterStep(const StepResult& r, double step_s, double provisioned_s) {
   DL_RETURN_IF_ERROR(outer_error_);
   const StepStats& st = r.stats;
   if (!st.applied)
     return Status::Error(me_ + ": training diverged at step " + std::to_string(step_) +
                          " (loss or gradient NaN/Inf). Try a lower train.lr or sync.outer.lr");
-  res_.compute_s += r.step_s;
+  res_.provisioned_s += provisioned_s;
   step_ms_ema_ = step_ms_ema_ == 0 ? step_s * 1e3 : step_ms_ema_ + 0.2 * (step_s * 1e3 - step_ms_ema_);
   res_.train_s += step_s;
   res_.tokens += tokens_per_step_;

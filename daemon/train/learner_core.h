@@ -102,8 +102,9 @@ class LearnerCore {
   // A lock-step mode's fragment has been in flight too long: the step waits for its Global.
   bool Blocked() const { return BlockingFragment() >= 0; }
   int BlockingFragment() const;  // the first fragment that blocks the step, -1 when none
-  // r: the step (its step_s its own time, compute_s); step_s: its stretched (wall) or virtual time.
-  Status AfterStep(const StepResult& r, double step_s);
+  // r: the step; step_s: its stretched (wall) or virtual time; provisioned_s: the same without a
+  // chaos slowdown (step_stretch.h; a virtual step's time).
+  Status AfterStep(const StepResult& r, double step_s, double provisioned_s);
 
   // The runtime's crash or stop flags ended training (a wait in progress ends too).
   void MarkCrashed();

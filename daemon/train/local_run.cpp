@@ -170,6 +170,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     so.downlink_endpoint = LoopbackEndpoint();
     so.snapshot_endpoint = LoopbackEndpoint();
   }
+  MergeTape merges;  // this process's merges, for its goodput (before the syncer: it outlives it)
+  so.on_merge = merges.Listener();
   LocalSyncer syncer;
   DL_RETURN_IF_ERROR(syncer.Start(*ctx, so, table, init.data()));
 
@@ -329,7 +331,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   {
     GoodputReport g;
-    if (Status st = AccountGoodput(cfg, options.run_dir, incarnations, fleet.DownSpans(), trained_until_unix_ms, &g);
+    if (Status st = AccountGoodput(cfg, merges, incarnations, fleet.DownSpans(), trained_until_unix_ms, &g);
         st.ok())
       s.goodput = g;
     else

@@ -11,10 +11,9 @@ namespace diloco {
 
 namespace fs = std::filesystem;
 
-// Training starts at the first incarnation's first step; a learner's nominal rate is its tokens
-// over its steps' own time (no slowdown, no waiting), so no run can claim more than it was
-// provisioned.
-Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
+// Training starts at the first incarnation's first step; a learner's nominal rate is
+// NominalTokensPerS over all its incarnations.
+Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,
                       const std::vector<std::vector<const LearnerResult*>>& incarnations,
                       const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down, int64_t end_unix_ms,
                       GoodputReport* out) {
@@ -25,7 +24,7 @@ Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
       if (r->train_start_unix_ms > 0 && (t0 == 0 || r->train_start_unix_ms < t0)) t0 = r->train_start_unix_ms;
   if (t0 == 0) return Status::Error("no learner trained");
   GoodputInput in;
-  DL_RETURN_IF_ERROR(ReadMergedDeltas((fs::path(run_dir) / "events.log").string(), t0, &in.merged, &in.lost));
+  merges.GoodputRecords(t0, &in.merged, &in.lost);
   double end_s = (double)(end_unix_ms - t0) / 1000;
   for (const MergedDelta& m : in.merged) end_s = std::max(end_s, m.time_s);
   for (const LostDelta& l : in.lost) end_s = std::max(end_s, l.time_s);
@@ -33,13 +32,14 @@ Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
   const double tokens_per_step = (double)LearnerTokensPerStep(cfg);
   double step_s = 0;
   for (int i = 0; i < M; i++) {
-    double tokens = 0, compute_s = 0;
+    double tokens = 0, provisioned_s = 0;
     for (const LearnerResult* r : incarnations[i]) {
       tokens += (double)r->tokens;
-      compute_s += r->compute_s;
+      provisioned_s += r->provisioned_s;
     }
-    in.nominal_tokens_per_s.push_back(compute_s > 0 ? tokens / compute_s : 0);
-    step_s = std::max(step_s, compute_s > 0 ? compute_s * tokens_per_step / tokens : 0);
+    const double rate = NominalTokensPerS(tokens, provisioned_s);
+    in.nominal_tokens_per_s.push_back(rate);
+    step_s = std::max(step_s, rate > 0 ? tokens_per_step / rate : 0);
     auto rel = [&](int64_t ms) { return std::clamp((double)(ms - t0) / 1000, 0.0, in.wall_s); };
     for (const LearnerResult* r : incarnations[i])
       for (const auto& [a, b] : r->blocked_unix_ms) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
@@ -105,7 +105,7 @@ Status SummarizeLearners(const RunConfig& cfg, const std::vector<std::vector<con
       r.wait_s += x->wait_s;
       r.crashed = x->crashed;
     }
-    s.steps += r.tokens / ((long)cfg.train.ranks * cfg.train.batch_size * cfg.model.block_size);
+    s.steps += r.tokens / (long)LearnerTokensPerStep(cfg);
     s.tokens += r.tokens;
     s.train_s = std::max(s.train_s, r.train_s);
     s.bytes_up += r.bytes_up;

@@ -1,7 +1,7 @@
 // What a finished multi-learner run reports, built the same way by local mode and the virtual
-// runtime: each learner over its incarnations, and the run's goodput, uptime and waste (sync/goodput.h), from its merge tape
-// (run_dir/events.log) and what each learner incarnation recorded. Local mode and the virtual
-// runtime account the same way; times are the run's clock (Unix ms, virtual in a virtual run).
+// runtime: each learner over its incarnations, and the run's goodput, uptime and waste
+// (sync/goodput.h) from its merge tape (the syncer's merges, handed over as they happen) and what
+// each learner incarnation recorded. Times are the run's clock (Unix ms, virtual in a virtual run).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/sync/goodput.h"
+#include "daemon/sync/merge_tape.h"
 #include "daemon/train/learner.h"
 #include "daemon/train/local_run.h"
 #include "daemon/util/jsonl_writer.h"
@@ -26,7 +27,7 @@ Status SummarizeLearners(const RunConfig& cfg, const std::vector<std::vector<con
 
 // incarnations[i]: learner i's incarnations in order; down[i]: when it was down ([start, end) in
 // Unix ms, end 0 = until the end); end_unix_ms: when training ended.
-Status AccountGoodput(const RunConfig& cfg, const std::string& run_dir,
+Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,
                       const std::vector<std::vector<const LearnerResult*>>& incarnations,
                       const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down, int64_t end_unix_ms,
                       GoodputReport* out);

@@ -13,12 +13,17 @@ namespace diloco {
 
 struct RunConfig;
 
+struct StretchedStep {
+  double step_s = 0;         // the step as it ran: stretched by the slowdown or a chaos slowdown, and the noise
+  double provisioned_s = 0;  // the same without the chaos slowdown (a fault): goodput's nominal time
+};
+
 class StepStretch {
  public:
   StepStretch(const RunConfig& config, int learner);
   // The larger of learners[i].slowdown and `chaos_factor` (1 = none) sets the stretch.
   // Sleeps the extra time and returns the stretched step time.
-  double Apply(double step_s, double chaos_factor = 1.0);
+  StretchedStep Apply(double step_s, double chaos_factor = 1.0);
 
  private:
   double slowdown_, jitter_;

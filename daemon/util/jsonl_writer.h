@@ -1,7 +1,7 @@
 // Appends one JSON object per line to a file, flushed per line so a crash
 // loses at most the line being written. With rotate_bytes, a file that has grown past it is
 // renamed to <path>.1 (replacing the previous one) and a new one begun: at most about twice
-// rotate_bytes on disk. Readers that follow the file (util/appended_lines.h) read on in <path>.1.
+// rotate_bytes on disk. Readers read <path>.1 first (sync/event_log.h ReadEventLog).
 #pragma once
 
 #include <cstdint>

@@ -54,11 +54,12 @@ class VirtualLearner::Hook final : public InnerLoopHook {
   Status AfterStep(const StepResult& r, TrainingBackend&) override {
     DL_RETURN_IF_ERROR(v_.SleepUntil(step_start_ns_ + step_ns_));
     StepResult virtual_r = r;
-    virtual_r.step_s = v_.step_base_s_;  // the step's own time: what goodput's nominal rate counts
+    virtual_r.step_s = v_.step_base_s_;  // the step's own time, before the slowdown and noise
     v_.steps_done_ = r.step + 1;
     v_.last_step_ns_ = v_.scheduler_.now_ns();
     v_.requests_after_last_step_ = 0;
-    return v_.core_->AfterStep(virtual_r, (double)step_ns_ / 1e9);
+    const double step_s = (double)step_ns_ / 1e9;  // no chaos slowdown in virtual time: all provisioned
+    return v_.core_->AfterStep(virtual_r, step_s, step_s);
   }
 
  private:

@@ -117,7 +117,7 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   GoodputReport g;
-  if (Status st = AccountGoodput(cfg, options.run_dir, incarnations, world->down_spans(), end_unix_ms, &g); st.ok())
+  if (Status st = AccountGoodput(cfg, world->merge_tape(), incarnations, world->down_spans(), end_unix_ms, &g); st.ok())
     s.goodput = g;
   else
     std::fprintf(stderr, "goodput not accounted: %s\n", st.message().c_str());

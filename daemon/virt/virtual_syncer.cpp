@@ -216,6 +216,7 @@ void VirtualSyncer::Reply(const std::string& peer, net::Message&& m) {
 }
 
 void VirtualSyncer::OnMerge(const MergeEvent& event) {
+  if (options_.on_merge) options_.on_merge(event);
   merges_.push_back(event);
   if (have_events_) After(events_.Append(event));
 }

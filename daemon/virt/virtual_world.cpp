@@ -13,8 +13,9 @@ Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<
   const RunConfig& cfg = *options.config;
   const int M = cfg.sync.learners;
   w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->syncer_, &w->incarnations_));
-  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, options.run_dir),
-                                           cfg.timing.merge_gbps, *options.table, options.init_params, &w->syncer_,
+  SyncerOptions so = VirtualSyncerOptions(cfg, options.run_dir);
+  so.on_merge = w->merge_tape_.Listener();
+  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, so, cfg.timing.merge_gbps, *options.table, options.init_params, &w->syncer_,
                                            options.durable_syncer));
   w->incarnations_.resize(M);
   w->down_.resize(M);
@@ -106,6 +107,7 @@ void VirtualWorld::KillSyncer(int64_t restart_after_ns) {
 void VirtualWorld::RestartSyncer() {
   SyncerOptions so = VirtualSyncerOptions(*options_.config, options_.run_dir);
   so.resume = true;
+  so.on_merge = merge_tape_.Listener();
   Status st = VirtualSyncer::Create(scheduler_, *network_, so, options_.config->timing.merge_gbps, *options_.table,
                                     nullptr, &syncer_, /*durable=*/true, ++syncer_starts_);
   if (!st.ok()) {

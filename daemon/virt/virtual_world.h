@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "daemon/config/run_config.h"
+#include "daemon/sync/merge_tape.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/virt/baton.h"
 #include "daemon/virt/scheduler.h"
@@ -61,6 +62,7 @@ class VirtualWorld {
   VirtualNetwork& network() { return *network_; }
   VirtualSyncer& syncer() { return *syncer_; }  // not while it is down (between kill and restart)
   bool syncer_running() const { return syncer_ != nullptr; }
+  const MergeTape& merge_tape() const { return merge_tape_; }  // every incarnation's merges
   int learners() const { return (int)incarnations_.size(); }
   // Learner i's incarnations, in order (the last may still run during Run).
   const std::vector<std::unique_ptr<VirtualLearner>>& incarnations(int i) const { return incarnations_[i]; }
@@ -87,6 +89,7 @@ class VirtualWorld {
   VirtualScheduler scheduler_;
   Baton baton_;
   std::unique_ptr<VirtualNetwork> network_;
+  MergeTape merge_tape_;  // before syncer_: it outlives the syncer that feeds it
   std::unique_ptr<VirtualSyncer> syncer_;
   std::vector<std::vector<std::unique_ptr<VirtualLearner>>> incarnations_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> down_;

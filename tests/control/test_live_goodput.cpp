@@ -1,18 +1,18 @@
 // Goodput as a daemon job's syncer sees it (control/live_goodput.h): down spans from liveness
-// and incarnations, nominal rates from heartbeats, merges from an events.log that grows.
+// and incarnations, nominal rates from heartbeats, merges from the syncer's merge tape.
 #include "daemon/control/live_goodput.h"
 
 #include <catch2/catch.hpp>
 #include <fstream>
-#include <sstream>
 
 #include "tests/temp_dir.h"
 
 namespace diloco {
 namespace {
 
+// tokens_per_s: the learner's nominal rate so far (its heartbeat's), over `tokens`.
 LearnerStatusEntry Entry(int i, bool live, uint64_t incarnation, int64_t last_heard_ms, float tokens_per_s,
-                         LearnerState state = LearnerState::kTraining) {
+                         LearnerState state = LearnerState::kTraining, uint64_t tokens = 1000) {
   LearnerStatusEntry e;
   e.learner = i;
   e.heard = true;
@@ -20,6 +20,7 @@ LearnerStatusEntry Entry(int i, bool live, uint64_t incarnation, int64_t last_he
   e.incarnation = incarnation;
   e.last_heard_unix_ms = last_heard_ms;
   e.tokens_per_s = tokens_per_s;
+  e.tokens = tokens;
   e.state = state;
   return e;
 }
@@ -31,25 +32,25 @@ SyncerStatusSnapshot Snapshot(std::vector<LearnerStatusEntry> learners) {
   return s;
 }
 
-// A merge line as the syncer writes it (event_log.h): contributors with their tokens.
-std::string MergeLine(int64_t time_ms, int fragment, const std::vector<std::pair<int, double>>& contributors,
-                      const std::string& skipped = "[]") {
-  std::ostringstream line;
-  line << "{\"event\":\"merge\",\"time_ms\":" << time_ms << ",\"fragment\":" << fragment
-       << ",\"version\":1,\"reason\":\"quorum\",\"contributors\":[";
-  for (size_t k = 0; k < contributors.size(); k++)
-    line << (k ? "," : "") << "{\"learner\":" << contributors[k].first << ",\"tokens\":" << contributors[k].second << "}";
-  line << "],\"skipped\":" << skipped << "}\n";
-  return line.str();
+// A merge as the syncer hands it over: contributors with their tokens, skipped deltas.
+MergeEvent Merge(int64_t time_ms, int fragment, const std::vector<std::pair<int, double>>& contributors,
+                 std::vector<SkippedDelta> skipped = {}) {
+  MergeEvent e;
+  e.time_ms = time_ms;
+  e.fragment = fragment;
+  e.reason = "quorum";
+  for (const auto& [learner, tokens] : contributors) e.contributors.push_back({learner, 0, 0, 0, tokens, 0});
+  e.skipped = std::move(skipped);
+  return e;
 }
 
-LiveGoodputOptions Options(const std::string& events) {
+LiveGoodputOptions Options(const MergeTape* merges) {
   LiveGoodputOptions o;
   o.learners = 2;
   o.fragment_weights = {0.5, 0.5};
   o.tokens_per_step = 100;
   o.inner_steps = 10;
-  o.events_path = events;
+  o.merges = merges;
   o.start_unix_ms = 100000;
   return o;
 }
@@ -57,9 +58,8 @@ LiveGoodputOptions Options(const std::string& events) {
 }  // namespace
 
 TEST_CASE("live goodput: merged tokens over the provisioned rate, outages as down waste", "[unit]") {
-  testing::TempDir dir;
-  const std::string events = dir.file("events.log");
-  LiveGoodput g(Options(events));
+  MergeTape tape;
+  LiveGoodput g(Options(&tape));
   GoodputReport r;
   CHECK_FALSE(g.Report(101000, &r).ok());  // no rate heard yet
 
@@ -71,11 +71,8 @@ TEST_CASE("live goodput: merged tokens over the provisioned rate, outages as dow
   // Learner 0 restarts quicker than the timeout: down from its last heartbeat (106 s) to 106.5 s.
   g.Observe(Snapshot({Entry(0, true, 1, 106000, 1000), Entry(1, true, 8, 106000, 1000)}), 106000);
   g.Observe(Snapshot({Entry(0, true, 2, 106500, 1000), Entry(1, true, 8, 106500, 1000)}), 106500);
-  {
-    std::ofstream f(events);
-    f << MergeLine(103000, 0, {{0, 2000}, {1, 1000}}) << MergeLine(107000, 1, {{0, 4000}});
-    f << "{\"event\":\"merge\",\"time_ms\":";  // being written: not read yet
-  }
+  tape.Add(Merge(103000, 0, {{0, 2000}, {1, 1000}}));
+  tape.Add(Merge(107000, 1, {{0, 4000}}));
   REQUIRE(g.Report(110000, &r).ok());
   // Wall 10 s x 2000 tokens/s; merged 0.5 x 3000 + 0.5 x 4000.
   CHECK(r.provisioned_tokens == Approx(20000));
@@ -84,20 +81,17 @@ TEST_CASE("live goodput: merged tokens over the provisioned rate, outages as dow
   CHECK(r.waste_down == Approx((3.0 + 0.5) * 1000 / 20000));
   CHECK(r.waste_dropped == 0);
 
-  // The half-written line, once whole, counts; a dropped delta is dropped waste.
-  {
-    std::ofstream f(events, std::ios::app);
-    f << "108000,\"fragment\":0,\"version\":2,\"reason\":\"quorum\",\"contributors\":[{\"learner\":1,\"tokens\":"
-         "2000}],\"skipped\":[{\"learner\":0,\"why\":\"stale\",\"tokens\":1000}]}\n";
-  }
+  // A later merge counts; a dropped delta is dropped waste, a replaced one is not (its work
+  // travels in the newer delta).
+  tape.Add(Merge(108000, 0, {{1, 2000}}, {{0, "stale", "", 1000}, {1, "replaced", "", 500}}));
   REQUIRE(g.Report(110000, &r).ok());
   CHECK(r.merged_tokens == Approx(4500));
   CHECK(r.waste_dropped == Approx(0.5 * 1000 / 20000));
 }
 
 TEST_CASE("live goodput: a finished learner idles while the run goes on, and a dead one stays down", "[unit]") {
-  testing::TempDir dir;
-  LiveGoodput g(Options(dir.file("events.log")));
+  MergeTape tape;
+  LiveGoodput g(Options(&tape));
   g.Observe(Snapshot({Entry(0, true, 1, 101000, 1000), Entry(1, true, 1, 101000, 1000)}), 101000);
   g.Observe(Snapshot({Entry(0, false, 1, 104000, 1000, LearnerState::kFinished), Entry(1, false, 1, 102000, 1000)}),
             105000);
@@ -109,22 +103,65 @@ TEST_CASE("live goodput: a finished learner idles while the run goes on, and a d
   CHECK(r.uptime < 1);
 }
 
-TEST_CASE("a damaged events.log line is an error that names the line", "[unit]") {
+TEST_CASE("live goodput: a learner's nominal rate is its tokens over its provisioned time across incarnations", "[unit]") {
+  MergeTape tape;
+  LiveGoodput g(Options(&tape));
+  // Learner 0: 3000 tokens at 1000/s (3 s), an earlier heartbeat of the same incarnation is
+  // replaced by its latest; then a new incarnation, 1000 tokens at 500/s (2 s): 4000 / 5 s.
+  g.Observe(Snapshot({Entry(0, true, 1, 101000, 700, LearnerState::kTraining, 700),
+                      Entry(1, true, 1, 101000, 1000, LearnerState::kTraining, 1000)}),
+            101000);
+  g.Observe(Snapshot({Entry(0, true, 1, 103000, 1000, LearnerState::kTraining, 3000),
+                      Entry(1, true, 1, 103000, 1000, LearnerState::kTraining, 3000)}),
+            103000);
+  g.Observe(Snapshot({Entry(0, true, 2, 105000, 500, LearnerState::kTraining, 1000),
+                      Entry(1, true, 1, 105000, 1000, LearnerState::kTraining, 5000)}),
+            105000);
+  GoodputReport r;
+  REQUIRE(g.Report(110000, &r).ok());
+  CHECK(r.provisioned_tokens == Approx((800.0 + 1000.0) * 10));
+}
+
+TEST_CASE("merge tape: a resumed syncer's tape starts from its events.log and its stats count every merge", "[unit]") {
   testing::TempDir dir;
   const std::string events = dir.file("events.log");
-  std::ofstream(events) << MergeLine(101000, 0, {{0, 100}}) << "not json\n";
-  MergeTapeReader tape(events);
+  {
+    EventLog log;
+    REQUIRE(log.Open(events).ok());
+    REQUIRE(log.Append(Merge(101000, 0, {{0, 100}, {1, 300}})).ok());
+  }
+  MergeTape tape;
+  REQUIRE(tape.Load(events).ok());
+  auto on_merge = tape.Listener();
+  MergeEvent later = Merge(102000, 1, {{1, 50}});
+  later.reason = "grace_expired";
+  later.contributors[0].staleness = 3;
+  on_merge(later);
+  CHECK(tape.merges() == 2);
   std::vector<MergedDelta> merged;
   std::vector<LostDelta> lost;
-  const Status st = tape.ReadNew(100000, &merged, &lost);
+  tape.GoodputRecords(100000, &merged, &lost);
+  REQUIRE(merged.size() == 3);
+  CHECK(merged[0].time_s == Approx(1.0));
+  CHECK(merged[2].time_s == Approx(2.0));
+  CHECK(merged[2].tokens == 50);
+  nlohmann::json stats;
+  tape.AddStatsTo(&stats);
+  CHECK(stats["merge_reasons"]["quorum"] == 1);
+  CHECK(stats["merge_reasons"]["grace_expired"] == 1);
+  CHECK(stats["staleness"]["count"] == 3);
+  CHECK(stats["staleness"]["max"] == 3.0);
+  CHECK(stats["last_merge"]["fragment"] == 1);
+  // A damaged log is an error naming the line, and nothing of it is taken.
+  std::ofstream(events, std::ios::app) << "not json\n" << MergeEventToJson(later).dump() << "\n";
+  MergeTape damaged;
+  const Status st = damaged.Load(events);
   REQUIRE_FALSE(st.ok());
   CHECK_THAT(st.message(), Catch::Contains("events.log line 2"));
-  CHECK(merged.size() == 1);
-  CHECK(merged[0].time_s == Approx(1.0));
-  // Read past it: later lines still count.
-  std::ofstream(events, std::ios::app) << MergeLine(102000, 1, {{1, 50}});
-  REQUIRE(tape.ReadNew(100000, &merged, &lost).ok());
-  CHECK(merged.size() == 2);
+  CHECK(damaged.merges() == 0);
+  MergeTape none;
+  CHECK(none.Load(dir.file("no-events.log")).ok());
+  CHECK(none.merges() == 0);
 }
 
 }  // namespace diloco

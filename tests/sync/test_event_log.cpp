@@ -7,7 +7,6 @@
 
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/goodput.h"
-#include "daemon/util/appended_lines.h"
 #include "tests/temp_dir.h"
 
 namespace diloco {
@@ -79,41 +78,62 @@ TEST_CASE("sync: the event log appends one line per merge", "[unit][sync]") {
   CHECK_FALSE(bad.Open(dir.file("missing/dir/events.log")).ok());
 }
 
-TEST_CASE("sync: the event log rotates and a reader that follows it sees every merge once", "[unit][sync]") {
+TEST_CASE("sync: the event log rotates and the reader reads both parts in order", "[unit][sync]") {
   TempDir dir;
   const std::string path = dir.file("events.log");
   const int64_t line_bytes = (int64_t)MergeEventToJson(SomeMerge()).dump().size() + 1;
   EventLog log;
   REQUIRE(log.Open(path, 10 * line_bytes).ok());  // about 10 merges a part
-  AppendedLines reader(path);
-  std::vector<uint64_t> seen;
-  const auto read = [&] {
-    reader.ReadNew([&](std::string_view line, int64_t) {
-      seen.push_back(nlohmann::json::parse(line)["version"].get<uint64_t>());
-      return true;
-    });
-  };
   for (uint64_t v = 1; v <= 25; v++) {
     MergeEvent e = SomeMerge();
     e.version = v;
     REQUIRE(log.Append(e).ok());
-    if (v % 4 == 0) read();  // the reader lags: rotations happen between its reads
   }
-  read();
-  REQUIRE(seen.size() == 25);
-  for (uint64_t v = 1; v <= 25; v++) CHECK(seen[v - 1] == v);
   // On disk: the last part and the one before it, no more.
   CHECK(std::filesystem::file_size(path) <= (uint64_t)(10 * line_bytes));
   CHECK(std::filesystem::exists(path + ".1"));
   CHECK_FALSE(std::filesystem::exists(path + ".2"));
-  // The whole-tape reader reads both parts, the rotated one first.
+  // The rotated part first: the versions on disk, in order, up to the last.
+  std::vector<MergeEvent> events;
+  REQUIRE(ReadEventLog(path, false, &events).ok());
+  REQUIRE(events.size() >= 11);
+  REQUIRE(events.size() <= 21);
+  for (size_t k = 0; k < events.size(); k++) CHECK(events[k].version == 25 - events.size() + 1 + k);
   std::vector<MergedDelta> merged;
   REQUIRE(ReadMergedDeltas(path, 0, &merged).ok());
-  REQUIRE(!merged.empty());
-  CHECK(merged.size() % 2 == 0);  // two contributors a merge
-  const size_t merges_on_disk = merged.size() / 2;
-  CHECK(merges_on_disk >= 11);
-  CHECK(merges_on_disk <= 21);
+  CHECK(merged.size() == 2 * events.size());  // two contributors a merge
+}
+
+TEST_CASE("sync: a merge line reads back as the event that was written", "[unit][sync]") {
+  const MergeEvent e = SomeMerge();
+  MergeEvent back;
+  REQUIRE(MergeEventFromJson(nlohmann::json::parse(MergeEventToJson(e).dump()), "here", &back).ok());
+  CHECK(MergeEventToJson(back) == MergeEventToJson(e));
+  nlohmann::json no_tokens = MergeEventToJson(e);
+  no_tokens["contributors"][0].erase("tokens");
+  const Status st = MergeEventFromJson(no_tokens, "events.log line 3", &back);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("events.log line 3"));
+  CHECK_FALSE(MergeEventFromJson(nlohmann::json::parse(R"({"event":"merge","fragment":"x"})"), "l", &back).ok());
+}
+
+TEST_CASE("sync: a damaged events.log line is an error that names it and a torn last line is not", "[unit][sync]") {
+  TempDir dir;
+  const std::string path = dir.file("events.log");
+  const std::string line = MergeEventToJson(SomeMerge()).dump();
+  std::ofstream(path) << line << "\nnot json\n" << line << "\n";
+  std::vector<MergeEvent> events;
+  const Status st = ReadEventLog(path, false, &events);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("events.log line 2"));
+  std::ofstream(path) << line << "\n" << line.substr(0, 20);  // the syncer is writing the last one
+  events.clear();
+  REQUIRE(ReadEventLog(path, false, &events).ok());
+  CHECK(events.size() == 1);
+  events.clear();
+  CHECK(ReadEventLog(dir.file("none.log"), true, &events).ok());
+  CHECK(events.empty());
+  CHECK_FALSE(ReadEventLog(dir.file("none.log"), false, &events).ok());
 }
 
 }  // namespace

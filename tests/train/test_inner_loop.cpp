@@ -173,15 +173,23 @@ TEST_CASE("step stretch: slowdown and exponential noise of the configured mean, 
   cfg.learners = {{1.0, 0.0}, {2.0, 0.0}, {1.3, 0.2}};
   const double step = 1e-7;  // the sleeps stay negligible
   StepStretch plain(cfg, 0), slow(cfg, 1), noisy(cfg, 2), again(cfg, 2);
-  CHECK(plain.Apply(step) == step);
-  CHECK(plain.Apply(step, 3.0) == Approx(3 * step));  // a chaos factor above the config's
-  CHECK(slow.Apply(step) == Approx(2 * step));
-  CHECK(slow.Apply(step, 1.5) == Approx(2 * step));
+  CHECK(plain.Apply(step).step_s == step);
+  const StretchedStep chaos = plain.Apply(step, 3.0);  // a chaos factor above the config's
+  CHECK(chaos.step_s == Approx(3 * step));
+  CHECK(chaos.provisioned_s == step);  // a fault is not provisioned time
+  CHECK(slow.Apply(step).step_s == Approx(2 * step));
+  CHECK(slow.Apply(step).provisioned_s == Approx(2 * step));  // slower hardware is
+  CHECK(slow.Apply(step, 1.5).step_s == Approx(2 * step));
+  const StretchedStep slower = slow.Apply(step, 3.0);
+  CHECK(slower.step_s == Approx(3 * step));
+  CHECK(slower.provisioned_s == Approx(2 * step));
   double sum = 0, low = 1e9;
   const int n = 20000;
   for (int i = 0; i < n; i++) {
-    const double f = noisy.Apply(step) / step;
-    CHECK(again.Apply(step) / step == f);  // same seed, same learner: the same draws
+    const StretchedStep s = noisy.Apply(step);
+    const double f = s.step_s / step;
+    CHECK(s.provisioned_s == s.step_s);    // noise is the hardware's too
+    CHECK(again.Apply(step).step_s / step == f);  // same seed, same learner: the same draws
     sum += f;
     low = std::min(low, f);
   }
@@ -192,7 +200,7 @@ TEST_CASE("step stretch: slowdown and exponential noise of the configured mean, 
     c.train.seed++;
     return StepStretch(c, 2);
   }();
-  CHECK(other_seed.Apply(step) != StepStretch(cfg, 2).Apply(step));
+  CHECK(other_seed.Apply(step).step_s != StepStretch(cfg, 2).Apply(step).step_s);
 }
 
 class FailingHook final : public InnerLoopHook {

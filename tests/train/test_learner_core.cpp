@@ -209,7 +209,7 @@ struct Fixture {
       r.stats.applied = true;
       r.lr = 1e-3f;
       r.step_s = 0.05;
-      REQUIRE(core->AfterStep(r, 0.05).ok());
+      REQUIRE(core->AfterStep(r, 0.05, 0.05).ok());
     }
   }
 
