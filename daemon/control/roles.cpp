@@ -224,7 +224,7 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   if (!options.device.empty()) ring.device = options.device;
   DL_RETURN_IF_ERROR(CheckTrainDevice(ring).WithContext(LearnerName(index)));
   if (options.resume) DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, index, &im.start_step));
-  DL_RETURN_IF_ERROR(im.metrics.Open((fs::path(options.run_dir) / (LearnerName(index) + ".jsonl")).string()));
+  DL_RETURN_IF_ERROR(im.metrics.Open(LearnerMetricsPath(options.run_dir, index)));
   im.progress.index = index;
   im.progress.step = im.start_step;
   im.slowdown = SlowdownOf(cfg.learners, index);

@@ -15,6 +15,7 @@
 #include "daemon/train/data.h"
 #include "daemon/train/inner_loop.h"
 #include "daemon/train/local_ring.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/train/step_stretch.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
@@ -202,6 +203,8 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   JsonlWriter metrics;
   std::mutex metrics_mu;
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
+  LearnerMetricsFiles learner_metrics;  // each learner's lines (run_dir.h)
+  DL_RETURN_IF_ERROR(learner_metrics.Open(options.run_dir, M));
   TrainSummary s;
   s.learners = M;
   s.run_dir = options.run_dir;
@@ -229,8 +232,9 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   }
   std::vector<std::unique_ptr<DdpHook>> hooks;
   for (int i = 0; i < M; i++)
-    hooks.push_back(std::make_unique<DdpHook>(cfg, i, R, ring_bytes, &metrics, &metrics_mu, checkpoint_path,
-                                              &results[i], chaos_target.get(), &step_log, run_hooks.before_step));
+    hooks.push_back(std::make_unique<DdpHook>(cfg, i, R, ring_bytes, learner_metrics.writer(i), learner_metrics.mu(i),
+                                              checkpoint_path, &results[i], chaos_target.get(), &step_log,
+                                              run_hooks.before_step));
   for (auto& hook : hooks) hook->SetRing(ring.get());
   long step = start_step;
   std::vector<uint32_t> param_crc(M * R);

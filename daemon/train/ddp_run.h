@@ -9,8 +9,9 @@
 // Wire bytes: no bytes move here; bytes_up counts what a ring all-reduce of fp32 gradients among
 // the M learners would send, 2 (M−1)/M × 4 bytes × parameters per learner per step
 // (RingBytesPerMember), and bytes_down stays 0, since every ring transfer is one learner's send.
-// The run directory gets config.yaml, metrics.jsonl and checkpoint.bin (the model and AdamW state
-// every rank shares), so --resume continues from it like a single learner.
+// The run directory gets config.yaml, metrics.jsonl (the run's lines), learner-<i>.jsonl (each
+// learner's: run_dir.h) and checkpoint.bin (the model and AdamW state every rank shares), so
+// --resume continues from it like a single learner.
 #pragma once
 
 #include <cstddef>

@@ -100,7 +100,8 @@ struct LearnerOptions {
   // The run directory: the learner keeps learner-<index>.step there (run_dir.h), what a resumed
   // learner continues from. Empty: nothing is written.
   std::string run_dir;
-  // metrics.jsonl lines ("learner": index), shared by all learners; may be null.
+  // Its metrics lines ("learner": index; learner-<i>.jsonl, run_dir.h), under metrics_mu when
+  // another incarnation may write too; may be null.
   JsonlWriter* metrics = nullptr;
   std::mutex* metrics_mu = nullptr;
   // Clean stop (a daemon stopping the job): once set, the learner sends its pending work as

@@ -97,9 +97,11 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                          "' already holds a run (global_state.bin): pass --resume to continue it, or choose another --out");
   }
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
-  JsonlWriter metrics;
+  JsonlWriter metrics;  // the run's lines; each learner's go to its learner-<i>.jsonl (run_dir.h)
   std::mutex metrics_mu;
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
+  LearnerMetricsFiles learner_metrics;
+  DL_RETURN_IF_ERROR(learner_metrics.Open(options.run_dir, M));
 
   // Validation data (the same tail for every learner) and the initial model.
   std::unique_ptr<Corpus> corpus;
@@ -213,8 +215,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     lo.threads = plan.threads_per_role;
     lo.run_dir = options.run_dir;
     lo.device = role.device;
-    lo.metrics = &metrics;
-    lo.metrics_mu = &metrics_mu;
+    lo.metrics = learner_metrics.writer(i);
+    lo.metrics_mu = learner_metrics.mu(i);
     return lo;
   };
   LocalFleet fleet(*ctx, M, learner_options, &syncer, links, base_link);

@@ -1,9 +1,9 @@
 // Local mode with several learners (sync.learners > 1): M learner threads and one syncer thread
 // in one process, over the real ZeroMQ transport (inproc endpoints; each learner's sockets go
 // through an emulated WAN link when any sync.link.* key is set). RunTraining dispatches here.
-// The run directory gets config.yaml, metrics.jsonl (per-learner lines carry "learner"),
-// events.log (the syncer's merge tape) and global_state.bin; the final validation loss is that
-// of the syncer's global model.
+// The run directory gets config.yaml, metrics.jsonl (the run's lines), learner-<i>.jsonl (each
+// learner's, as a daemon's learner roles write them: run_dir.h), events.log (the syncer's merge
+// tape) and global_state.bin; the final validation loss is that of the syncer's global model.
 // Resume (TrainOptions::resume): the syncer restores run_dir/global_state.bin (versions, Θ, u and
 // the ledger go on), and each learner joins from a snapshot at the step its learner-<i>.step file
 // holds (run_dir.h; the same files the daemon's learner roles keep), with fresh AdamW moments

@@ -47,4 +47,17 @@ Status ReadLearnerStep(const std::string& run_dir, int learner, long* step) {
   return Status::Ok();
 }
 
+std::string LearnerMetricsPath(const std::string& run_dir, int learner) {
+  return (fs::path(run_dir) / (LearnerName(learner) + ".jsonl")).string();
+}
+
+Status LearnerMetricsFiles::Open(const std::string& run_dir, int learners) {
+  files_.clear();
+  for (int i = 0; i < learners; i++) {
+    files_.push_back(std::make_unique<File>());
+    DL_RETURN_IF_ERROR(files_.back()->writer.Open(LearnerMetricsPath(run_dir, i)));
+  }
+  return Status::Ok();
+}
+
 }  // namespace diloco

@@ -58,8 +58,10 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   if (fs::exists(fs::path(options.run_dir) / "global_state.bin"))
     return Status::Error("run directory '" + options.run_dir + "' already holds a run (global_state.bin): choose another --out");
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
-  JsonlWriter metrics;
+  JsonlWriter metrics;  // the run's lines; each learner's go to its learner-<i>.jsonl (run_dir.h)
   DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
+  LearnerMetricsFiles learner_metrics;
+  DL_RETURN_IF_ERROR(learner_metrics.Open(options.run_dir, M));
 
   std::unique_ptr<Corpus> corpus;
   DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, M), &corpus));
@@ -90,7 +92,7 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   wo.table = &table;
   wo.init_params = init.data();
   wo.threads = threads;
-  wo.metrics = &metrics;
+  wo.metrics = &learner_metrics;
   std::unique_ptr<VirtualWorld> world;
   DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
   DL_RETURN_IF_ERROR(world->Run());

@@ -52,7 +52,8 @@ void VirtualWorld::StartLearner(int i, bool join_from_snapshot, long start_step)
   const uint64_t incarnation = mix_seed(cfg.timing.seed ^ (uint64_t)i, 0x1ea7, incarnations_[i].size());
   baton_.Revive(i);
   incarnations_[i].push_back(
-      std::make_unique<VirtualLearner>(scheduler_, baton_, *network_, lo, incarnation, options_.metrics));
+      std::make_unique<VirtualLearner>(scheduler_, baton_, *network_, lo, incarnation,
+                                      options_.metrics ? options_.metrics->writer(i) : nullptr));
   incarnations_[i].back()->JumpClock(clock_offset_ns_[i]);  // the machine's clock, as the last one saw it
   incarnations_[i].back()->Launch();
 }

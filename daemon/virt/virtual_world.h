@@ -11,6 +11,7 @@
 
 #include "daemon/config/run_config.h"
 #include "daemon/sync/merge_tape.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/virt/baton.h"
 #include "daemon/virt/scheduler.h"
@@ -27,7 +28,7 @@ struct VirtualWorldOptions {
   const TensorTable* table = nullptr;  // the model's
   const float* init_params = nullptr;  // version 0 of every fragment
   int threads = 1;                     // OpenMP threads of each learner (all computes alone)
-  JsonlWriter* metrics = nullptr;      // learners' lines; may be null
+  LearnerMetricsFiles* metrics = nullptr;  // learners' lines (one actor at a time); may be null
   // The run is an error past this much virtual time (0: no limit): a stuck run ends, not hangs.
   double max_virtual_s = 0;
   // Scheduler thread, after every event: a non-OK status stops the run with it (DST's checks).

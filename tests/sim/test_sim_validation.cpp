@@ -54,18 +54,19 @@ TEST_CASE("simulate: a small run agrees with the real local run on merges and co
       merges += 0.5;
       contributors += 0.5 * ev["contributors"].size();
     }
-    std::vector<std::pair<int64_t, long>> last(3, {0, 0});
-    for (std::ifstream in(dir.path() / out / "metrics.jsonl"); in;) {
-      std::string line;
-      if (!std::getline(in, line) || line.empty()) continue;
-      const nlohmann::json m = nlohmann::json::parse(line);
-      const int l = m.value("learner", -1);
-      if (l < 0 || l > 2 || !m.contains("time_ms")) continue;
-      const int64_t t = m["time_ms"];
-      const long step = m["step"];
-      if (last[l].first > 0 && step > last[l].second)
-        per_step_ms.push_back(double(t - last[l].first) / double(step - last[l].second));
-      last[l] = {t, step};
+    for (int l = 0; l < 3; l++) {  // the fast learners' lines (learner-<i>.jsonl)
+      std::pair<int64_t, long> last{0, 0};
+      for (std::ifstream in(dir.path() / out / ("learner-" + std::to_string(l) + ".jsonl")); in;) {
+        std::string line;
+        if (!std::getline(in, line) || line.empty()) continue;
+        const nlohmann::json m = nlohmann::json::parse(line);
+        if (!m.contains("time_ms")) continue;
+        const int64_t t = m["time_ms"];
+        const long step = m["step"];
+        if (last.first > 0 && step > last.second)
+          per_step_ms.push_back(double(t - last.first) / double(step - last.second));
+        last = {t, step};
+      }
     }
   }
   REQUIRE(merges > 20);

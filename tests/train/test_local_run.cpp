@@ -13,6 +13,7 @@
 #include <string>
 
 #include "daemon/train/data.h"
+#include "daemon/train/run_dir.h"
 #include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
 #include "kernels/lr_schedule.h"
@@ -66,11 +67,14 @@ TEST_CASE("local run: 3 decoupled learners train one model over the transport", 
   }
   CHECK(merged_from == std::set<int>{0, 1, 2});
   CHECK(versions.size() == s.outer_steps);
-  // metrics.jsonl has per-learner lines.
-  std::set<int> metric_learners;
-  for (const auto& m : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
-    if (m.contains("learner") && m.contains("loss")) metric_learners.insert(m["learner"].get<int>());
-  CHECK(metric_learners == std::set<int>{0, 1, 2});
+  // Each learner's lines in its learner-<i>.jsonl (the daemon's layout), none in metrics.jsonl.
+  for (int i = 0; i < 3; i++) {
+    std::set<int> named;
+    for (const auto& m : ReadJsonl(LearnerMetricsPath(o.run_dir, i)))
+      if (m.contains("loss")) named.insert(m["learner"].get<int>());
+    CHECK(named == std::set<int>{i});
+  }
+  for (const auto& m : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl")) CHECK_FALSE(m.contains("loss"));
   CHECK(fs::exists(fs::path(o.run_dir) / "global_state.bin"));
 }
 
@@ -284,8 +288,8 @@ TEST_CASE("local run: with sync.lr_clock global a slow learner's LR follows the 
   REQUIRE(st.ok());
   const LrSchedule schedule = LrScheduleOf(o.config.train);
   int ahead = 0, lines = 0;
-  for (const nlohmann::json& j : ReadJsonl(std::filesystem::path(o.run_dir) / "metrics.jsonl")) {
-    if (!j.contains("learner") || !j.contains("lr") || j["learner"] != 1) continue;
+  for (const nlohmann::json& j : ReadJsonl(LearnerMetricsPath(o.run_dir, 1))) {
+    if (!j.contains("lr")) continue;
     const long step = j["step"];
     const double own = lr_at(schedule, (int)(step - 1));
     INFO("learner 1 step " << step << ": lr " << j["lr"].get<double>() << ", its own clock's " << own);
@@ -487,11 +491,12 @@ TEST_CASE("local run: ddp with 2 learners matches one learner with twice the bat
   // The per-learner train losses of the last logged step average to the reference's batch loss.
   double loss_sum = 0;
   int n = 0;
-  for (const auto& m : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl"))
-    if (m.contains("learner") && m.contains("loss") && m["step"] == 60) {
-      loss_sum += m["loss"].get<double>();
-      n++;
-    }
+  for (int i = 0; i < 2; i++)
+    for (const auto& m : ReadJsonl(LearnerMetricsPath(o.run_dir, i)))
+      if (m.contains("loss") && m["step"] == 60) {
+        loss_sum += m["loss"].get<double>();
+        n++;
+      }
   REQUIRE(n == 2);
   CHECK(loss_sum / 2 == Approx(last_loss).epsilon(1e-5));
 }
