@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "daemon/sync/goodput_builder.h"
+
 namespace diloco {
 
 LiveGoodput::LiveGoodput(LiveGoodputOptions options)
@@ -44,36 +46,18 @@ void LiveGoodput::Observe(const SyncerStatusSnapshot& s, int64_t now_ms) {
 
 Status LiveGoodput::Report(int64_t now_ms, GoodputReport* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t start_ms = options_.start_unix_ms;
-  std::vector<MergedDelta> merged;
-  std::vector<LostDelta> lost;
-  if (options_.merges) options_.merges->GoodputRecords(start_ms, &merged, &lost);
-  GoodputInput in;
-  auto rel = [&](int64_t ms) { return std::max(0.0, (double)(ms - start_ms) / 1000); };
-  in.wall_s = std::max(rel(now_ms), 1e-3);
-  // Records stamped after now (another clock read) or before the start would be refused.
-  for (MergedDelta m : merged) {
-    m.time_s = std::clamp(m.time_s, 0.0, in.wall_s);
-    in.merged.push_back(m);
-  }
-  for (LostDelta d : lost) {
-    d.time_s = std::clamp(d.time_s, 0.0, in.wall_s);
-    in.lost.push_back(d);
-  }
-  in.fragment_weights = options_.fragment_weights;
-  double slowest_step_s = 0;
+  GoodputBuilder b(options_.start_unix_ms, (int)learners_.size(), options_.fragment_weights, options_.tokens_per_step,
+                   options_.inner_steps);
+  if (options_.merges) b.AddMerges(*options_.merges);
   for (size_t i = 0; i < learners_.size(); i++) {
     const Learner& l = learners_[i];
-    const double rate = l.Rate();
-    in.nominal_tokens_per_s.push_back(rate);
-    if (rate > 0) slowest_step_s = std::max(slowest_step_s, options_.tokens_per_step / rate);
-    for (const auto& [a, b] : l.down) in.spans.push_back({(int)i, rel(a), rel(b), Activity::kDown});
-    if (l.down_since_ms >= 0) in.spans.push_back({(int)i, rel(l.down_since_ms), in.wall_s, Activity::kDown});
-    if (l.finished_ms >= 0) in.spans.push_back({(int)i, rel(l.finished_ms), in.wall_s, Activity::kIdle});
+    b.AddWork((int)i, l.past_tokens + l.tokens, l.past_provisioned_s + l.provisioned_s);
+    for (const auto& [from, to] : l.down) b.AddSpan((int)i, from, to, Activity::kDown);
+    if (l.down_since_ms >= 0) b.AddSpan((int)i, l.down_since_ms, 0, Activity::kDown);
+    if (l.finished_ms >= 0) b.AddSpan((int)i, l.finished_ms, 0, Activity::kIdle);
   }
-  if (slowest_step_s <= 0) return Status::Error("no learner has reported its rate yet");
-  in.expected_merge_interval_s =
-      std::max(1e-3, options_.inner_steps * slowest_step_s / std::max<size_t>(1, options_.fragment_weights.size()));
+  GoodputInput in;
+  DL_RETURN_IF_ERROR(b.Build(now_ms, &in));
   return ComputeGoodput(in, out);
 }
 

@@ -54,7 +54,6 @@ class LiveGoodput {
     // Tokens and provisioned time of the incarnations before this one, and of this one so far.
     double past_tokens = 0, past_provisioned_s = 0;
     double tokens = 0, provisioned_s = 0;
-    double Rate() const { return NominalTokensPerS(past_tokens + tokens, past_provisioned_s + provisioned_s); }
     int64_t down_since_ms = -1;         // open down span
     int64_t finished_ms = -1;           // done with its steps
     std::vector<std::pair<int64_t, int64_t>> down;  // closed down spans

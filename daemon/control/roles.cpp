@@ -110,9 +110,7 @@ struct Role::Impl {
     DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
     LiveGoodputOptions go;
     go.learners = cfg.sync.learners;
-    double numel = 0;
-    for (const Fragment& f : frags) numel += (double)f.numel;
-    for (const Fragment& f : frags) go.fragment_weights.push_back((double)f.numel / numel);
+    go.fragment_weights = FragmentWeights(frags);
     go.tokens_per_step = (double)LearnerTokensPerStep(cfg);
     go.inner_steps = cfg.sync.inner_steps;
     go.merges = &merges;

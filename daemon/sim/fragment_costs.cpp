@@ -7,10 +7,8 @@ namespace diloco {
 
 FragmentCosts FragmentCostsOf(const std::vector<Fragment>& fragments, const SyncConfig& sync) {
   FragmentCosts c;
-  double total = 0;
-  for (const Fragment& f : fragments) total += (double)f.numel;
+  c.weights = FragmentWeights(fragments);
   for (const Fragment& f : fragments) {
-    c.weights.push_back((double)f.numel / total);
     c.delta_bytes.push_back((double)MaxEncodedBytes(UplinkCodec(sync), f.numel));
     c.global_bytes.push_back((double)MaxEncodedBytes(DownlinkCodec(sync), f.numel));
     c.merge_bytes.push_back((double)f.numel * sizeof(float));

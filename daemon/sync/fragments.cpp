@@ -209,6 +209,14 @@ double FragmentImbalance(const std::vector<Fragment>& fragments) {
   return (double)LargestNumel(fragments) * fragments.size() / total;
 }
 
+std::vector<double> FragmentWeights(const std::vector<Fragment>& fragments) {
+  double total = 0;
+  for (const Fragment& f : fragments) total += (double)f.numel;
+  std::vector<double> w;
+  for (const Fragment& f : fragments) w.push_back(total > 0 ? (double)f.numel / total : 0);
+  return w;
+}
+
 uint64_t FragmentsDigest(const std::vector<Fragment>& fragments) {
   uint64_t h = 0xcbf29ce484222325ULL;
   auto mix = [&h](uint64_t v) {

@@ -100,6 +100,10 @@ uint64_t FragmentsDigest(const std::vector<Fragment>& fragments);
 // max fragment numel / mean (total / P): 1 is perfect balance.
 double FragmentImbalance(const std::vector<Fragment>& fragments);
 
+// Each fragment's share of the parameters (numel / total; they sum to 1): what a token of its
+// deltas counts for in goodput (goodput.h).
+std::vector<double> FragmentWeights(const std::vector<Fragment>& fragments);
+
 // Copies the fragment's ranges of flat (the whole parameter buffer) into
 // packed (fragment.numel floats).
 void GatherFragment(const Fragment& fragment, const float* flat, float* packed);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "daemon/sync/goodput_builder.h"
 #include "daemon/sync/protocol.h"  // LearnerName
 #include "daemon/train/chaos_runner.h"
 #include "daemon/train/checkpoint.h"
@@ -329,27 +330,20 @@ Status RunLocalDdp(const TrainOptions& options, TrainSummary* summary, LocalRunD
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "checkpoint"}, {"step", step}, {"path", checkpoint_path}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   {
-    // Goodput (sync/goodput.h): every step that survived into the model reached the global one.
-    GoodputInput in;
+    // Goodput (sync/goodput.h): every step that survived into the model reached the global one,
+    // as one fragment merged every step.
     const double tokens_per_step = (double)R * B * T;
-    auto rel = [&](int64_t ms) { return std::max(0.0, (double)(ms - train_start_unix_ms) / 1000); };
-    in.wall_s = std::max(1e-3, rel(UnixMs()));
-    in.fragment_weights = {1.0};
-    double step_s = 0;
+    GoodputBuilder b(train_start_unix_ms, M, {1.0}, tokens_per_step, /*inner_steps=*/1);
     for (int i = 0; i < M; i++) {
-      const DdpLearnerResult& r = results[i];
-      const double rate = NominalTokensPerS((double)r.tokens, r.provisioned_s);
-      in.nominal_tokens_per_s.push_back(rate);
-      if (rate > 0) step_s = std::max(step_s, tokens_per_step / rate);
-      for (const auto& [a, b] : down_spans[i]) in.spans.push_back({i, rel(a), rel(b), Activity::kDown});
-      for (const auto& [a, b] : blocked_spans[i]) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
-      for (const auto& [t, st] : step_log) in.merged.push_back({std::min(rel(t), in.wall_s), 0, i, tokens_per_step});
-      for (const auto& [t, st] : discarded_log)
-        in.lost.push_back({std::min(rel(t), in.wall_s), 0, i, tokens_per_step, LossCause::kDiscarded});
+      b.AddWork(i, (double)results[i].tokens, results[i].provisioned_s);
+      for (const auto& [from, to] : down_spans[i]) b.AddSpan(i, from, to, Activity::kDown);
+      for (const auto& [from, to] : blocked_spans[i]) b.AddSpan(i, from, to, Activity::kBlocked);
+      for (const auto& [t, st] : step_log) b.AddMerged(t, 0, i, tokens_per_step);
+      for (const auto& [t, st] : discarded_log) b.AddLost(t, 0, i, tokens_per_step, LossCause::kDiscarded);
     }
-    in.expected_merge_interval_s = std::max(1e-3, step_s);
+    GoodputInput in;
     GoodputReport g;
-    if (Status st = ComputeGoodput(in, &g); st.ok()) s.goodput = g;
+    if (Status st = b.Build(UnixMs(), &in); st.ok() && ComputeGoodput(in, &g).ok()) s.goodput = g;
   }
   s.peak_rss_mb = peak_rss_mb();
   s.wall_s = Seconds(run_start, Clock::now());

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "daemon/sync/fragments.h"
+#include "daemon/sync/goodput_builder.h"
 #include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
 
@@ -11,8 +12,7 @@ namespace diloco {
 
 namespace fs = std::filesystem;
 
-// Training starts at the first incarnation's first step; a learner's nominal rate is
-// NominalTokensPerS over all its incarnations.
+// Training starts at the first incarnation's first step.
 Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,
                       const std::vector<std::vector<const LearnerResult*>>& incarnations,
                       const std::vector<std::vector<std::pair<int64_t, int64_t>>>& down, int64_t end_unix_ms,
@@ -23,60 +23,28 @@ Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,
     for (const LearnerResult* r : incs)
       if (r->train_start_unix_ms > 0 && (t0 == 0 || r->train_start_unix_ms < t0)) t0 = r->train_start_unix_ms;
   if (t0 == 0) return Status::Error("no learner trained");
-  GoodputInput in;
-  merges.GoodputRecords(t0, &in.merged, &in.lost);
-  double end_s = (double)(end_unix_ms - t0) / 1000;
-  for (const MergedDelta& m : in.merged) end_s = std::max(end_s, m.time_s);
-  for (const LostDelta& l : in.lost) end_s = std::max(end_s, l.time_s);
-  in.wall_s = std::max(end_s, 1e-3);
-  const double tokens_per_step = (double)LearnerTokensPerStep(cfg);
-  double step_s = 0;
-  for (int i = 0; i < M; i++) {
-    double tokens = 0, provisioned_s = 0;
-    for (const LearnerResult* r : incarnations[i]) {
-      tokens += (double)r->tokens;
-      provisioned_s += r->provisioned_s;
-    }
-    const double rate = NominalTokensPerS(tokens, provisioned_s);
-    in.nominal_tokens_per_s.push_back(rate);
-    step_s = std::max(step_s, rate > 0 ? tokens_per_step / rate : 0);
-    auto rel = [&](int64_t ms) { return std::clamp((double)(ms - t0) / 1000, 0.0, in.wall_s); };
-    for (const LearnerResult* r : incarnations[i])
-      for (const auto& [a, b] : r->blocked_unix_ms) in.spans.push_back({i, rel(a), rel(b), Activity::kBlocked});
-    for (const auto& [a, b] : down[i]) in.spans.push_back({i, rel(a), b > 0 ? rel(b) : in.wall_s, Activity::kDown});
-    // Done with its steps while the run goes on (a restarted learner catching up): idle.
-    const LearnerResult* last = incarnations[i].back();
-    if (!last->crashed && last->end_unix_ms > 0 && rel(last->end_unix_ms) < in.wall_s)
-      in.spans.push_back({i, rel(last->end_unix_ms), in.wall_s, Activity::kIdle});
-    for (const LearnerResult* r : incarnations[i])
-      for (size_t p = 0; p < r->unsent_tokens_at_crash.size(); p++)
-        if (r->unsent_tokens_at_crash[p] > 0)
-          in.lost.push_back({rel(r->crashed_unix_ms), (int)p, i, (double)r->unsent_tokens_at_crash[p], LossCause::kCrashed});
-    for (const LearnerResult* r : incarnations[i])
-      for (const LearnerResult::Discarded& d : r->discarded)
-        in.lost.push_back({rel(d.unix_ms), d.fragment, i, d.tokens, LossCause::kDiscarded});
-  }
-  // A kill can land while the learner waits at a barrier: the down time wins the overlap.
-  std::stable_sort(in.spans.begin(), in.spans.end(), [](const ActivitySpan& a, const ActivitySpan& b) {
-    return a.learner != b.learner ? a.learner < b.learner : a.start_s < b.start_s;
-  });
-  for (size_t k = 1; k < in.spans.size(); k++) {
-    ActivitySpan& prev = in.spans[k - 1];
-    ActivitySpan& cur = in.spans[k];
-    if (prev.learner != cur.learner || cur.start_s >= prev.end_s) continue;
-    if (cur.activity == Activity::kDown) prev.end_s = cur.start_s;
-    else cur.start_s = std::min(prev.end_s, cur.end_s);
-  }
   std::vector<Fragment> frags;
   DL_RETURN_IF_ERROR(PartitionFragments(gpt_tensor_table(GptConfigOf(cfg.model)), EffectiveFragments(cfg.sync), &frags));
-  double numel = 0;
-  for (const Fragment& f : frags) numel += (double)f.numel;
-  for (const Fragment& f : frags) in.fragment_weights.push_back((double)f.numel / numel);
-  // One merge of some fragment every H / P steps when every fragment fires on its own schedule.
-  in.expected_merge_interval_s = std::max(1e-3, cfg.sync.inner_steps * step_s / (double)frags.size());
+  GoodputBuilder b(t0, M, FragmentWeights(frags), (double)LearnerTokensPerStep(cfg), cfg.sync.inner_steps);
+  b.AddMerges(merges);
+  for (int i = 0; i < M; i++) {
+    for (const LearnerResult* r : incarnations[i]) {
+      b.AddWork(i, (double)r->tokens, r->provisioned_s);
+      for (const auto& [from, to] : r->blocked_unix_ms) b.AddSpan(i, from, to, Activity::kBlocked);
+      for (size_t p = 0; p < r->unsent_tokens_at_crash.size(); p++)
+        if (r->unsent_tokens_at_crash[p] > 0)
+          b.AddLost(r->crashed_unix_ms, (int)p, i, (double)r->unsent_tokens_at_crash[p], LossCause::kCrashed);
+      for (const LearnerResult::Discarded& d : r->discarded) b.AddLost(d.unix_ms, d.fragment, i, d.tokens, LossCause::kDiscarded);
+    }
+    for (const auto& [from, to] : down[i]) b.AddSpan(i, from, to, Activity::kDown);
+    // Done with its steps while the run goes on (a restarted learner catching up): idle.
+    const LearnerResult* last = incarnations[i].back();
+    if (!last->crashed && last->end_unix_ms > 0) b.AddSpan(i, last->end_unix_ms, 0, Activity::kIdle);
+  }
+  GoodputInput in;
+  DL_RETURN_IF_ERROR(b.Build(end_unix_ms, &in));
   return ComputeGoodput(in, out);
 }
-
 
 Status SummarizeLearners(const RunConfig& cfg, const std::vector<std::vector<const LearnerResult*>>& incarnations,
                          JsonlWriter& metrics, TrainSummary* summary, LocalRunDetails* details) {

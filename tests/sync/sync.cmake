@@ -5,6 +5,7 @@ diloco_test(sync_tests
   sync/test_fragments.cpp
   sync/test_global_state.cpp
   sync/test_goodput.cpp
+  sync/test_goodput_builder.cpp
   sync/test_merge.cpp
   sync/test_merger.cpp
   sync/test_round_book.cpp
