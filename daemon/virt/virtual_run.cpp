@@ -10,6 +10,7 @@
 #include "daemon/sync/protocol.h"
 #include "daemon/train/ddp_run.h"
 #include "daemon/train/data.h"
+#include "daemon/train/role_plan.h"
 #include "daemon/train/run_dir.h"
 #include "daemon/train/run_summary.h"
 #include "daemon/util/jsonl_writer.h"
@@ -76,7 +77,9 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   TrainSummary s;
   s.learners = M;
   s.run_dir = options.run_dir;
-  DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
+  // Evaluated where local mode evaluates (the role plan's choice, train/role_plan.h).
+  const RolePlan plan = PlanLocal(cfg, LearnersOwnDevices(cfg.train, M), threads);
+  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "start"},
                                     {"clock", "virtual"},
                                     {"step", 0},
@@ -113,7 +116,7 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   std::vector<float> global(table.total_numel());
   syncer->GlobalParams(global.data());
   omp_set_num_threads(threads);
-  DL_RETURN_IF_ERROR(EvaluateParams(cfg.train.device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
   s.final_val_batches = cfg.eval.batches;
   s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
   DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
