@@ -239,7 +239,7 @@ struct DaemonImpl {
   nlohmann::json LocalView(const std::string& id);
   ControlArgs JobStatus(const std::string& id);
   // The `train --json` summary object, from the syncer's and learners' results.
-  nlohmann::json Summary(const nlohmann::json& status);
+  nlohmann::json Summary(const RunConfig& cfg, const nlohmann::json& status);
   ControlArgs UnknownJob(const std::string& id);
   // The jobs from `offset` on, as many as fit one reply; "next" is where the following page
   // starts when some are left (the CLI asks until there is none).

@@ -1,7 +1,10 @@
 // What status, list, /metrics and sd_notify say about the jobs (daemon_impl.h).
 #include "daemon/control/daemon_impl.h"
 
+#include <algorithm>
+
 #include "daemon/control/site_metrics.h"
+#include "daemon/train/run_summary.h"
 #include "daemon/util/sd_notify.h"
 
 namespace diloco {
@@ -105,58 +108,46 @@ ControlArgs DaemonImpl::JobStatus(const std::string& id) {
     out["syncer"]["site"] = cfg.placement.syncer;
   }
   if (out["state"] == "completed") {
-    nlohmann::json summary = Summary(out);
+    nlohmann::json summary = Summary(cfg, out);
     if (!summary.is_null()) out["summary"] = summary;
   }
   return {{"ok", "1"}, {"json", JsonText(out)}};
 }
 
-// The `train --json` summary object, from the syncer's and learners' results.
-nlohmann::json DaemonImpl::Summary(const nlohmann::json& status) {
+// The `train --json` summary object, from the syncer's and learners' results: the learners added
+// up by local mode's rule (AddLearnerTotals), the object written as local mode writes it.
+nlohmann::json DaemonImpl::Summary(const RunConfig& cfg, const nlohmann::json& status) {
   if (!status.contains("syncer") || !status["syncer"].contains("result")) return nullptr;
   const nlohmann::json& sr = status["syncer"]["result"];
-  nlohmann::json s;
-  long steps = 0, tokens = 0;
-  double train_s = 0, loss = 0;
-  uint64_t up = 0, down = 0;
-  std::vector<long> learner_tokens;
-  double peak_rss = Number(sr, "peak_rss_mb", 0.0);
+  TrainSummary s;
+  s.learners = (int)status["learners"].size();
+  s.peak_rss_mb = Number(sr, "peak_rss_mb", 0.0);
   for (const auto& l : status["learners"]) {
     if (!l.contains("result")) return nullptr;
     const nlohmann::json& r = l["result"];
-    steps += Number(r, "steps", 0L);
-    tokens += Number(r, "tokens", 0L);
-    train_s = std::max(train_s, Number(r, "train_s", 0.0));
-    loss += Number(r, "final_train_loss", 0.0) / status["learners"].size();
-    up += Number(r, "bytes_up", uint64_t{0});
-    down += Number(r, "bytes_down", uint64_t{0});
-    learner_tokens.push_back(Number(r, "tokens", 0L));
-    peak_rss = std::max(peak_rss, Number(r, "peak_rss_mb", 0.0));
+    AddLearnerTotals(cfg,
+                     {Number(r, "tokens", 0L), Number(r, "train_s", 0.0), Number(r, "final_train_loss", 0.0),
+                      Number(r, "bytes_up", uint64_t{0}), Number(r, "bytes_down", uint64_t{0})},
+                     &s);
+    s.peak_rss_mb = std::max(s.peak_rss_mb, Number(r, "peak_rss_mb", 0.0));
   }
-  s = {{"final_val_loss", Number(sr, "final_val_loss", 0.0)},
-       {"final_val_batches", Number(sr, "final_val_batches", 0)},
-       {"initial_val_loss", Number(sr, "initial_val_loss", 0.0)},
-       {"final_train_loss", loss},
-       {"steps", steps},
-       {"tokens", tokens},
-       {"train_s", train_s},
-       {"tokens_per_s", train_s > 0 ? tokens / train_s : 0.0},
-       {"bytes_up", up},
-       {"bytes_down", down},
-       {"learners", (int)status["learners"].size()},
-       {"outer_steps", Number(sr, "merges", uint64_t{0})},
-       {"dropped_deltas", Number(sr, "dropped_deltas", uint64_t{0})},
-       {"rejected_deltas", Number(sr, "rejected_deltas", uint64_t{0})},
-       {"versions", sr.value("versions", nlohmann::json::array())},
-       {"learner_tokens", learner_tokens},
-       {"run_dir", status.value("run_dir", "")},
-       {"checkpoint", sr.value("checkpoint", "")},
-       {"global_state", sr.value("global_state", "")},
-       {"wall_s", Number(sr, "wall_s", 0.0)},
-       {"peak_rss_mb", peak_rss},
-       {"job", status.value("id", "")}};
-  if (sr.contains("goodput")) s.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
-  return s;
+  s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0.0;
+  s.final_val_loss = Number(sr, "final_val_loss", 0.0);
+  s.final_val_batches = Number(sr, "final_val_batches", 0);
+  s.initial_val_loss = Number(sr, "initial_val_loss", 0.0);
+  s.outer_steps = Number(sr, "merges", uint64_t{0});
+  s.dropped_deltas = Number(sr, "dropped_deltas", uint64_t{0});
+  s.rejected_deltas = Number(sr, "rejected_deltas", uint64_t{0});
+  if (sr.contains("versions") && sr["versions"].is_array())
+    for (const auto& v : sr["versions"]) s.versions.push_back(v.is_number_unsigned() ? v.get<uint64_t>() : 0);
+  s.run_dir = status.value("run_dir", "");
+  s.checkpoint = sr.value("checkpoint", "");
+  s.wall_s = Number(sr, "wall_s", 0.0);
+  nlohmann::json j = TrainSummaryObject(s);
+  j["global_state"] = sr.value("global_state", "");
+  j["job"] = status.value("id", "");
+  if (sr.contains("goodput")) j.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
+  return j;
 }
 
 ControlArgs DaemonImpl::UnknownJob(const std::string& id) {

@@ -46,6 +46,16 @@ Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,
   return ComputeGoodput(in, out);
 }
 
+void AddLearnerTotals(const RunConfig& cfg, const LearnerTotals& t, TrainSummary* s) {
+  s->steps += t.tokens / (long)LearnerTokensPerStep(cfg);
+  s->tokens += t.tokens;
+  s->train_s = std::max(s->train_s, t.train_s);
+  s->bytes_up += t.bytes_up;
+  s->bytes_down += t.bytes_down;
+  s->final_train_loss += t.final_train_loss / std::max(1, s->learners);
+  s->learner_tokens.push_back(t.tokens);
+}
+
 Status SummarizeLearners(const RunConfig& cfg, const std::vector<std::vector<const LearnerResult*>>& incarnations,
                          JsonlWriter& metrics, TrainSummary* summary, LocalRunDetails* details) {
   TrainSummary& s = *summary;
@@ -73,13 +83,7 @@ Status SummarizeLearners(const RunConfig& cfg, const std::vector<std::vector<con
       r.wait_s += x->wait_s;
       r.crashed = x->crashed;
     }
-    s.steps += r.tokens / (long)LearnerTokensPerStep(cfg);
-    s.tokens += r.tokens;
-    s.train_s = std::max(s.train_s, r.train_s);
-    s.bytes_up += r.bytes_up;
-    s.bytes_down += r.bytes_down;
-    s.final_train_loss += r.final_train_loss / M;
-    s.learner_tokens.push_back(r.tokens);
+    AddLearnerTotals(cfg, {r.tokens, r.train_s, r.final_train_loss, r.bytes_up, r.bytes_down}, &s);
     if (details) {
       details->snapshots_installed.push_back(r.snapshots_installed);
       details->crc_mismatches.push_back(r.crc_mismatches);

@@ -19,6 +19,18 @@
 
 namespace diloco {
 
+// One learner over its incarnations, as a run's summary adds it up.
+struct LearnerTotals {
+  long tokens = 0;
+  double train_s = 0, final_train_loss = 0;
+  uint64_t bytes_up = 0, bytes_down = 0;
+};
+
+// The one rule by which local, virtual and daemon runs add a learner into their summary (of
+// s->learners learners): its steps are its tokens over one learner step's (LearnerTokensPerStep),
+// summed, as are tokens and bytes; train_s is the longest; the final train loss is the mean.
+void AddLearnerTotals(const RunConfig& cfg, const LearnerTotals& t, TrainSummary* s);
+
 // Each learner over all its incarnations (incarnations[i], in order) into *s (steps, tokens,
 // bytes, train_s, final train loss, learner_tokens) and *details (may be null; reset first), and
 // its "learner_done" line in metrics.

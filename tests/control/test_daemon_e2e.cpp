@@ -28,6 +28,7 @@
 #include "daemon/export/safetensors.h"
 #include "daemon/net/curve.h"
 #include "daemon/sync/global_state.h"
+#include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
 #include "tests/control/daemon_testing.h"
 #include "tests/temp_dir.h"
@@ -85,6 +86,15 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   CHECK(sum["goodput"].get<double>() > 0);
   CHECK(sum["goodput"].get<double>() <= 1);
   CHECK(sum["waste"]["down"] == 0);  // nobody failed
+  // The summary a local run of several learners writes, key for key (one summary builder).
+  TrainSummary several;
+  several.learners = 2;
+  several.goodput = GoodputReport{};
+  const nlohmann::json local_keys = TrainSummaryObject(several);
+  for (const auto& [key, value] : local_keys.items()) {
+    INFO(key);
+    CHECK(sum.contains(key));
+  }
   CHECK(fs::exists(sum["checkpoint"].get<std::string>()));
   CHECK(fs::exists(s["run_dir"].get<std::string>() + "/global_state.bin"));
   // The merged model exports as safetensors whose tensors match the model's table.
