@@ -16,8 +16,9 @@ StepStretch::StepStretch(const RunConfig& config, int learner)
 StretchedStep StepStretch::Apply(double step_s, double chaos_factor) {
   const double noise = jitter_ > 0 ? 1.0 + std::exponential_distribution<double>(1.0 / jitter_)(rng_) : 1.0;
   const double factor = std::max({1.0, slowdown_, chaos_factor}) * noise;
+  const double provisioned = std::max(1.0, slowdown_) * noise;  // the same bits without a chaos factor
   if (factor > 1) std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1) * step_s));
-  return {step_s * factor, step_s * std::max(1.0, slowdown_) * noise};
+  return {step_s * factor, step_s * provisioned};
 }
 
 }  // namespace diloco

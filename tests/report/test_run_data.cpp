@@ -41,12 +41,12 @@ void WriteDecoupledRun(const TempDir &dir) {
   dir.Write("events.log.1",
             "{\"event\":\"merge\",\"time_ms\":1001000,\"fragment\":0,"
             "\"version\":1,\"reason\":\"all_live_in\","
-            "\"contributors\":[{\"learner\":0,\"staleness\":0},{\"learner\":1,"
-            "\"staleness\":1}]}\n");
+            "\"contributors\":[{\"learner\":0,\"staleness\":0,\"tokens\":40},{\"learner\":1,"
+            "\"staleness\":1,\"tokens\":40}]}\n");
   dir.Write("events.log",
             "{\"event\":\"merge\",\"time_ms\":1002000,\"fragment\":1,"
             "\"version\":2,\"reason\":\"grace_expired\","
-            "\"contributors\":[{\"learner\":1,\"staleness\":2}]}\n");
+            "\"contributors\":[{\"learner\":1,\"staleness\":2,\"tokens\":40}]}\n");
 }
 
 }  // namespace
@@ -145,6 +145,8 @@ TEST_CASE("LoadRunDir fails only on a missing directory", "[unit]") {
   REQUIRE(LoadRunDir(odd.path().string(), "", &run).ok());
   CHECK(HasNote(run, "config.yaml: cannot be parsed"));
   CHECK(HasNote(run, "metrics.jsonl line 1"));
+  CHECK(HasNote(run, "events.log: a merge record without a field it needs"));
+  CHECK(run.merges.empty());
   CHECK(std::isnan(run.summary.goodput));
   const std::string page = RenderHtmlReport({run});
   CHECK(testing::XmlProblem(page, true) == "");
