@@ -73,6 +73,13 @@ inline constexpr uint32_t kAnyMessage = ((uint32_t{1} << (kNumMessageTypes + 1))
 struct OutgoingMessage {
   std::vector<uint8_t> header;
   std::vector<std::span<const uint8_t>> chunks;
+  // BuildMessage: each chunk's CRC32C (the payload's is their combination) and the header's
+  // identity, so the transport may send every chunk as its own message (chunk_frame.h). Empty
+  // from BuildMessageUnchecked: such messages travel as one multipart message.
+  std::vector<uint32_t> chunk_crc32c;
+  std::string sender;
+  uint64_t incarnation = 0;
+  uint64_t seq = 0;
   size_t num_frames() const { return 1 + chunks.size(); }
   // Header plus payload bytes (what bytes_up / bytes_down count).
   size_t wire_bytes() const;
@@ -179,13 +186,17 @@ Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const Par
 // and unchanged, and is kept in out->payload_owner (for a message without payload it is
 // dropped). For receivers that decode from chunks (DecodeTensors over payload_spans(), codec.h)
 // instead of one buffer: this saves one pass over the payload (a copy and its cache misses).
+// chunk_crc32c, when not empty: the CRC32C of each chunk, computed by the caller over the very
+// bytes in frames 1..n as they arrived (chunk_assembler.h); they are combined, not recomputed.
 Status ParseEnvelopeInPlace(std::span<const std::span<const uint8_t>> frames, const ParseOptions& expect,
-                            std::shared_ptr<const void> frames_owner, ParsedMessage* out);
+                            std::shared_ptr<const void> frames_owner, ParsedMessage* out,
+                            std::span<const uint32_t> chunk_crc32c = {});
 
 // ParseEnvelopeInPlace's step 5: chunk count and sizes as ReassembleChunks, then the CRC32C over
-// the chunks in place, last chunk first (CRCs combined).
+// the chunks in place, last chunk first (CRCs combined), or the combination of chunk_crc32c
+// (one per chunk, computed over these chunks) when given.
 Status VerifyChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
-                    uint32_t payload_crc32c, std::string_view what);
+                    uint32_t payload_crc32c, std::string_view what, std::span<const uint32_t> chunk_crc32c = {});
 
 // The chunk reassembler ParseEnvelope uses: concatenates chunks into *out after checking that
 // there are ceil(payload_bytes / kChunkBytes) of them, all kChunkBytes but a non-empty last one,

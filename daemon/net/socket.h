@@ -24,6 +24,7 @@
 
 #include <zmq.hpp>
 
+#include "daemon/net/chunk_frame.h"
 #include "daemon/util/status.h"
 
 namespace diloco::net {
@@ -66,10 +67,20 @@ class Message {
 
   std::vector<zmq::message_t>& frames() { return frames_; }
   const std::vector<zmq::message_t>& frames() const { return frames_; }
-  void Clear() { frames_.clear(); }
+  void Clear() {
+    frames_.clear();
+    chunk_info_.reset();
+  }
+
+  // A wire message's payload frames (1..n): who sends them and their CRC32Cs (chunk_frame.h).
+  // Set by ToMessage (PubChannel then sends the chunked form) and by the receiving channel's
+  // chunk assembler (CRCs it computed over the received bytes); null otherwise.
+  const std::shared_ptr<const ChunkInfo>& chunk_info() const { return chunk_info_; }
+  void set_chunk_info(std::shared_ptr<const ChunkInfo> info) { chunk_info_ = std::move(info); }
 
  private:
   std::vector<zmq::message_t> frames_;
+  std::shared_ptr<const ChunkInfo> chunk_info_;
 };
 
 enum class SocketType { kPub, kSub, kXPub, kXSub, kRouter, kDealer, kPush, kPull, kPair };

@@ -4,6 +4,15 @@ namespace diloco::net {
 
 Message ToMessage(OutgoingMessage&& out, std::shared_ptr<const void> payload_owner) {
   Message m;
+  if (out.chunks.size() >= kMinChunkedFrames && out.chunk_crc32c.size() == out.chunks.size()) {
+    auto info = std::make_shared<ChunkInfo>();
+    info->sender = std::move(out.sender);
+    info->incarnation = out.incarnation;
+    info->seq = out.seq;
+    for (const auto& c : out.chunks) info->payload_bytes += c.size();
+    info->crc32c = std::move(out.chunk_crc32c);
+    m.set_chunk_info(std::move(info));
+  }
   m.AddOwned(std::move(out.header));
   for (const auto& c : out.chunks) m.AddShared(payload_owner, c.data(), c.size());
   return m;
@@ -40,7 +49,10 @@ Validator EnvelopeValidatorInPlace(ParseOptions expect, std::shared_ptr<ParsedMe
     } else {
       spans = frames;
     }
-    DL_RETURN_IF_ERROR(ParseEnvelopeInPlace(spans, expect, std::move(owner), parsed.get()));
+    // Chunks received in the chunked form were CRC-checked on arrival: combine those CRCs.
+    std::span<const uint32_t> crcs;
+    if (const auto& info = m.chunk_info(); info && info->crc32c.size() + 1 == frames.size()) crcs = info->crc32c;
+    DL_RETURN_IF_ERROR(ParseEnvelopeInPlace(spans, expect, std::move(owner), parsed.get(), crcs));
     meta->sender = parsed->header.sender;
     meta->epoch = parsed->header.incarnation;
     meta->seq = parsed->header.seq;
