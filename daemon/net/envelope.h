@@ -5,6 +5,9 @@
 //   frames 1..n  the payload (Delta, Global and Snapshot only): the raw encoded tensor bytes cut
 //                into chunks of exactly kChunkBytes (4 MiB), the last one shorter; the header
 //                carries their total size, their count and their CRC32C.
+// On a PUB, a message of two chunks or more travels in the chunked form instead (chunk_frame.h:
+// each chunk its own ZeroMQ message with its own CRC32C, the header last), which the receiving
+// channel puts back into these frames before ParseEnvelope sees them.
 // BuildMessage writes a message from plain structs; ParseEnvelope is the one way to read one: it
 // verifies everything (below) before it fills a ParsedMessage, whose structs are copies that own
 // their data (nothing points into the frames; ParseEnvelopeInPlace: except the payload, which

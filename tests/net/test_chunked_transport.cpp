@@ -12,6 +12,7 @@
 #include "daemon/net/chunk_assembler.h"
 #include "daemon/net/context.h"
 #include "daemon/net/wire_transport.h"
+#include "daemon/util/crc32c.h"
 #include "tests/net/transport_test_util.h"
 
 namespace diloco::net {
@@ -88,6 +89,18 @@ Message CopyOf(const Message& m) {
   Message c;
   for (size_t i = 0; i < m.size(); ++i) c.AddCopy(m.frame(i).data(), m.frame(i).size());
   return c;
+}
+
+// The same message under another chunk frame (decoded, changed by edit, encoded again).
+Message Reframed(const Message& m, const std::function<void(ChunkFrame*)>& edit) {
+  ChunkFrame f;
+  REQUIRE(DecodeChunkFrame(m.frame(0), &f).ok());
+  edit(&f);
+  const std::vector<uint8_t> frame = EncodeChunkFrame(f);
+  Message out;
+  out.AddCopy(frame.data(), frame.size());
+  out.AddCopy(m.frame(1).data(), m.frame(1).size());
+  return out;
 }
 
 struct Live {
@@ -234,6 +247,13 @@ TEST_CASE("Bad chunk streams are dropped whole with a reason", "[net][wire]") {
          p.erase(p.begin() + 2);
          return p;
        }},
+      // Whole and consistent, but the chunk frames name another message than the envelope.
+      {"chunks of another seq under this envelope", "sealed by the envelope of seq 1",
+       1,
+       [](std::vector<Message> p) {
+         for (Message& m : p) m = Reframed(m, [](ChunkFrame* f) { f->seq = 5; });
+         return p;
+       }},
   };
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.name) {
@@ -305,6 +325,20 @@ TEST_CASE("Chunk assembler holds at most max_streams messages", "[net][unit]") {
   REQUIRE(dropped.size() == 1);
   CHECK_THAT(dropped[0], Catch::Contains("learner-0") && Catch::Contains("more than 2 messages"));
   CHECK(a.bytes_held() == 2 * (uint64_t{4} << 20));
+}
+
+TEST_CASE("VerifyChunks combines the chunk CRCs it is given and catches a wrong one", "[net][unit]") {
+  Delta d("learner-0", 1);
+  const std::vector<std::span<const uint8_t>> chunks(d.out.chunks.begin(), d.out.chunks.end());
+  const uint32_t crc = Crc32c(d.payload->data(), d.payload->size());
+  CHECK(VerifyChunks(chunks, d.payload->size(), crc, "delta", d.out.chunk_crc32c).ok());
+  std::vector<uint32_t> wrong = d.out.chunk_crc32c;
+  wrong[1] ^= 1;
+  CHECK_THAT(VerifyChunks(chunks, d.payload->size(), crc, "delta", wrong).message(),
+             Catch::Contains("payload CRC32C mismatch"));
+  wrong.pop_back();
+  CHECK_THAT(VerifyChunks(chunks, d.payload->size(), crc, "delta", wrong).message(),
+             Catch::Contains("2 chunk CRCs for 3 payload frames"));
 }
 
 TEST_CASE("Chunk frame decoding rejects corruption and bad lengths", "[net][unit]") {
