@@ -31,6 +31,7 @@ ChunkAssemblerOptions AssemblerOptions(const ReceiveOptions& o) {
   a.max_chunks = static_cast<uint32_t>(std::min<size_t>(o.max_frames > 0 ? o.max_frames - 1 : 0, UINT32_MAX));
   a.max_streams = o.max_chunked_messages;
   a.timeout_ms = o.chunk_timeout_ms;
+  a.max_total_bytes = o.max_chunked_bytes;
   return a;
 }
 

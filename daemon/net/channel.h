@@ -62,6 +62,7 @@ struct ReceiveOptions {
   // above; at most this many at once, each dropped when its sender is silent for this long.
   size_t max_chunked_messages = 16;
   int64_t chunk_timeout_ms = 30000;
+  uint64_t max_chunked_bytes = uint64_t{8} << 30;  // held by all of them together
   std::function<SteadyTime()> clock = [] { return std::chrono::steady_clock::now(); };
 };
 

@@ -18,10 +18,9 @@ uint64_t ChunkBytesAt(uint64_t payload_bytes, uint32_t index) {
 
 }  // namespace
 
-uint64_t ChunkAssembler::bytes_held() const {
-  uint64_t n = 0;
-  for (const auto& [key, a] : streams_) n += a.bytes;
-  return n;
+void ChunkAssembler::Erase(std::map<std::string, Assembly>::iterator it) {
+  bytes_held_ -= it->second.bytes;
+  streams_.erase(it);
 }
 
 void ChunkAssembler::Kill(Assembly* a, const std::string& why, std::vector<std::string>* dropped) {
@@ -32,6 +31,7 @@ void ChunkAssembler::Kill(Assembly* a, const std::string& why, std::vector<std::
   a->dead = true;
   a->chunks.clear();
   a->crcs.clear();
+  bytes_held_ -= a->bytes;
   a->bytes = 0;
 }
 
@@ -70,7 +70,7 @@ void ChunkAssembler::EvictOldest(std::vector<std::string>* dropped) {
                        Str(a.chunks.size()) + " of " + Str(a.count) + " chunks: more than " +
                        Str(o_.max_streams) + " messages in assembly at once");
   }
-  streams_.erase(oldest);
+  Erase(oldest);
 }
 
 ChunkAssembler::Result ChunkAssembler::Add(const std::string& stream, Message&& message, Time now) {
@@ -102,7 +102,7 @@ void ChunkAssembler::AddChunk(const std::string& key, const ChunkFrame& f, zmq::
   if (it != streams_.end() && !Same(it->second, f)) {
     // A new message on this stream: the one before can no longer complete.
     Kill(&it->second, "a chunk of " + Who(f) + " arrived before its seal", &r->dropped);
-    streams_.erase(it);
+    Erase(it);
     it = streams_.end();
   }
   if (it != streams_.end() && it->second.dead) {
@@ -152,7 +152,12 @@ void ChunkAssembler::AddChunk(const std::string& key, const ChunkFrame& f, zmq::
          "): corrupted in transit", &r->dropped);
     return;
   }
+  if (bytes_held_ + data.size() > o_.max_total_bytes) {
+    Kill(&a, "the messages in assembly would hold more than " + Str(o_.max_total_bytes) + " bytes", &r->dropped);
+    return;
+  }
   a.bytes += data.size();
+  bytes_held_ += data.size();
   a.crcs.push_back(crc);
   a.chunks.push_back(std::move(data));
 }
@@ -163,14 +168,14 @@ void ChunkAssembler::AddSeal(const std::string& key, const ChunkFrame& f, zmq::m
   if (it == streams_.end() || !Same(it->second, f)) {
     if (it != streams_.end()) {
       Kill(&it->second, "the seal of " + Who(f) + " arrived before its own", &r->dropped);
-      streams_.erase(it);
+      Erase(it);
     }
     r->dropped.push_back("seal of " + Who(f) + " without its chunks (all " + Str(f.count) + " missing)");
     return;
   }
   Assembly& a = it->second;
   if (a.dead) {
-    streams_.erase(it);
+    Erase(it);
     return;
   }
   const std::string bad = CheckFrame(f, 0);
@@ -180,7 +185,7 @@ void ChunkAssembler::AddSeal(const std::string& key, const ChunkFrame& f, zmq::m
                                 ? "sealed after " + Str(a.chunks.size()) + " of " + Str(a.count) + " chunks"
                                 : "the seal declares other sizes than the chunks";
     Kill(&a, why, &r->dropped);
-    streams_.erase(it);
+    Erase(it);
     return;
   }
   auto info = std::make_shared<ChunkInfo>();
@@ -194,6 +199,8 @@ void ChunkAssembler::AddSeal(const std::string& key, const ChunkFrame& f, zmq::m
   r->message.set_chunk_info(std::move(info));
   r->seal = f;
   (void)now;
+  bytes_held_ -= a.bytes;
+  a.bytes = 0;
   streams_.erase(it);
 }
 
@@ -211,6 +218,7 @@ std::vector<std::string> ChunkAssembler::Expire(Time now) {
                         Str(a.count) + " chunks: its sender was silent for " + Str(idle_ms) + " ms (limit " +
                         Str(o_.timeout_ms) + ")");
     }
+    bytes_held_ -= a.bytes;
     it = streams_.erase(it);
   }
   return dropped;

@@ -11,7 +11,7 @@
 // a missing, repeated or reordered chunk, a bad CRC, a chunk or seal of another message, a sender
 // silent for longer than timeout_ms, too many messages in assembly at once. Once dropped, the
 // rest of that message's chunks are discarded without further reasons. Memory is bounded by
-// max_streams x max_payload_bytes (plus the frames ZeroMQ already holds).
+// max_total_bytes and max_streams x max_payload_bytes (plus the frames ZeroMQ already holds).
 #pragma once
 
 #include <chrono>
@@ -29,6 +29,7 @@ struct ChunkAssemblerOptions {
   uint64_t max_payload_bytes = uint64_t{1} << 31;  // per message
   uint32_t max_chunks = 1023;                      // payload frames per message
   size_t max_streams = 16;                         // messages in assembly at once
+  uint64_t max_total_bytes = uint64_t{8} << 30;    // chunk bytes held, all messages together
   int64_t timeout_ms = 30000;                      // a stream silent this long is dropped
 };
 
@@ -54,7 +55,7 @@ class ChunkAssembler {
   std::vector<std::string> Expire(Time now);
 
   size_t streams() const { return streams_.size(); }
-  uint64_t bytes_held() const;
+  uint64_t bytes_held() const { return bytes_held_; }
 
  private:
   struct Assembly {
@@ -69,7 +70,8 @@ class ChunkAssembler {
   };
   static bool Same(const Assembly& a, const ChunkFrame& f) { return a.incarnation == f.incarnation && a.seq == f.seq; }
   // Drops a (keeping it as dead so that its later chunks are discarded) and says why.
-  static void Kill(Assembly* a, const std::string& why, std::vector<std::string>* dropped);
+  void Kill(Assembly* a, const std::string& why, std::vector<std::string>* dropped);
+  void Erase(std::map<std::string, Assembly>::iterator it);
   void AddChunk(const std::string& key, const ChunkFrame& f, zmq::message_t&& data, Time now, Result* r);
   void AddSeal(const std::string& key, const ChunkFrame& f, zmq::message_t&& header, Time now, Result* r);
   // A chunk frame's own fields against the limits; "" when fine.
@@ -78,6 +80,7 @@ class ChunkAssembler {
 
   ChunkAssemblerOptions o_;
   std::map<std::string, Assembly> streams_;
+  uint64_t bytes_held_ = 0;
 };
 
 }  // namespace diloco::net

@@ -327,6 +327,25 @@ TEST_CASE("Chunk assembler holds at most max_streams messages", "[net][unit]") {
   CHECK(a.bytes_held() == 2 * (uint64_t{4} << 20));
 }
 
+TEST_CASE("Chunk assembler drops a message that would pass max_total_bytes", "[net][unit]") {
+  ChunkAssemblerOptions o;
+  o.max_total_bytes = 10 << 20;
+  ChunkAssembler a(o);
+  const auto t = std::chrono::steady_clock::now();
+  Delta d0("learner-0", 1), d1("learner-1", 1);
+  auto p0 = d0.Parts(), p1 = d1.Parts();
+  for (size_t i = 0; i < 3; ++i) CHECK(a.Add("job-1", std::move(p0[i]), t).dropped.empty());
+  CHECK(a.bytes_held() == uint64_t{9} << 20);
+  auto r = a.Add("job-1", std::move(p1[0]), t);
+  REQUIRE(r.dropped.size() == 1);
+  CHECK_THAT(r.dropped[0], Catch::Contains("learner-1") && Catch::Contains("more than 10485760 bytes"));
+  // learner-0 still completes; afterwards nothing is held.
+  r = a.Add("job-1", std::move(p0[3]), t);
+  CHECK(r.complete());
+  CHECK(r.message.size() == 4);
+  CHECK(a.bytes_held() == 0);
+}
+
 TEST_CASE("VerifyChunks combines the chunk CRCs it is given and catches a wrong one", "[net][unit]") {
   Delta d("learner-0", 1);
   const std::vector<std::span<const uint8_t>> chunks(d.out.chunks.begin(), d.out.chunks.end());
