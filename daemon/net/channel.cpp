@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "daemon/net/net_log.h"
+#include "daemon/util/crc32c.h"
 
 namespace diloco::net {
 namespace {
@@ -242,7 +243,9 @@ Status PubChannel::Create(NetContext& context, const SocketOptions& options, std
 
 SendResult PubChannel::Publish(std::string_view topic, Message& message) {
   const auto& info = message.chunk_info();
-  if (send_chunked_ && info && info->crc32c.size() + 1 == message.size()) return PublishChunked(topic, message);
+  if (send_chunked_ && info && message.size() >= 2 && (info->crc_pending || info->crc32c.size() + 1 == message.size())) {
+    return PublishChunked(topic, message);
+  }
   message.PushFrontCopy(topic);
   const size_t bytes = message.bytes();
   const SendResult r = socket_->Send(message, 0);
@@ -251,8 +254,11 @@ SendResult PubChannel::Publish(std::string_view topic, Message& message) {
 }
 
 SendResult PubChannel::PublishChunked(std::string_view topic, Message& message) {
-  const ChunkInfo& info = *message.chunk_info();
-  const auto count = static_cast<uint32_t>(info.crc32c.size());
+  const std::shared_ptr<const ChunkInfo> keep = message.chunk_info();
+  const ChunkInfo& info = *keep;
+  std::vector<zmq::message_t>& frames = message.frames_as_is();
+  const auto count = static_cast<uint32_t>(frames.size() - 1);
+  Crc32cJoiner joined;  // the payload CRC, when the header still lacks it
   ChunkFrame f;
   f.sender = info.sender;
   f.incarnation = info.incarnation;
@@ -265,12 +271,22 @@ SendResult PubChannel::PublishChunked(std::string_view topic, Message& message) 
   for (uint32_t k = 0; k <= count; ++k) {
     f.kind = k < count ? ChunkKind::kChunk : ChunkKind::kSeal;
     f.index = k;
-    f.crc32c = k < count ? info.crc32c[k] : 0;
+    f.crc32c = 0;
+    if (k < count && info.crc_pending) {
+      // While chunk k-1 is on its way: the CRC of the bytes in this chunk, which the header needs.
+      f.crc32c = Crc32c(frames[k + 1].data(), frames[k + 1].size());
+      joined.Add(f.crc32c, frames[k + 1].size());
+    } else if (k < count) {
+      f.crc32c = info.crc32c[k];
+    }
+    if (k == count && info.crc_pending) {
+      info.seal({static_cast<uint8_t*>(frames[0].data()), frames[0].size()}, joined.crc());
+    }
     Message part;
     part.AddCopy(topic);
     part.AddOwned(EncodeChunkFrame(f));
     zmq::message_t share;
-    share.copy(message.frames()[k < count ? k + 1 : 0]);
+    share.copy(frames[k < count ? k + 1 : 0]);
     part.AddFrame(std::move(share));
     bytes += part.bytes();
     const SendResult r = socket_->Send(part, 0);

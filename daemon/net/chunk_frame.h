@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,11 @@ struct ChunkInfo {
   uint64_t seq = 0;
   uint64_t payload_bytes = 0;
   std::vector<uint32_t> crc32c;
+  // Sender only: frame 0 lacks the payload CRC32C (BuildOptions::defer_payload_crc) and crc32c is
+  // empty until seal(frame 0, payload CRC) writes it. PubChannel computes the chunk CRCs while it
+  // sends the chunks; any other use of the frames completes the message first (Message::Complete).
+  bool crc_pending = false;
+  std::function<void(std::span<uint8_t> frame0, uint32_t payload_crc32c)> seal;
 };
 
 std::vector<uint8_t> EncodeChunkFrame(const ChunkFrame& f);

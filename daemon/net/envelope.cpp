@@ -46,6 +46,8 @@ void WriteMessage(const EnvelopeHeader& h, const MessageBody& body, uint8_t body
   AppendCrcTrailer(&out->header);
   out->chunks.clear();
   out->chunk_crc32c.clear();
+  out->crc_pending = false;
+  out->crc_offset = 0;
   for (size_t pos = 0; pos < payload.size(); pos += chunk_bytes) {
     out->chunks.push_back(payload.subspan(pos, std::min(chunk_bytes, payload.size() - pos)));
   }
@@ -67,6 +69,17 @@ uint32_t PayloadCrc32c(std::span<const uint8_t> payload, std::vector<uint32_t>* 
     end = begin;
   }
   return crc;
+}
+
+constexpr uint32_t kCrcStandIn = 0xFFFFFFFFu;
+
+// Where the Payload table's payload_crc32c lies in a header just written (Delta or Global).
+size_t PayloadCrcOffset(const std::vector<uint8_t>& header, MessageType type) {
+  const w::Envelope* env = w::GetEnvelope(header.data());
+  const w::Payload* p = type == MessageType::kDelta ? env->body_as_Delta()->payload()
+                                                     : env->body_as_Global()->payload();
+  const uint8_t* at = reinterpret_cast<const fb::Table*>(p)->GetAddressOf(w::Payload::VT_PAYLOAD_CRC32C);
+  return at == nullptr ? 0 : static_cast<size_t>(at - header.data());
 }
 
 // For every payload message: tensors' byte offsets in the payload.
@@ -129,7 +142,7 @@ void ParsedMessage::MakeContiguous() {
 }
 
 Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
-                    std::span<const uint8_t> payload, OutgoingMessage* out) {
+                    std::span<const uint8_t> payload, OutgoingMessage* out, BuildOptions options) {
   const MessageType type = TypeOf(body);
   const std::string who = "building " + wire_io::MessageWho(type, header.sender);
   ParseOptions o;
@@ -147,14 +160,25 @@ Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
   PayloadFrame f;
   f.payload_bytes = payload.size();
   std::vector<uint32_t> chunk_crcs;
-  f.payload_crc32c = PayloadCrc32c(payload, &chunk_crcs);
+  bool defer = options.defer_payload_crc && !payload.empty() &&
+               (type == MessageType::kDelta || type == MessageType::kGlobal);
+  // Deferred: a non-zero stand-in, so the field is written (a zero would be left out as the
+  // default) and SealPayloadCrc32c finds its place.
+  f.payload_crc32c = defer ? kCrcStandIn : PayloadCrc32c(payload, &chunk_crcs);
   f.num_chunks = static_cast<uint32_t>(CeilDiv(payload.size(), kChunkBytes));
   if (const auto* s = std::get_if<SnapshotMsg>(&body); s && s->fragment_crc32c != f.payload_crc32c) {
     return Status::Error(who + ": fragment CRC32C " + Str(s->fragment_crc32c) +
                          " is not the CRC32C of its fp32 values (" + Str(f.payload_crc32c) + ")");
   }
   WriteMessage(header, body, static_cast<uint8_t>(type), payload, f, kChunkBytes, out);
+  out->crc_offset = defer ? PayloadCrcOffset(out->header, type) : 0;
+  if (defer && out->crc_offset == 0) {  // not expected: then not deferred after all
+    defer = false;
+    f.payload_crc32c = PayloadCrc32c(payload, &chunk_crcs);
+    WriteMessage(header, body, static_cast<uint8_t>(type), payload, f, kChunkBytes, out);
+  }
   out->chunk_crc32c = std::move(chunk_crcs);
+  out->crc_pending = defer;
   out->sender = header.sender;
   out->incarnation = header.incarnation;
   out->seq = header.seq;
@@ -175,6 +199,13 @@ void BuildMessageUnchecked(const EnvelopeHeader& header, const MessageBody& body
   const uint8_t type = raw.body_type.value_or(static_cast<uint8_t>(TypeOf(body)));
   WriteMessage(header, body, type, payload, f, raw.chunk_bytes == 0 ? kChunkBytes : raw.chunk_bytes,
                out);
+}
+
+void SealPayloadCrc32c(std::span<uint8_t> header, size_t crc_offset, uint32_t crc) {
+  for (int i = 0; i < 4; ++i) header[crc_offset + i] = static_cast<uint8_t>(crc >> (8 * i));
+  const size_t fb_size = header.size() - kHeaderCrcBytes;
+  const uint32_t trailer = Crc32c(header.data(), fb_size);
+  for (int i = 0; i < 4; ++i) header[fb_size + i] = static_cast<uint8_t>(trailer >> (8 * i));
 }
 
 void ResealHeader(std::vector<uint8_t>* frame0) {

@@ -83,6 +83,11 @@ struct OutgoingMessage {
   std::string sender;
   uint64_t incarnation = 0;
   uint64_t seq = 0;
+  // BuildOptions::defer_payload_crc: `header` still lacks the payload's CRC32C (chunk_crc32c is
+  // empty); SealPayloadCrc32c(header, crc_offset, crc) completes it. ToMessage does so, or leaves
+  // it to the Message (ChunkInfo::crc_pending) when the chunks will be sent one by one.
+  bool crc_pending = false;
+  size_t crc_offset = 0;
   size_t num_frames() const { return 1 + chunks.size(); }
   // Header plus payload bytes (what bytes_up / bytes_down count).
   size_t wire_bytes() const;
@@ -92,8 +97,17 @@ struct OutgoingMessage {
 // limits from ParseOptions{} except model_params = kMaxModelParams) so a bad message fails here,
 // at the sender, not at every receiver; computes payload_bytes, num_chunks and the CRCs.
 // The payload must be empty for bodies without one.
+struct BuildOptions {
+  // Leave the payload CRC32C to the sender, which computes it chunk by chunk as it sends them
+  // (PubChannel's chunked form) instead of in one pass before the first byte leaves. Ignored
+  // for Snapshots (their fragment CRC is checked here) and messages without payload.
+  bool defer_payload_crc = false;
+};
 Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
-                    std::span<const uint8_t> payload, OutgoingMessage* out);
+                    std::span<const uint8_t> payload, OutgoingMessage* out, BuildOptions options = {});
+// Writes crc as the payload CRC32C of a header built with defer_payload_crc (at crc_offset), then
+// its trailer: the header is then the one BuildMessage writes without deferring.
+void SealPayloadCrc32c(std::span<uint8_t> header, size_t crc_offset, uint32_t crc);
 
 // ---- Parse ----
 

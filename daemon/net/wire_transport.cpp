@@ -1,16 +1,32 @@
 #include "daemon/net/wire_transport.h"
 
+#include "daemon/util/crc32c.h"
+
 namespace diloco::net {
 
 Message ToMessage(OutgoingMessage&& out, std::shared_ptr<const void> payload_owner) {
   Message m;
-  if (out.chunks.size() >= kMinChunkedFrames && out.chunk_crc32c.size() == out.chunks.size()) {
+  const bool chunked = out.chunks.size() >= kMinChunkedFrames;
+  if (out.crc_pending && !chunked) {
+    // Sent whole: nothing to overlap the CRC with.
+    Crc32cJoiner joined;
+    for (const auto& c : out.chunks) joined.Add(Crc32c(c.data(), c.size()), c.size());
+    SealPayloadCrc32c(out.header, out.crc_offset, joined.crc());
+    out.crc_pending = false;
+  }
+  if (chunked && (out.crc_pending || out.chunk_crc32c.size() == out.chunks.size())) {
     auto info = std::make_shared<ChunkInfo>();
     info->sender = std::move(out.sender);
     info->incarnation = out.incarnation;
     info->seq = out.seq;
     for (const auto& c : out.chunks) info->payload_bytes += c.size();
     info->crc32c = std::move(out.chunk_crc32c);
+    if (out.crc_pending) {
+      info->crc_pending = true;
+      info->seal = [offset = out.crc_offset](std::span<uint8_t> frame0, uint32_t crc) {
+        SealPayloadCrc32c(frame0, offset, crc);
+      };
+    }
     m.set_chunk_info(std::move(info));
   }
   m.AddOwned(std::move(out.header));

@@ -37,7 +37,7 @@ ParseOptions Expect() {
 struct Delta {
   std::shared_ptr<std::vector<uint8_t>> payload;
   OutgoingMessage out;
-  Delta(const std::string& sender, uint64_t seq, size_t n = (9u << 20) / 4)
+  Delta(const std::string& sender, uint64_t seq, size_t n = (9u << 20) / 4, bool defer_crc = false)
       : payload(std::make_shared<std::vector<uint8_t>>(4 * n)) {
     for (size_t i = 0; i < payload->size(); ++i) (*payload)[i] = static_cast<uint8_t>(i * 13 + seq);
     EnvelopeHeader h;
@@ -52,7 +52,7 @@ struct Delta {
     d.c_tokens = 1000;
     d.payload.codec = CodecKind::kFp32;
     d.payload.tensors = {{"w", 0, n, 4 * n}};
-    REQUIRE(BuildMessage(h, d, *payload, &out).ok());
+    REQUIRE(BuildMessage(h, d, *payload, &out, BuildOptions{.defer_payload_crc = defer_crc}).ok());
   }
   Message ToWire() {
     OutgoingMessage copy = out;
@@ -153,10 +153,12 @@ std::string TempIpc() {
 
 TEST_CASE("Chunked delta is reassembled and verified over tcp and ipc", "[net][wire]") {
   const bool ipc = GENERATE(false, true);
-  INFO((ipc ? "ipc" : "tcp"));
+  // Deferred: the sender computes the payload CRC while it sends the chunks.
+  const bool defer_crc = GENERATE(false, true);
+  INFO((ipc ? "ipc" : "tcp") << (defer_crc ? " deferred CRC" : ""));
   Live live(ipc ? TempIpc() : "tcp://127.0.0.1:*");
   for (uint64_t seq = 1; seq <= 3; ++seq) {
-    Delta d("learner-0", seq);
+    Delta d("learner-0", seq, (9u << 20) / 4, defer_crc);
     Message m = d.ToWire();
     REQUIRE(m.chunk_info() != nullptr);  // sent in the chunked form
     live.Send(std::move(m));
@@ -344,6 +346,26 @@ TEST_CASE("Chunk assembler drops a message that would pass max_total_bytes", "[n
   CHECK(r.complete());
   CHECK(r.message.size() == 4);
   CHECK(a.bytes_held() == 0);
+}
+
+TEST_CASE("A deferred payload CRC completes to the header BuildMessage writes at once", "[net][unit]") {
+  // 9 MiB (three chunks: chunked form) and 1 MiB (one chunk: ToMessage completes it).
+  const size_t n = GENERATE(size_t{9} << 18, size_t{1} << 18);
+  Delta now("learner-0", 3, n), later("learner-0", 3, n, true);
+  REQUIRE(later.out.crc_pending);
+  CHECK(later.out.chunk_crc32c.empty());
+  CHECK(later.out.header.size() == now.out.header.size());
+  std::vector<uint8_t> sealed = later.out.header;
+  SealPayloadCrc32c(sealed, later.out.crc_offset, Crc32c(later.payload->data(), later.payload->size()));
+  CHECK(sealed == now.out.header);
+  // Any use of the frames of a message still waiting for its CRC completes it first.
+  Message m = later.ToWire();
+  CHECK((m.chunk_info() != nullptr) == (n > (size_t{1} << 20)));
+  const std::vector<std::span<const uint8_t>> frames = m.spans();
+  CHECK(std::equal(frames[0].begin(), frames[0].end(), now.out.header.begin(), now.out.header.end()));
+  ParsedMessage parsed;
+  CHECK(ParseEnvelope(frames, Expect(), &parsed).ok());
+  if (m.chunk_info()) CHECK(m.chunk_info()->crc32c == now.out.chunk_crc32c);
 }
 
 TEST_CASE("VerifyChunks combines the chunk CRCs it is given and catches a wrong one", "[net][unit]") {
