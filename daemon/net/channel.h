@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/net/chunk_assembler.h"
 #include "daemon/net/liveness.h"
 #include "daemon/net/sequence.h"
 #include "daemon/net/socket.h"
@@ -57,13 +58,18 @@ struct ReceiveOptions {
   std::optional<LivenessOptions> liveness;
   size_t max_frames = 1024;                       // more frames: rejected before validation
   uint64_t max_message_bytes = uint64_t{1} << 31;  // larger messages: rejected before validation
+  // Wire messages in the chunked form (chunk_frame.h) are put back together under the two limits
+  // above; at most this many at once, each dropped when its sender is silent for this long.
+  size_t max_chunked_messages = 16;
+  int64_t chunk_timeout_ms = 30000;
+  uint64_t max_chunked_bytes = uint64_t{8} << 30;  // held by all of them together
   std::function<SteadyTime()> clock = [] { return std::chrono::steady_clock::now(); };
 };
 
 struct ChannelStats {
   uint64_t received = 0;        // accepted messages delivered (incl. gaps/restarts)
   uint64_t received_bytes = 0;  // their bytes, topic/routing frames included
-  uint64_t rejected = 0;        // failed validation or limits
+  uint64_t rejected = 0;        // failed validation or limits (a dropped chunked message: once)
   uint64_t duplicates = 0;      // dropped as duplicates
   uint64_t gaps = 0;            // gap events
   uint64_t missed = 0;          // messages lost in gaps
@@ -104,11 +110,16 @@ class ChannelBase {
   RecvResult ReceiveValid(Received* out, int timeout_ms, size_t envelope_frames);
   SendResult CountSend(SendResult r, size_t bytes);
   void Reject(const Message& m, const std::string& peer, const std::string& why);
+  // Counts and logs a rejection; `what` describes the message, `from` its origin.
+  void CountReject(const std::string& what, const std::string& from, const std::string& why);
+  // A chunk message goes to the assembler; true (and *m the whole message) when it completed one.
+  bool Assemble(const std::string& stream, const std::string& peer, Message* m);
 
   std::unique_ptr<Socket> socket_;
   ReceiveOptions options_;
   SequenceTracker sequence_;
   std::unique_ptr<LivenessTracker> liveness_;
+  ChunkAssembler chunks_;
   std::vector<PeerChange> pending_changes_;
   struct AtomicStats {
     std::atomic<uint64_t> received{0}, received_bytes{0}, rejected{0}, duplicates{0}, gaps{0}, missed{0},
@@ -119,12 +130,18 @@ class ChannelBase {
 class PubChannel : public ChannelBase {
  public:
   static Status Create(NetContext& context, const SocketOptions& options, std::unique_ptr<PubChannel>* out);
-  // Sends [topic][frames...]. Never blocks: at the HWM (slow subscriber) PUB drops the message and
-  // this returns kWouldBlock (counted in send_failures).
+  // Sends [topic][frames...]; a wire message with chunk_info() (ToMessage) in the chunked form:
+  // [topic][chunk frame k][chunk k] for each chunk, then [topic][seal][header] (chunk_frame.h).
+  // Never blocks: at the HWM (slow subscriber) PUB drops the message (or what is left of it: the
+  // receiver then drops the part it got) and this returns kWouldBlock (counted in send_failures).
   SendResult Publish(std::string_view topic, Message& message);
+  // false: always one multipart message (for receivers older than the chunked form).
+  void set_send_chunked(bool on) { send_chunked_ = on; }
 
  private:
   using ChannelBase::ChannelBase;
+  SendResult PublishChunked(std::string_view topic, Message& message);
+  bool send_chunked_ = true;
 };
 
 class SubChannel : public ChannelBase {

@@ -45,6 +45,9 @@ void WriteMessage(const EnvelopeHeader& h, const MessageBody& body, uint8_t body
   out->header.assign(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
   AppendCrcTrailer(&out->header);
   out->chunks.clear();
+  out->chunk_crc32c.clear();
+  out->crc_pending = false;
+  out->crc_offset = 0;
   for (size_t pos = 0; pos < payload.size(); pos += chunk_bytes) {
     out->chunks.push_back(payload.subspan(pos, std::min(chunk_bytes, payload.size() - pos)));
   }
@@ -52,16 +55,31 @@ void WriteMessage(const EnvelopeHeader& h, const MessageBody& body, uint8_t body
 
 // CRC32C of a payload, one chunk at a time from the last: a payload just written by an encoder
 // (or just sent) has its end in cache, which a forward pass would evict before reaching it.
-uint32_t PayloadCrc32c(std::span<const uint8_t> payload) {
+// Each chunk's CRC goes to *chunk_crcs (in chunk order).
+uint32_t PayloadCrc32c(std::span<const uint8_t> payload, std::vector<uint32_t>* chunk_crcs) {
+  chunk_crcs->assign(CeilDiv(payload.size(), kChunkBytes), 0);
   uint32_t crc = 0;
   uint64_t tail = 0;
   for (size_t end = payload.size(); end > 0;) {
-    const size_t begin = end > kChunkBytes ? end - kChunkBytes : 0;
-    crc = Crc32cCombine(Crc32c(payload.data() + begin, end - begin), crc, tail);
+    const size_t begin = (end - 1) / kChunkBytes * kChunkBytes;
+    const uint32_t c = Crc32c(payload.data() + begin, end - begin);
+    (*chunk_crcs)[begin / kChunkBytes] = c;
+    crc = Crc32cCombine(c, crc, tail);
     tail += end - begin;
     end = begin;
   }
   return crc;
+}
+
+constexpr uint32_t kCrcStandIn = 0xFFFFFFFFu;
+
+// Where the Payload table's payload_crc32c lies in a header just written (Delta or Global).
+size_t PayloadCrcOffset(const std::vector<uint8_t>& header, MessageType type) {
+  const w::Envelope* env = w::GetEnvelope(header.data());
+  const w::Payload* p = type == MessageType::kDelta ? env->body_as_Delta()->payload()
+                                                     : env->body_as_Global()->payload();
+  const uint8_t* at = reinterpret_cast<const fb::Table*>(p)->GetAddressOf(w::Payload::VT_PAYLOAD_CRC32C);
+  return at == nullptr ? 0 : static_cast<size_t>(at - header.data());
 }
 
 // For every payload message: tensors' byte offsets in the payload.
@@ -124,7 +142,7 @@ void ParsedMessage::MakeContiguous() {
 }
 
 Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
-                    std::span<const uint8_t> payload, OutgoingMessage* out) {
+                    std::span<const uint8_t> payload, OutgoingMessage* out, BuildOptions options) {
   const MessageType type = TypeOf(body);
   const std::string who = "building " + wire_io::MessageWho(type, header.sender);
   ParseOptions o;
@@ -141,13 +159,29 @@ Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
   }
   PayloadFrame f;
   f.payload_bytes = payload.size();
-  f.payload_crc32c = PayloadCrc32c(payload);
+  std::vector<uint32_t> chunk_crcs;
+  bool defer = options.defer_payload_crc && !payload.empty() &&
+               (type == MessageType::kDelta || type == MessageType::kGlobal);
+  // Deferred: a non-zero stand-in, so the field is written (a zero would be left out as the
+  // default) and SealPayloadCrc32c finds its place.
+  f.payload_crc32c = defer ? kCrcStandIn : PayloadCrc32c(payload, &chunk_crcs);
   f.num_chunks = static_cast<uint32_t>(CeilDiv(payload.size(), kChunkBytes));
   if (const auto* s = std::get_if<SnapshotMsg>(&body); s && s->fragment_crc32c != f.payload_crc32c) {
     return Status::Error(who + ": fragment CRC32C " + Str(s->fragment_crc32c) +
                          " is not the CRC32C of its fp32 values (" + Str(f.payload_crc32c) + ")");
   }
   WriteMessage(header, body, static_cast<uint8_t>(type), payload, f, kChunkBytes, out);
+  out->crc_offset = defer ? PayloadCrcOffset(out->header, type) : 0;
+  if (defer && out->crc_offset == 0) {  // not expected: then not deferred after all
+    defer = false;
+    f.payload_crc32c = PayloadCrc32c(payload, &chunk_crcs);
+    WriteMessage(header, body, static_cast<uint8_t>(type), payload, f, kChunkBytes, out);
+  }
+  out->chunk_crc32c = std::move(chunk_crcs);
+  out->crc_pending = defer;
+  out->sender = header.sender;
+  out->incarnation = header.incarnation;
+  out->seq = header.seq;
   if (out->header.size() > o.max_header_bytes) {
     return Status::Error(who + ": header of " + Str(out->header.size()) +
                          " bytes exceeds the receivers' limit of " + Str(o.max_header_bytes));
@@ -167,6 +201,13 @@ void BuildMessageUnchecked(const EnvelopeHeader& header, const MessageBody& body
                out);
 }
 
+void SealPayloadCrc32c(std::span<uint8_t> header, size_t crc_offset, uint32_t crc) {
+  for (int i = 0; i < 4; ++i) header[crc_offset + i] = static_cast<uint8_t>(crc >> (8 * i));
+  const size_t fb_size = header.size() - kHeaderCrcBytes;
+  const uint32_t trailer = Crc32c(header.data(), fb_size);
+  for (int i = 0; i < 4; ++i) header[fb_size + i] = static_cast<uint8_t>(trailer >> (8 * i));
+}
+
 void ResealHeader(std::vector<uint8_t>* frame0) {
   if (frame0->size() < kHeaderCrcBytes) return;
   frame0->resize(frame0->size() - kHeaderCrcBytes);
@@ -178,7 +219,7 @@ namespace {
 
 // ParseEnvelope (copies the payload) and ParseEnvelopeInPlace (in_place: keeps it in the frames).
 Status Parse(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o, bool in_place,
-             std::shared_ptr<const void> owner, ParsedMessage* out) {
+             std::shared_ptr<const void> owner, std::span<const uint32_t> chunk_crcs, ParsedMessage* out) {
   out->payload_chunks.clear();
   out->payload_owner.reset();
   if (frames.empty()) return Status::Error("envelope: empty message (no frames)");
@@ -265,7 +306,7 @@ Status Parse(std::span<const std::span<const uint8_t>> frames, const ParseOption
     // 5. Chunks and CRC.
     if (in_place) {
       out->payload.clear();
-      DL_RETURN_IF_ERROR(VerifyChunks(chunks, f.payload_bytes, f.payload_crc32c, who));
+      DL_RETURN_IF_ERROR(VerifyChunks(chunks, f.payload_bytes, f.payload_crc32c, who, chunk_crcs));
       out->payload_chunks.assign(chunks.begin(), chunks.end());
       out->payload_owner = std::move(owner);
     } else {
@@ -285,12 +326,13 @@ Status Parse(std::span<const std::span<const uint8_t>> frames, const ParseOption
 
 Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o,
                      ParsedMessage* out) {
-  return Parse(frames, o, false, nullptr, out);
+  return Parse(frames, o, false, nullptr, {}, out);
 }
 
 Status ParseEnvelopeInPlace(std::span<const std::span<const uint8_t>> frames, const ParseOptions& o,
-                            std::shared_ptr<const void> frames_owner, ParsedMessage* out) {
-  return Parse(frames, o, true, std::move(frames_owner), out);
+                            std::shared_ptr<const void> frames_owner, ParsedMessage* out,
+                            std::span<const uint32_t> chunk_crc32c) {
+  return Parse(frames, o, true, std::move(frames_owner), chunk_crc32c, out);
 }
 
 }  // namespace diloco

@@ -5,6 +5,9 @@
 //   frames 1..n  the payload (Delta, Global and Snapshot only): the raw encoded tensor bytes cut
 //                into chunks of exactly kChunkBytes (4 MiB), the last one shorter; the header
 //                carries their total size, their count and their CRC32C.
+// On a PUB, a message of two chunks or more travels in the chunked form instead (chunk_frame.h:
+// each chunk its own ZeroMQ message with its own CRC32C, the header last), which the receiving
+// channel puts back into these frames before ParseEnvelope sees them.
 // BuildMessage writes a message from plain structs; ParseEnvelope is the one way to read one: it
 // verifies everything (below) before it fills a ParsedMessage, whose structs are copies that own
 // their data (nothing points into the frames; ParseEnvelopeInPlace: except the payload, which
@@ -73,6 +76,18 @@ inline constexpr uint32_t kAnyMessage = ((uint32_t{1} << (kNumMessageTypes + 1))
 struct OutgoingMessage {
   std::vector<uint8_t> header;
   std::vector<std::span<const uint8_t>> chunks;
+  // BuildMessage: each chunk's CRC32C (the payload's is their combination) and the header's
+  // identity, so the transport may send every chunk as its own message (chunk_frame.h). Empty
+  // from BuildMessageUnchecked: such messages travel as one multipart message.
+  std::vector<uint32_t> chunk_crc32c;
+  std::string sender;
+  uint64_t incarnation = 0;
+  uint64_t seq = 0;
+  // BuildOptions::defer_payload_crc: `header` still lacks the payload's CRC32C (chunk_crc32c is
+  // empty); SealPayloadCrc32c(header, crc_offset, crc) completes it. ToMessage does so, or leaves
+  // it to the Message (ChunkInfo::crc_pending) when the chunks will be sent one by one.
+  bool crc_pending = false;
+  size_t crc_offset = 0;
   size_t num_frames() const { return 1 + chunks.size(); }
   // Header plus payload bytes (what bytes_up / bytes_down count).
   size_t wire_bytes() const;
@@ -82,8 +97,17 @@ struct OutgoingMessage {
 // limits from ParseOptions{} except model_params = kMaxModelParams) so a bad message fails here,
 // at the sender, not at every receiver; computes payload_bytes, num_chunks and the CRCs.
 // The payload must be empty for bodies without one.
+struct BuildOptions {
+  // Leave the payload CRC32C to the sender, which computes it chunk by chunk as it sends them
+  // (PubChannel's chunked form) instead of in one pass before the first byte leaves. Ignored
+  // for Snapshots (their fragment CRC is checked here) and messages without payload.
+  bool defer_payload_crc = false;
+};
 Status BuildMessage(const EnvelopeHeader& header, const MessageBody& body,
-                    std::span<const uint8_t> payload, OutgoingMessage* out);
+                    std::span<const uint8_t> payload, OutgoingMessage* out, BuildOptions options = {});
+// Writes crc as the payload CRC32C of a header built with defer_payload_crc (at crc_offset), then
+// its trailer: the header is then the one BuildMessage writes without deferring.
+void SealPayloadCrc32c(std::span<uint8_t> header, size_t crc_offset, uint32_t crc);
 
 // ---- Parse ----
 
@@ -179,13 +203,17 @@ Status ParseEnvelope(std::span<const std::span<const uint8_t>> frames, const Par
 // and unchanged, and is kept in out->payload_owner (for a message without payload it is
 // dropped). For receivers that decode from chunks (DecodeTensors over payload_spans(), codec.h)
 // instead of one buffer: this saves one pass over the payload (a copy and its cache misses).
+// chunk_crc32c, when not empty: the CRC32C of each chunk, computed by the caller over the very
+// bytes in frames 1..n as they arrived (chunk_assembler.h); they are combined, not recomputed.
 Status ParseEnvelopeInPlace(std::span<const std::span<const uint8_t>> frames, const ParseOptions& expect,
-                            std::shared_ptr<const void> frames_owner, ParsedMessage* out);
+                            std::shared_ptr<const void> frames_owner, ParsedMessage* out,
+                            std::span<const uint32_t> chunk_crc32c = {});
 
 // ParseEnvelopeInPlace's step 5: chunk count and sizes as ReassembleChunks, then the CRC32C over
-// the chunks in place, last chunk first (CRCs combined).
+// the chunks in place, last chunk first (CRCs combined), or the combination of chunk_crc32c
+// (one per chunk, computed over these chunks) when given.
 Status VerifyChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
-                    uint32_t payload_crc32c, std::string_view what);
+                    uint32_t payload_crc32c, std::string_view what, std::span<const uint32_t> chunk_crc32c = {});
 
 // The chunk reassembler ParseEnvelope uses: concatenates chunks into *out after checking that
 // there are ceil(payload_bytes / kChunkBytes) of them, all kChunkBytes but a non-empty last one,

@@ -40,8 +40,18 @@ Status CrcMismatch(std::string_view what, uint64_t payload_bytes, uint32_t decla
 }  // namespace
 
 Status VerifyChunks(std::span<const std::span<const uint8_t>> chunks, uint64_t payload_bytes,
-                    uint32_t payload_crc32c, std::string_view what) {
+                    uint32_t payload_crc32c, std::string_view what, std::span<const uint32_t> chunk_crc32c) {
   DL_RETURN_IF_ERROR(CheckChunkSizes(chunks, payload_bytes, what));
+  if (!chunk_crc32c.empty()) {
+    if (chunk_crc32c.size() != chunks.size()) {
+      return Status::Error(std::string(what) + ": " + Str(chunk_crc32c.size()) + " chunk CRCs for " +
+                           Str(chunks.size()) + " payload frames");
+    }
+    Crc32cJoiner joined;
+    for (size_t i = 0; i < chunks.size(); ++i) joined.Add(chunk_crc32c[i], chunks[i].size());
+    if (joined.crc() != payload_crc32c) return CrcMismatch(what, payload_bytes, payload_crc32c, joined.crc());
+    return Status::Ok();
+  }
   // Last chunk first: the receiver's I/O thread wrote it last, so it is the part most likely
   // still in cache; reading forward would evict it before reaching it. The chunk CRCs are
   // combined into the payload's.

@@ -53,7 +53,8 @@ struct LinkParams {
   double bandwidth_bytes_per_s = 0;  // 0: unlimited
   double latency_ms = 0;             // one way
   double jitter_ms = 0;              // uniform in [-jitter, +jitter] around the latency
-  double loss = 0;                   // probability that a whole message is dropped, in [0, 1]
+  double loss = 0;                   // probability that a whole ZeroMQ message is dropped, in [0, 1]
+                                     // (a chunked delta is n + 1 of them: chunk_frame.h)
   bool partitioned = false;          // drop everything
   double corrupt = 0;                // probability that one byte of a message is flipped, in [0, 1]
 

@@ -8,6 +8,7 @@
 #include "daemon/net/curve.h"
 #include "daemon/net/link_shaper.h"
 #include "daemon/net/net_log.h"
+#include "daemon/util/crc32c.h"
 
 namespace diloco::net {
 namespace {
@@ -56,7 +57,22 @@ size_t Message::bytes() const {
   return n;
 }
 
+void Message::Complete() const {
+  if (!chunk_info_ || !chunk_info_->crc_pending || frames_.empty()) return;
+  auto done = std::make_shared<ChunkInfo>(*chunk_info_);
+  done->crc_pending = false;
+  done->crc32c.clear();
+  Crc32cJoiner joined;
+  for (size_t i = 1; i < frames_.size(); ++i) {
+    done->crc32c.push_back(Crc32c(frames_[i].data(), frames_[i].size()));
+    joined.Add(done->crc32c.back(), frames_[i].size());
+  }
+  done->seal({static_cast<uint8_t*>(frames_[0].data()), frames_[0].size()}, joined.crc());
+  chunk_info_ = std::move(done);
+}
+
 std::vector<std::span<const uint8_t>> Message::spans() const {
+  Complete();
   std::vector<std::span<const uint8_t>> out;
   out.reserve(frames_.size());
   for (size_t i = 0; i < frames_.size(); ++i) out.push_back(frame(i));
@@ -84,9 +100,13 @@ void Message::AddShared(std::shared_ptr<const void> owner, const void* data, siz
       [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, keep);
 }
 
-void Message::PushFrontCopy(std::string_view s) { frames_.insert(frames_.begin(), zmq::message_t(s.data(), s.size())); }
+void Message::PushFrontCopy(std::string_view s) {
+  Complete();
+  frames_.insert(frames_.begin(), zmq::message_t(s.data(), s.size()));
+}
 
 zmq::message_t Message::PopFront() {
+  Complete();
   zmq::message_t f = std::move(frames_.front());
   frames_.erase(frames_.begin());
   return f;

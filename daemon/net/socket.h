@@ -24,6 +24,7 @@
 
 #include <zmq.hpp>
 
+#include "daemon/net/chunk_frame.h"
 #include "daemon/util/status.h"
 
 namespace diloco::net {
@@ -43,9 +44,13 @@ class Message {
   size_t bytes() const;  // sum of the frame sizes
 
   std::span<const uint8_t> frame(size_t i) const {
+    Complete();
     return {static_cast<const uint8_t*>(frames_[i].data()), frames_[i].size()};
   }
-  std::string_view frame_view(size_t i) const { return {static_cast<const char*>(frames_[i].data()), frames_[i].size()}; }
+  std::string_view frame_view(size_t i) const {
+    Complete();
+    return {static_cast<const char*>(frames_[i].data()), frames_[i].size()};
+  }
   // All frames as spans (valid while this Message lives and is not modified).
   std::vector<std::span<const uint8_t>> spans() const;
 
@@ -64,12 +69,35 @@ class Message {
   // CURVE key when ZAP admitted it); empty when unknown or not received from a socket.
   std::string Property(const char* name) const;
 
-  std::vector<zmq::message_t>& frames() { return frames_; }
-  const std::vector<zmq::message_t>& frames() const { return frames_; }
-  void Clear() { frames_.clear(); }
+  std::vector<zmq::message_t>& frames() {
+    Complete();
+    return frames_;
+  }
+  const std::vector<zmq::message_t>& frames() const {
+    Complete();
+    return frames_;
+  }
+  // The frames as they are, frame 0 possibly without its payload CRC (chunk_info()->crc_pending):
+  // for the sender that completes it while sending (PubChannel).
+  std::vector<zmq::message_t>& frames_as_is() { return frames_; }
+  // Writes a pending payload CRC32C into frame 0 (one pass over the payload); a no-op otherwise.
+  // Every accessor of the frames calls it, so nothing reads an incomplete header. Const: the
+  // message's content is the same before and after, it is only written out.
+  void Complete() const;
+  void Clear() {
+    frames_.clear();
+    chunk_info_.reset();
+  }
+
+  // A wire message's payload frames (1..n): who sends them and their CRC32Cs (chunk_frame.h).
+  // Set by ToMessage (PubChannel then sends the chunked form) and by the receiving channel's
+  // chunk assembler (CRCs it computed over the received bytes); null otherwise.
+  const std::shared_ptr<const ChunkInfo>& chunk_info() const { return chunk_info_; }
+  void set_chunk_info(std::shared_ptr<const ChunkInfo> info) { chunk_info_ = std::move(info); }
 
  private:
-  std::vector<zmq::message_t> frames_;
+  mutable std::vector<zmq::message_t> frames_;
+  mutable std::shared_ptr<const ChunkInfo> chunk_info_;
 };
 
 enum class SocketType { kPub, kSub, kXPub, kXSub, kRouter, kDealer, kPush, kPull, kPair };

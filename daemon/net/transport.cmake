@@ -9,6 +9,8 @@ endif()
 find_package(Threads REQUIRED)
 target_sources(diloco_net PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/channel.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/chunk_assembler.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/chunk_frame.cpp
   ${CMAKE_CURRENT_LIST_DIR}/clone.cpp
   ${CMAKE_CURRENT_LIST_DIR}/context.cpp
   ${CMAKE_CURRENT_LIST_DIR}/curve.cpp

@@ -311,7 +311,7 @@ class PathBench {
     h.seq = ++s.seq;
     DeltaMsg delta = delta_;
     delta.learner_step = h.seq;
-    return BuildMessage(h, delta, *payload_, out);
+    return BuildMessage(h, delta, *payload_, out, BuildOptions{.defer_payload_crc = true});
   }
 
   Message RawMessage(const Sender& s) {

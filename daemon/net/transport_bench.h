@@ -1,5 +1,6 @@
 // `dilococtl bench transport`: one Delta with a 64 MiB fp32 payload through the full stack
-// (BuildMessage: schema + CRC32C + 4 MiB chunking -> PubChannel -> ZeroMQ -> SubChannel ->
+// (BuildMessage: schema + CRC32C + 4 MiB chunking -> PubChannel, one ZeroMQ message per chunk
+// (chunk_frame.h) -> ZeroMQ -> SubChannel, each chunk's CRC checked as it arrives ->
 // ParseEnvelopeInPlace: verification + CRC check of the chunks where they were received, the
 // receiver gets spans over them; with in_place = false ParseEnvelope, which also copies them into
 // one buffer), next to raw ZeroMQ PUSH/PULL moving the

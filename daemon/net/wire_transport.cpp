@@ -1,9 +1,34 @@
 #include "daemon/net/wire_transport.h"
 
+#include "daemon/util/crc32c.h"
+
 namespace diloco::net {
 
 Message ToMessage(OutgoingMessage&& out, std::shared_ptr<const void> payload_owner) {
   Message m;
+  const bool chunked = out.chunks.size() >= kMinChunkedFrames;
+  if (out.crc_pending && !chunked) {
+    // Sent whole: nothing to overlap the CRC with.
+    Crc32cJoiner joined;
+    for (const auto& c : out.chunks) joined.Add(Crc32c(c.data(), c.size()), c.size());
+    SealPayloadCrc32c(out.header, out.crc_offset, joined.crc());
+    out.crc_pending = false;
+  }
+  if (chunked && (out.crc_pending || out.chunk_crc32c.size() == out.chunks.size())) {
+    auto info = std::make_shared<ChunkInfo>();
+    info->sender = std::move(out.sender);
+    info->incarnation = out.incarnation;
+    info->seq = out.seq;
+    for (const auto& c : out.chunks) info->payload_bytes += c.size();
+    info->crc32c = std::move(out.chunk_crc32c);
+    if (out.crc_pending) {
+      info->crc_pending = true;
+      info->seal = [offset = out.crc_offset](std::span<uint8_t> frame0, uint32_t crc) {
+        SealPayloadCrc32c(frame0, offset, crc);
+      };
+    }
+    m.set_chunk_info(std::move(info));
+  }
   m.AddOwned(std::move(out.header));
   for (const auto& c : out.chunks) m.AddShared(payload_owner, c.data(), c.size());
   return m;
@@ -40,7 +65,10 @@ Validator EnvelopeValidatorInPlace(ParseOptions expect, std::shared_ptr<ParsedMe
     } else {
       spans = frames;
     }
-    DL_RETURN_IF_ERROR(ParseEnvelopeInPlace(spans, expect, std::move(owner), parsed.get()));
+    // Chunks received in the chunked form were CRC-checked on arrival: combine those CRCs.
+    std::span<const uint32_t> crcs;
+    if (const auto& info = m.chunk_info(); info && info->crc32c.size() + 1 == frames.size()) crcs = info->crc32c;
+    DL_RETURN_IF_ERROR(ParseEnvelopeInPlace(spans, expect, std::move(owner), parsed.get(), crcs));
     meta->sender = parsed->header.sender;
     meta->epoch = parsed->header.incarnation;
     meta->seq = parsed->header.seq;

@@ -16,9 +16,15 @@
 
 namespace diloco::net {
 
+// Payloads of at least this many chunks are published in the chunked form (chunk_frame.h): one
+// ZeroMQ message per chunk, so that sending, receiving and checking overlap. Smaller ones gain
+// nothing from it and stay one multipart message.
+inline constexpr size_t kMinChunkedFrames = 2;
+
 // The frames of an outgoing wire message: the header moves in (no copy), the payload chunks are
 // sent without copying and keep payload_owner alive until ZeroMQ has sent them (the chunks must
-// point into memory payload_owner keeps alive and unchanged).
+// point into memory payload_owner keeps alive and unchanged). With kMinChunkedFrames chunks or
+// more (from BuildMessage) the message carries their chunk_info(): PubChannel sends it chunked.
 Message ToMessage(OutgoingMessage&& out, std::shared_ptr<const void> payload_owner);
 
 // A validator that runs ParseEnvelope(frames, expect) into *parsed and reports the envelope's

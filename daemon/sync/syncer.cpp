@@ -145,7 +145,11 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   // Per subscriber, a few models' worth of Globals (one per fragment merge): one that never
   // reads cannot grow the syncer without bound; one that falls behind resyncs by snapshot.
   const int few_models = std::max(64, 4 * EffectiveFragments(options.sync));
-  down.send_hwm_msgs = few_models;
+  // A Global of two chunks or more is published as one message per 4 MiB chunk plus a seal
+  // (chunk_frame.h): count those messages, at most 2 per fragment plus the fp32 model's chunks.
+  const uint64_t messages_per_model =
+      2 * uint64_t(EffectiveFragments(options.sync)) + table.total_numel() * 4 / kChunkBytes;
+  down.send_hwm_msgs = int(std::min<uint64_t>(std::max<uint64_t>(few_models, 4 * messages_per_model), 1 << 20));
   DL_RETURN_IF_ERROR(net::PubChannel::Create(context, down, &im.downlink));
   DL_RETURN_IF_ERROR(im.downlink->Bind(options.downlink_endpoint).WithContext("syncer downlink"));
   if (!options.snapshot_endpoint.empty()) {

@@ -471,7 +471,8 @@ void SyncerCore::Credit(const std::vector<PendingDelta>& ok, const std::vector<d
 
 Status SyncerCore::PublishGlobal(const GlobalMsg& g, std::shared_ptr<std::vector<uint8_t>> payload) {
   OutgoingMessage om;
-  DL_RETURN_IF_ERROR(BuildMessage(Header(&seq_), g, *payload, &om));
+  // The payload CRC is computed as the chunks go out (PubChannel), not before.
+  DL_RETURN_IF_ERROR(BuildMessage(Header(&seq_), g, *payload, &om, BuildOptions{.defer_payload_crc = true}));
   counters_.bytes_published += om.wire_bytes();
   port_.Publish(net::ToMessage(std::move(om), payload));
   return Status::Ok();

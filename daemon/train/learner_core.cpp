@@ -244,7 +244,8 @@ Status LearnerCore::Build(uint64_t* sq, const MessageBody& body, std::shared_ptr
   OutgoingMessage om;
   std::span<const uint8_t> bytes;
   if (payload) bytes = {payload->data(), payload->size()};
-  DL_RETURN_IF_ERROR(BuildMessage(h, body, bytes, &om));
+  // The payload CRC is computed as the chunks go out (PubChannel), not before.
+  DL_RETURN_IF_ERROR(BuildMessage(h, body, bytes, &om, BuildOptions{.defer_payload_crc = true}));
   res_.bytes_up += om.wire_bytes();
   *out = net::ToMessage(std::move(om), payload);
   return Status::Ok();
