@@ -1,7 +1,6 @@
 #include "daemon/train/run_summary.h"
 
 #include <algorithm>
-#include <filesystem>
 
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/goodput_builder.h"
@@ -9,8 +8,6 @@
 #include "kernels/gpt.h"
 
 namespace diloco {
-
-namespace fs = std::filesystem;
 
 // Training starts at the first incarnation's first step.
 Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,

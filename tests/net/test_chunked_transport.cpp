@@ -18,6 +18,7 @@
 namespace diloco::net {
 namespace {
 
+using testing::CopyFrames;
 using testing::LogCapture;
 using testing::MakeContext;
 using testing::Plain;
@@ -84,12 +85,6 @@ struct Delta {
     return parts;
   }
 };
-
-Message CopyOf(const Message& m) {
-  Message c;
-  for (size_t i = 0; i < m.size(); ++i) c.AddCopy(m.frame(i).data(), m.frame(i).size());
-  return c;
-}
 
 // The same message under another chunk frame (decoded, changed by edit, encoded again).
 Message Reframed(const Message& m, const std::function<void(ChunkFrame*)>& edit) {
@@ -213,7 +208,7 @@ TEST_CASE("Bad chunk streams are dropped whole with a reason", "[net][wire]") {
        }},
       {"duplicated chunk", "repeated", 1,
        [](std::vector<Message> p) {
-         p.insert(p.begin() + 2, CopyOf(p[1]));
+         p.insert(p.begin() + 2, CopyFrames(p[1]));
          return p;
        }},
       {"reordered chunks", "missing or reordered", 1,

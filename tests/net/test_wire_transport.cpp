@@ -14,6 +14,7 @@
 namespace diloco::net {
 namespace {
 
+using testing::CopyFrames;
 using testing::LogCapture;
 using testing::MakeContext;
 using testing::Plain;
@@ -67,13 +68,6 @@ Message Heartbeat(const std::string& sender, uint64_t seq) {
   return ToMessage(std::move(out), nullptr);
 }
 
-// Copies a message's frames (so one good message can be mutated many ways).
-Message Copy(const Message& m) {
-  Message c;
-  for (size_t i = 0; i < m.size(); ++i) c.AddCopy(m.frame(i).data(), m.frame(i).size());
-  return c;
-}
-
 // Garbage of several kinds: random frames, a valid envelope with a flipped bit (header or payload),
 // a truncated header, a missing chunk, another job, a type this socket does not accept.
 Message Corrupt(const Message& good, std::mt19937& rng, int kind) {
@@ -89,7 +83,7 @@ Message Corrupt(const Message& good, std::mt19937& rng, int kind) {
       return m;
     }
     case 1: {  // one bit flipped anywhere in the header
-      m = Copy(good);
+      m = CopyFrames(good);
       std::vector<uint8_t> h(m.frame(0).begin(), m.frame(0).end());
       h[rng() % h.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
       Message out;

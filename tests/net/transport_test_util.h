@@ -66,6 +66,13 @@ inline SocketOptions Plain(const std::string& name) {
   return o;
 }
 
+// A copy of a message's frames (so one good message can be mutated many ways).
+inline Message CopyFrames(const Message& m) {
+  Message c;
+  for (size_t i = 0; i < m.size(); ++i) c.AddCopy(m.frame(i).data(), m.frame(i).size());
+  return c;
+}
+
 inline std::unique_ptr<NetContext> MakeContext() {
   std::unique_ptr<NetContext> ctx;
   REQUIRE(NetContext::Create({}, &ctx).ok());

@@ -170,19 +170,20 @@ TEST_CASE("dst: lock-step learner resyncing runs ahead of the fleet while the sy
 // them lighter and mixed): the seeds' kills and cuts are replaced.
 namespace {
 
-std::vector<DstViolation> RunWithFaults(const testing::TempDir& tmp, uint64_t seed, std::vector<DstFault> faults,
-                                        LinkFaults links, std::string* description) {
+// Seed's deployment with these faults instead of its drawn ones: it merges and breaks no invariant.
+void CheckWithFaults(const testing::TempDir& tmp, uint64_t seed, std::vector<DstFault> faults, LinkFaults links) {
   RunConfig base;
   REQUIRE(DstBaseConfig(tmp.path().string(), &base).ok());
   DstCase c = DrawDstCase(seed, base);
   c.faults = std::move(faults);
   c.links = links;
   c.config.sync.checkpoint_every = 3;
-  *description = DescribeDstCase(c);
+  INFO(DescribeDstCase(c));
   DstCaseResult r;
   REQUIRE(RunDstCase(c, (tmp.path() / "case").string(), &r).ok());
   CHECK(r.merges > 0);
-  return r.violations;
+  for (const DstViolation& v : r.violations) INFO(v.invariant + ": " + v.detail);
+  CHECK(r.violations.empty());
 }
 
 double RunSeconds(uint64_t seed) {
@@ -200,22 +201,14 @@ TEST_CASE("dst: a killed syncer resumes from its update log, never reissuing a v
     const double run_s = RunSeconds(seed);
     std::vector<DstFault> faults;
     for (double at : {0.2, 0.5, 0.8}) faults.push_back({DstFault::kSyncerKill, 0, at * run_s, 0.1 * run_s + 0.5});
-    std::string what;
-    const auto violations = RunWithFaults(tmp, seed, faults, {}, &what);
-    INFO(what);
-    for (const DstViolation& v : violations) INFO(v.invariant + ": " + v.detail);
-    CHECK(violations.empty());
+    CheckWithFaults(tmp, seed, faults, {});
   }
 }
 
 TEST_CASE("dst: duplicated and reordered messages are merged once and reach the same bits", "[virt][dst]") {
   testing::TempDir tmp;
   for (uint64_t seed : {2, 3, 6, 8, 11}) {
-    std::string what;
-    const auto violations = RunWithFaults(tmp, seed, {}, {.duplicate = 0.3, .reorder = 0.3, .window_ms = 200}, &what);
-    INFO(what);
-    for (const DstViolation& v : violations) INFO(v.invariant + ": " + v.detail);
-    CHECK(violations.empty());
+    CheckWithFaults(tmp, seed, {}, {.duplicate = 0.3, .reorder = 0.3, .window_ms = 200});
   }
 }
 
@@ -228,11 +221,7 @@ TEST_CASE("dst: clock jumps of the syncer and of a learner", "[virt][dst]") {
     std::vector<DstFault> faults = {{DstFault::kClockJump, -1, 0.3 * run_s, 30},
                                     {DstFault::kClockJump, 0, 0.5 * run_s, 30},
                                     {DstFault::kClockJump, -1, 0.7 * run_s, 5}};
-    std::string what;
-    const auto violations = RunWithFaults(tmp, seed, faults, {}, &what);
-    INFO(what);
-    for (const DstViolation& v : violations) INFO(v.invariant + ": " + v.detail);
-    CHECK(violations.empty());
+    CheckWithFaults(tmp, seed, faults, {});
   }
 }
 
