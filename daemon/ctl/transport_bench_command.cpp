@@ -33,10 +33,10 @@ int RunBenchTransportCommand(const BenchTransportCommand& cmd) {
   std::printf("%d MiB fp32 delta, median of %d; one at a time (build..parsed) | %d back to back\n", cmd.size_mib,
               cmd.transfers, cmd.stream_depth);
   for (const auto& p : paths) {
-    std::printf("%-10s stack %6.2f GB/s (%6.1f ms: build %.1f, parse %.1f)  raw zmq %6.2f GB/s (%6.1f ms)  ratio %.2f"
-                " | stream: stack %6.2f raw %6.2f GB/s ratio %.2f\n",
-                p.name.c_str(), p.stack_GBps, p.stack_ms, p.build_ms, p.parse_ms, p.raw_zmq_GBps, p.raw_ms, p.ratio,
-                p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio);
+    std::printf("%-10s stack %6.2f GB/s (%6.1f ms: build %.1f, parse %.1f; cpu %.1f)  raw zmq %6.2f GB/s (%6.1f ms;"
+                " cpu %.1f)  ratio %.2f | stream: stack %6.2f raw %6.2f GB/s ratio %.2f\n",
+                p.name.c_str(), p.stack_GBps, p.stack_ms, p.build_ms, p.parse_ms, p.stack_cpu_ms, p.raw_zmq_GBps,
+                p.raw_ms, p.raw_cpu_ms, p.ratio, p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio);
   }
   if (!paths.empty()) {
     const auto& f = paths.front();

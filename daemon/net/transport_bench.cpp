@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,15 @@ double Median(std::vector<double> v) {
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// CPU seconds of every thread of this process (both ends of the bench, their I/O threads and
+// the kernel's copies on their behalf): where it nears 2 × wall on 2 cores, the transfer is
+// bound by CPU and any extra pass over the bytes shows in the wall time.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 struct Keys {
   CurveKeyPair server, client;
@@ -377,21 +387,35 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
                const std::string& stack_bind, const std::string& raw_bind, const Keys* keys, TransportBenchPath* row) {
   PathBench b(o, payload);
   DL_RETURN_IF_ERROR(b.Setup(name, stack_bind, raw_bind, keys));
-  std::vector<double> stack, raw, stack_stream, raw_stream, build, parse;
+  std::vector<double> stack, raw, stack_stream, raw_stream, build, parse, stack_cpu, raw_cpu;
   // One at a time first, then streams, each interleaved (alternating which goes first) so drift
   // hits stack and raw alike; the warm-up lets the allocator settle on reusing freed buffers.
   for (int i = 0; i < o.warmup + o.transfers; ++i) {
-    double s = 0, r = 0, bs = 0, ps = 0;
+    double s = 0, r = 0, bs = 0, ps = 0, sc = 0, rc = 0;
+    auto raw_once = [&]() {
+      const double c0 = ProcessCpuSeconds();
+      const Status st = b.RawOnce(&r);
+      rc = ProcessCpuSeconds() - c0;
+      return st;
+    };
+    auto stack_once = [&]() {
+      const double c0 = ProcessCpuSeconds();
+      const Status st = b.StackOnce(&s, &bs, &ps);
+      sc = ProcessCpuSeconds() - c0;
+      return st;
+    };
     if (i % 2) {
-      DL_RETURN_IF_ERROR(b.RawOnce(&r));
-      DL_RETURN_IF_ERROR(b.StackOnce(&s, &bs, &ps));
+      DL_RETURN_IF_ERROR(raw_once());
+      DL_RETURN_IF_ERROR(stack_once());
     } else {
-      DL_RETURN_IF_ERROR(b.StackOnce(&s, &bs, &ps));
-      DL_RETURN_IF_ERROR(b.RawOnce(&r));
+      DL_RETURN_IF_ERROR(stack_once());
+      DL_RETURN_IF_ERROR(raw_once());
     }
     if (i < o.warmup) continue;
     stack.push_back(s);
     raw.push_back(r);
+    stack_cpu.push_back(sc);
+    raw_cpu.push_back(rc);
     build.push_back(bs);
     parse.push_back(ps);
   }
@@ -426,6 +450,8 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
   row->name = name;
   row->stack_ms = Median(stack) * 1e3;
   row->raw_ms = Median(raw) * 1e3;
+  row->stack_cpu_ms = Median(stack_cpu) * 1e3;
+  row->raw_cpu_ms = Median(raw_cpu) * 1e3;
   row->build_ms = Median(build) * 1e3;
   row->parse_ms = Median(parse) * 1e3;
   row->stack_GBps = bytes / Median(stack) / 1e9;
@@ -519,11 +545,11 @@ std::string TransportBenchJson(const std::vector<TransportBenchPath>& paths) {
     const TransportBenchPath& p = paths[i];
     std::snprintf(buf, sizeof buf,
                   "%s\"%s\": {\"stack_GBps\": %.3f, \"raw_zmq_GBps\": %.3f, \"ratio\": %.3f, \"stack_ms\": %.2f, "
-                  "\"raw_ms\": %.2f, \"build_ms\": %.2f, \"parse_ms\": %.2f, \"stack_stream_GBps\": %.3f, "
+                  "\"raw_ms\": %.2f, \"stack_cpu_ms\": %.2f, \"raw_cpu_ms\": %.2f, \"build_ms\": %.2f, \"parse_ms\": %.2f, \"stack_stream_GBps\": %.3f, "
                   "\"raw_stream_GBps\": %.3f, \"stream_ratio\": %.3f, \"senders\": %d, \"io_threads\": %d, "
                   "\"aggregate_GBps\": %.3f, \"raw_aggregate_GBps\": %.3f, \"aggregate_ratio\": %.3f, "
                   "\"per_sender_GBps\": %.3f, \"raw_per_sender_GBps\": %.3f}",
-                  i ? ", " : "", p.name.c_str(), p.stack_GBps, p.raw_zmq_GBps, p.ratio, p.stack_ms, p.raw_ms, p.build_ms,
+                  i ? ", " : "", p.name.c_str(), p.stack_GBps, p.raw_zmq_GBps, p.ratio, p.stack_ms, p.raw_ms, p.stack_cpu_ms, p.raw_cpu_ms, p.build_ms,
                   p.parse_ms, p.stack_stream_GBps, p.raw_stream_GBps, p.stream_ratio, p.senders, p.io_threads,
                   p.aggregate_GBps, p.raw_aggregate_GBps, p.aggregate_ratio, p.per_sender_GBps, p.raw_per_sender_GBps);
     s += buf;

@@ -48,6 +48,7 @@ struct TransportBenchPath {
   std::string name;  // "tcp", "ipc", "curve_tcp"
   double stack_GBps = 0, raw_zmq_GBps = 0, ratio = 0;
   double stack_ms = 0, raw_ms = 0;  // medians of one transfer
+  double stack_cpu_ms = 0, raw_cpu_ms = 0;  // CPU time of the whole process per transfer (medians)
   double build_ms = 0, parse_ms = 0;  // of stack_ms: BuildMessage, and ParseEnvelope (medians)
   double stack_stream_GBps = 0, raw_stream_GBps = 0, stream_ratio = 0;
   // The aggregate run: every sender's payload over the time until the last delta arrived, and
