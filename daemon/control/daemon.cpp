@@ -185,6 +185,7 @@ Status Daemon::Run() {
         for (auto& [name, role] : job.roles) role->Observe();
     });
     im.Guarded("checking the learners", [&] { im.CheckLearnersEnded(); });
+    im.Guarded("writing job summaries", [&] { im.WriteDueSummaries(); });
     im.Guarded("metrics", [&] { im.UpdateMetrics(); });
     // Short polls while work off the loop may finish: its answers go out promptly.
     if (!net::PollReadable(sockets, im.off_loop->in_flight() > 0 ? 5 : 100, &ready)) continue;

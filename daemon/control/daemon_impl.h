@@ -36,6 +36,7 @@
 #include "daemon/sync/protocol.h"
 #include "daemon/train/chaos_runner.h"
 #include "daemon/train/role_plan.h"
+#include "daemon/util/jsonl_writer.h"
 #include "daemon/util/lock_file.h"
 #include "daemon/util/status.h"
 
@@ -83,9 +84,16 @@ struct DaemonImpl {
     std::shared_ptr<QueuedChaosTarget> chaos_target;
     std::unique_ptr<ChaosRunner> chaos_runner;  // after chaos_target: it calls it
     std::set<std::string> rejoining;  // learners that start again once they are out of dying
+    // The syncer's site: the job's run-level lines in its run directory's metrics.jsonl
+    // (control/job_metrics.h; shared with the chaos runner's thread); once the syncer completed,
+    // its result until the learners' results are known (WriteDueSummaries).
+    std::shared_ptr<JsonlWriter> run_metrics;
+    bool summary_due = false;
+    Clock::time_point summary_due_since;
+    nlohmann::json syncer_result;
     // Roles that have not ended for good: the job is not over on this site.
     bool RolesPending() const {
-      if (!dying.empty() || !rejoining.empty()) return true;
+      if (!dying.empty() || !rejoining.empty() || summary_due) return true;
       for (const auto& [t, c] : chaos_due)
         if (c.action == SiteChaosAction::kRestart) return true;
       for (const std::string& name : killed)
@@ -233,13 +241,15 @@ struct DaemonImpl {
   void CheckLearnersEnded();
   void ResumeJobs();
 
+  void OpenRunMetrics(const std::string& id, Job& job, bool resume, int threads);
+  void WriteRunMetrics(const std::string& id, const Job& job, const nlohmann::json& line);
+  bool LearnerResults(const std::string& id, const Job& job, std::vector<nlohmann::json>* results);
+  void WriteDueSummaries();
   // ---- job_status.cpp ----
   void UpdateMetrics();
   // This site's view of a job: its record, config placement and its roles' progress.
   nlohmann::json LocalView(const std::string& id);
   ControlArgs JobStatus(const std::string& id);
-  // The `train --json` summary object, from the syncer's and learners' results.
-  nlohmann::json Summary(const RunConfig& cfg, const nlohmann::json& status);
   ControlArgs UnknownJob(const std::string& id);
   // The jobs from `offset` on, as many as fit one reply; "next" is where the following page
   // starts when some are left (the CLI asks until there is none).

@@ -83,7 +83,11 @@ void DaemonImpl::StartChaosTimeline(const std::string& id, Job& job, bool resume
                                                        7 * 24 * 3600.0);
   JobLog(id, "chaos timeline:\n" + ChaosSummary(actions));
   job.chaos_target = std::make_shared<QueuedChaosTarget>();
-  job.chaos_runner = std::make_unique<ChaosRunner>(actions, job.chaos_target.get(), nullptr);
+  // Each action played is a line of the job's metrics.jsonl, as in a local run.
+  std::shared_ptr<JsonlWriter> lines = job.run_metrics;
+  job.chaos_runner = std::make_unique<ChaosRunner>(actions, job.chaos_target.get(), [lines](double t_s, const ChaosAction& a) {
+    if (lines) (void)lines->Write(ChaosEventJson(t_s, a));  // a line lost to a full disk does not stop the chaos
+  });
   job.chaos_runner->Start();
 }
 

@@ -2,9 +2,11 @@
 #include "daemon/control/daemon_impl.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 #include "daemon/control/job_limits.h"
+#include "daemon/control/job_metrics.h"
 #include "daemon/train/role_plan.h"
 #include "daemon/train/trainer.h"
 #include "daemon/util/atomic_file.h"
@@ -76,8 +78,29 @@ Status DaemonImpl::StartRoles(const std::string& id, const RunConfig& cfg, bool 
   entry.config = cfg;
   const bool syncer_started = job.roles.count(kSyncerName) > 0;
   for (auto& [name, role] : job.roles) entry.roles[name] = std::move(role);
+  if (syncer_started) OpenRunMetrics(id, entry, resume, plan.threads_per_role);
   if (syncer_started && !cfg.chaos.empty() && !entry.chaos_runner) StartChaosTimeline(id, entry, resume);
   return Status::Ok();
+}
+
+// The syncer's site keeps the job's run-level lines (control/job_metrics.h); a failure to
+// write them is logged, not the job's end.
+void DaemonImpl::OpenRunMetrics(const std::string& id, Job& job, bool resume, int threads) {
+  if (!job.run_metrics) {
+    auto writer = std::make_shared<JsonlWriter>();
+    const std::string path = (std::filesystem::path(store->RunDir(id)) / "metrics.jsonl").string();
+    if (Status st = writer->Open(path); !st.ok()) {
+      JobLog(id, "the job's metrics.jsonl is not written: " + st.message());
+      return;
+    }
+    job.run_metrics = std::move(writer);
+  }
+  WriteRunMetrics(id, job, JobStartLine(job.config, resume, threads));
+}
+
+void DaemonImpl::WriteRunMetrics(const std::string& id, const Job& job, const nlohmann::json& line) {
+  if (!job.run_metrics) return;
+  if (Status st = job.run_metrics->Write(line); !st.ok()) JobLog(id, "metrics.jsonl: " + st.message());
 }
 
 Status DaemonImpl::StartSyncerRole(const std::string& id, const RoleOptions& ro, const PlannedRole& pr,
@@ -301,6 +324,11 @@ void DaemonImpl::Reap() {
         const bool stopped = job.stop_requested || rr.result.value("stopped", false);
         rr.state = stopped ? JobState::kStopped : JobState::kCompleted;
         JobLog(id, rit->first + " " + ToString(rr.state) + ": " + JsonText(rr.result));
+        if (rit->first == kSyncerName && rr.state == JobState::kCompleted && job.run_metrics) {
+          job.summary_due = true;  // WriteDueSummaries
+          job.summary_due_since = Clock::now();
+          job.syncer_result = rr.result;
+        }
       }
       changed = true;
       rit = job.roles.erase(rit);
@@ -319,6 +347,7 @@ void DaemonImpl::Reap() {
         if (rr.state == JobState::kFailed && rec.error.empty()) rec.error = name + ": " + rr.error;
       }
       rec.state = failed ? JobState::kFailed : stopped ? JobState::kStopped : JobState::kCompleted;
+      changed = true;  // also when the last role ended in an earlier turn (a summary was due)
       JobLog(id, std::string("job ") + ToString(rec.state) + " on this site");
     }
     if (changed) SaveRecord(rec);
@@ -333,46 +362,75 @@ void DaemonImpl::Reap() {
   }
 }
 
+// Every learner's role result when all of them have ended, on this site or (from what the
+// background refresh of peer views has) on theirs; false while any is running or unknown.
+bool DaemonImpl::LearnerResults(const std::string& id, const Job& job, std::vector<nlohmann::json>* results) {
+  results->clear();
+  std::map<std::string, nlohmann::json> views;
+  for (size_t i = 0; i < job.config.placement.learners.size(); i++) {
+    const std::string& site = job.config.placement.learners[i];
+    const std::string name = LearnerName((int)i);
+    nlohmann::json view;
+    if (site == config.site) {
+      JobRecord rec;
+      if (job.roles.count(name) || !store->Load(id, &rec).ok()) return false;
+      view = JobRecordToJson(rec);
+    } else if (views.count(site)) {
+      view = views[site];
+    } else {
+      const PeerViews::View v = peer_views->Get(site, id, /*wait=*/false);
+      if (!v.ok || !v.error.empty()) return false;
+      view = views[site] = v.json;
+    }
+    if (!view.is_object() || !view.contains("roles") || !view["roles"].contains(name)) return false;
+    const nlohmann::json& role = view["roles"][name];
+    JobState js;
+    if (!ParseJobState(role.value("state", ""), &js) || !IsFinal(js)) return false;
+    results->push_back(role.value("result", nlohmann::json()));
+  }
+  return true;
+}
+
 void DaemonImpl::CheckLearnersEnded() {
   if (Clock::now() - last_learner_check < std::chrono::seconds(3)) return;
   last_learner_check = Clock::now();
   for (auto& [id, job] : jobs) {
     auto sit = job.roles.find(kSyncerName);
     if (sit == job.roles.end() || sit->second->done() || job.syncer_stop_sent) continue;
-    bool all_ended = true;
-    std::map<std::string, nlohmann::json> views;
-    for (size_t i = 0; i < job.config.placement.learners.size() && all_ended; i++) {
-      const std::string& site = job.config.placement.learners[i];
-      const std::string name = LearnerName((int)i);
-      nlohmann::json view;
-      if (site == config.site) {
-        JobRecord rec;
-        if (job.roles.count(name) || !store->Load(id, &rec).ok()) {
-          all_ended = false;
-          break;
-        }
-        view = JobRecordToJson(rec);
-      } else if (views.count(site)) {
-        view = views[site];
-      } else {
-        const PeerViews::View v = peer_views->Get(site, id, /*wait=*/false);
-        if (!v.ok || !v.error.empty()) {
-          all_ended = false;
-          break;
-        }
-        view = views[site] = v.json;
-      }
-      const std::string state = view.is_object() && view.contains("roles") && view["roles"].contains(name)
-                                    ? view["roles"][name].value("state", "")
-                                    : "";
-      JobState js;
-      all_ended = ParseJobState(state, &js) && IsFinal(js);
-    }
-    if (all_ended) {
+    std::vector<nlohmann::json> results;
+    if (LearnerResults(id, job, &results)) {
       JobLog(id, "every learner has ended; the syncer merges what is pending and stops");
       sit->second->RequestStop();
       job.syncer_stop_sent = true;
     }
+  }
+}
+
+// Jobs whose syncer completed here: their learner_done lines, evaluation and summary once every
+// learner's result is known (a remote site's comes with its next view, within seconds). The job
+// stays running here until then (Job::RolesPending), so whoever sees it completed finds its
+// summary in metrics.jsonl; after a minute without them only the evaluation is written.
+void DaemonImpl::WriteDueSummaries() {
+  for (auto& [id, job] : jobs) {
+    if (!job.summary_due) continue;
+    std::vector<nlohmann::json> results;
+    const bool known = LearnerResults(id, job, &results);
+    if (!known && Clock::now() - job.summary_due_since < std::chrono::seconds(60)) continue;
+    job.summary_due = false;
+    const nlohmann::json& sr = job.syncer_result;
+    long steps = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+      WriteRunMetrics(id, job, LearnerDoneLine((int)i, results[i]));
+      steps += results[i].is_object() ? results[i].value("steps", 0L) : 0L;
+    }
+    WriteRunMetrics(id, job, {{"event", "eval"}, {"step", steps}, {"val_loss", sr.value("final_val_loss", 0.0)}});
+    nlohmann::json summary = known ? JobSummaryObject(job.config, sr, results, store->RunDir(id), id) : nullptr;
+    if (summary.is_null()) {
+      JobLog(id, "no summary in metrics.jsonl: the learners' results did not all come within a minute");
+      continue;
+    }
+    summary["event"] = "summary";
+    WriteRunMetrics(id, job, summary);
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "daemon/control/job_metrics.h"
 #include "daemon/control/site_metrics.h"
 #include "daemon/train/run_summary.h"
 #include "daemon/util/sd_notify.h"
@@ -10,11 +11,16 @@
 namespace diloco {
 namespace {
 
-// j[key] when it is a number, else fallback (NaN is stored as JSON null).
-template <typename T>
-T Number(const nlohmann::json& j, const char* key, T fallback) {
-  const auto it = j.is_object() ? j.find(key) : j.end();
-  return j.is_object() && it != j.end() && it->is_number() ? it->get<T>() : fallback;
+// The summary from a job's combined status (every site's roles): null until every result is in.
+nlohmann::json StatusSummary(const RunConfig& cfg, const nlohmann::json& status) {
+  if (!status.contains("syncer") || !status["syncer"].contains("result")) return nullptr;
+  std::vector<nlohmann::json> learners;
+  for (const auto& l : status["learners"]) {
+    if (!l.contains("result")) return nullptr;
+    learners.push_back(l["result"]);
+  }
+  return JobSummaryObject(cfg, status["syncer"]["result"], learners, status.value("run_dir", ""),
+                          status.value("id", ""));
 }
 
 }  // namespace
@@ -108,46 +114,10 @@ ControlArgs DaemonImpl::JobStatus(const std::string& id) {
     out["syncer"]["site"] = cfg.placement.syncer;
   }
   if (out["state"] == "completed") {
-    nlohmann::json summary = Summary(cfg, out);
+    nlohmann::json summary = StatusSummary(cfg, out);
     if (!summary.is_null()) out["summary"] = summary;
   }
   return {{"ok", "1"}, {"json", JsonText(out)}};
-}
-
-// The `train --json` summary object, from the syncer's and learners' results: the learners added
-// up by local mode's rule (AddLearnerTotals), the object written as local mode writes it.
-nlohmann::json DaemonImpl::Summary(const RunConfig& cfg, const nlohmann::json& status) {
-  if (!status.contains("syncer") || !status["syncer"].contains("result")) return nullptr;
-  const nlohmann::json& sr = status["syncer"]["result"];
-  TrainSummary s;
-  s.learners = (int)status["learners"].size();
-  s.peak_rss_mb = Number(sr, "peak_rss_mb", 0.0);
-  for (const auto& l : status["learners"]) {
-    if (!l.contains("result")) return nullptr;
-    const nlohmann::json& r = l["result"];
-    AddLearnerTotals(cfg,
-                     {Number(r, "tokens", 0L), Number(r, "train_s", 0.0), Number(r, "final_train_loss", 0.0),
-                      Number(r, "bytes_up", uint64_t{0}), Number(r, "bytes_down", uint64_t{0})},
-                     &s);
-    s.peak_rss_mb = std::max(s.peak_rss_mb, Number(r, "peak_rss_mb", 0.0));
-  }
-  s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0.0;
-  s.final_val_loss = Number(sr, "final_val_loss", 0.0);
-  s.final_val_batches = Number(sr, "final_val_batches", 0);
-  s.initial_val_loss = Number(sr, "initial_val_loss", 0.0);
-  s.outer_steps = Number(sr, "merges", uint64_t{0});
-  s.dropped_deltas = Number(sr, "dropped_deltas", uint64_t{0});
-  s.rejected_deltas = Number(sr, "rejected_deltas", uint64_t{0});
-  if (sr.contains("versions") && sr["versions"].is_array())
-    for (const auto& v : sr["versions"]) s.versions.push_back(v.is_number_unsigned() ? v.get<uint64_t>() : 0);
-  s.run_dir = status.value("run_dir", "");
-  s.checkpoint = sr.value("checkpoint", "");
-  s.wall_s = Number(sr, "wall_s", 0.0);
-  nlohmann::json j = TrainSummaryObject(s);
-  j["global_state"] = sr.value("global_state", "");
-  j["job"] = status.value("id", "");
-  if (sr.contains("goodput")) j.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
-  return j;
 }
 
 ControlArgs DaemonImpl::UnknownJob(const std::string& id) {

@@ -137,6 +137,8 @@ void ReadMetricsFile(const fs::path& path, int default_learner, RunData* run, st
       run->evals.push_back({Int(j, "step", 0), Num(j, "val_loss")});
     } else if (event == "summary") {
       run->summary = ParseSummary(j);
+      // A daemon job evaluates the merged model at the end only: its start line has no loss.
+      if (!std::isfinite(run->initial_val_loss)) run->initial_val_loss = Num(j, "initial_val_loss");
     }
   });
 }
@@ -195,43 +197,6 @@ void DeriveWallTime(RunData* run) {
     if (m.time_ms > 0) m.wall_s = (static_cast<double>(m.time_ms) - t0_ms) / 1e3;
 }
 
-// A daemon job's run directory sits in jobs/<id>/run; the site's roles' results are in
-// jobs/<id>/state.json beside it. The syncer's result gives the merged model's losses,
-// goodput, uptime and merges; each learner's result its steps, tokens and bytes.
-void ReadJobState(const fs::path& path, RunData* run) {
-  std::ifstream in(path, std::ios::binary);
-  json state = json::parse(in, nullptr, false);
-  if (state.is_discarded() || !state.is_object() || !state.contains("roles") || !state["roles"].is_object()) {
-    run->notes.push_back("state.json of " + path.parent_path().filename().string() + ": cannot be parsed (skipped)");
-    return;
-  }
-  RunSummary& s = run->summary;
-  auto add = [](double* into, double v) {
-    if (std::isfinite(v)) *into = std::isfinite(*into) ? *into + v : v;
-  };
-  for (const auto& [name, role] : state["roles"].items()) {
-    if (!role.is_object() || !role.contains("result") || !role["result"].is_object()) continue;
-    const json& r = role["result"];
-    if (name == "syncer") {
-      s.present = true;
-      s.final_val_loss = Num(r, "final_val_loss");
-      s.final_val_batches = Num(r, "final_val_batches");
-      s.outer_steps = Num(r, "merges");
-      s.wall_s = Num(r, "wall_s");
-      if (r.contains("goodput") && r["goodput"].is_object()) {
-        s.goodput = Num(r["goodput"], "goodput");
-        s.uptime = Num(r["goodput"], "uptime");
-      }
-      if (!std::isfinite(run->initial_val_loss)) run->initial_val_loss = Num(r, "initial_val_loss");
-    } else if (name.rfind("learner-", 0) == 0) {
-      add(&s.tokens, Num(r, "tokens"));
-      add(&s.steps, Num(r, "steps"));
-      add(&s.bytes_up, Num(r, "bytes_up"));
-      add(&s.bytes_down, Num(r, "bytes_down"));
-    }
-  }
-}
-
 // One directory's files into *run; learner lines into *traces (several directories may
 // hold the learners of one run).
 struct LoadState {
@@ -264,8 +229,6 @@ void LoadInto(const fs::path& root, RunData* run, LoadState* ls) {
     ls->any_metrics = true;
     ReadMetricsFile(path, index, run, traces);
   }
-  const fs::path job_state = fs::absolute(root).lexically_normal().parent_path() / "state.json";
-  if (fs::absolute(root).lexically_normal().filename() == "run" && fs::exists(job_state)) ReadJobState(job_state, run);
 
   // The merge tape: the rotated part first.
   for (const char* name : {"events.log.1", "events.log"}) {
@@ -290,7 +253,7 @@ void FinishLoading(LoadState* ls, RunData* run) {
   if (any_metrics && !run->summary.present) {
     run->notes.push_back("no summary line in the metrics (the run is still going, or stopped early)");
   }
-  // A daemon job evaluates the merged model once, at the end.
+  // Without an eval line (older daemon jobs): the summary's final loss at its step.
   if (run->evals.empty() && std::isfinite(run->summary.final_val_loss) && std::isfinite(run->summary.steps))
     run->evals.push_back({static_cast<long>(run->summary.steps), run->summary.final_val_loss});
   DeriveWallTime(run);

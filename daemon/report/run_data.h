@@ -3,10 +3,10 @@
 // JSON line becomes a note naming the file and line, and the rest still loads. Only a
 // directory that does not exist is an error.
 //
-// Read: config.yaml (mode, learners), metrics.jsonl (start / learner lines / eval /
-// summary) or learner-<i>.jsonl (a daemon job: one learner per file), the syncer's
-// merge tape events.log.1 then events.log (daemon/sync/event_log.h), and for a daemon
-// job's jobs/<id>/run the roles' results in jobs/<id>/state.json.
+// Read: config.yaml (mode, learners), metrics.jsonl (the run's lines: start, chaos,
+// learner_done, eval, summary; a daemon job's at its syncer's site), learner-<i>.jsonl
+// (each learner's lines) and the syncer's merge tape events.log.1 then events.log
+// (daemon/sync/event_log.h): one layout for local, virtual and daemon runs.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +81,7 @@ struct RunData {
 
 // Loads one run kept in several directories into *out: a daemon job's site run
 // directories (each holds its learners' learner-<i>.jsonl, the syncer's site the merge
-// tape; the roles' results come from the job's state.json beside each). The label
+// tape and the job's metrics.jsonl). The label
 // defaults to the first directory's name. Fails only when a directory does not exist.
 Status LoadRunParts(const std::vector<std::string>& dirs, const std::string& label, RunData* out);
 

@@ -5,7 +5,8 @@
 //                     what a resumed learner continues from
 //   learner-<i>.jsonl learner i's metrics lines (its steps, evaluations, syncs), every incarnation
 //                     appending; the run's own lines (start, chaos, learner_done, eval, summary)
-//                     go to metrics.jsonl (a daemon job's summary is its state.json instead)
+//                     go to metrics.jsonl (a daemon job's at its syncer's site:
+//                     control/job_metrics.h)
 #pragma once
 
 #include <memory>

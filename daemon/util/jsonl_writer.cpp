@@ -29,6 +29,7 @@ Status JsonlWriter::Rotate() {
 }
 
 Status JsonlWriter::Write(const nlohmann::json& object) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return Status::Error("'" + path_ + "' is not open");
   if (rotate_bytes_ > 0 && size_ >= rotate_bytes_) DL_RETURN_IF_ERROR(Rotate());
   const std::string line = object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // bad UTF-8 -> U+FFFD

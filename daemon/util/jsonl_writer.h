@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -26,6 +27,7 @@ class JsonlWriter {
  private:
   Status Rotate();
 
+  std::mutex mu_;  // guards Write (and the Rotate it may do)
   std::FILE* file_ = nullptr;
   std::string path_;
   int64_t rotate_bytes_ = 0;

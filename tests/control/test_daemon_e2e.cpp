@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -97,6 +98,30 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   }
   CHECK(fs::exists(sum["checkpoint"].get<std::string>()));
   CHECK(fs::exists(s["run_dir"].get<std::string>() + "/global_state.bin"));
+  {
+    // The syncer's site writes the job's run-level lines as a local run does (one metrics
+    // layout): its start, each learner's end, the merged model's evaluation and the summary.
+    std::ifstream in(s["run_dir"].get<std::string>() + "/metrics.jsonl");
+    std::vector<std::string> events;
+    nlohmann::json last_summary;
+    std::set<int> done;
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      events.push_back(j.value("event", ""));
+      if (events.back() == "learner_done") done.insert(j.value("learner", -1));
+      if (events.back() == "summary") last_summary = j;
+    }
+    REQUIRE(events.size() == 5);
+    CHECK(events.front() == "start");
+    CHECK(done == std::set<int>{0, 1});
+    CHECK(events[3] == "eval");
+    CHECK(events[4] == "summary");
+    CHECK(last_summary["tokens"] == sum["tokens"]);
+    CHECK(last_summary["steps"] == sum["steps"]);
+    CHECK(last_summary["outer_steps"] == sum["outer_steps"]);
+    CHECK(last_summary["final_val_loss"] == sum["final_val_loss"]);
+    CHECK(last_summary["initial_val_loss"] == sum["initial_val_loss"]);
+  }
   // The merged model exports as safetensors whose tensors match the model's table.
   const CtlResult ex = Ctl(dir, "export " + job + " --format safetensors -o '" + dir.file("model.safetensors") +
                                     "' --json --socket '" + c->SocketPath("site-a") + "'");

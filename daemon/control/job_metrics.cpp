@@ -1,0 +1,71 @@
+#include "daemon/control/job_metrics.h"
+
+#include <algorithm>
+
+#include "daemon/train/run_summary.h"
+#include "daemon/train/trainer.h"
+#include "kernels/gpt.h"
+
+namespace diloco {
+namespace {
+
+// j[key] when it is a number, else fallback (NaN is stored as JSON null).
+template <typename T>
+T Number(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return j.is_object() && it != j.end() && it->is_number() ? it->get<T>() : fallback;
+}
+
+}  // namespace
+
+nlohmann::json JobStartLine(const RunConfig& cfg, bool resume, int threads) {
+  return {{"event", resume ? "resume" : "start"},
+          {"step", 0},
+          {"params", gpt_tensor_table(GptConfigOf(cfg.model)).total_numel()},
+          {"learners", cfg.sync.learners},
+          {"mode", std::string(ToString(cfg.sync.mode))},
+          {"threads", threads}};
+}
+
+nlohmann::json LearnerDoneLine(int learner, const nlohmann::json& result) {
+  nlohmann::json j = result.is_object() ? result : nlohmann::json::object();
+  j["event"] = "learner_done";
+  j["learner"] = learner;
+  return j;
+}
+
+nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& sr,
+                                const std::vector<nlohmann::json>& learner_results, const std::string& run_dir,
+                                const std::string& job_id) {
+  if (!sr.is_object()) return nullptr;
+  TrainSummary s;
+  s.learners = (int)learner_results.size();
+  s.peak_rss_mb = Number(sr, "peak_rss_mb", 0.0);
+  for (const nlohmann::json& r : learner_results) {
+    if (!r.is_object()) return nullptr;
+    AddLearnerTotals(cfg,
+                     {Number(r, "tokens", 0L), Number(r, "train_s", 0.0), Number(r, "final_train_loss", 0.0),
+                      Number(r, "bytes_up", uint64_t{0}), Number(r, "bytes_down", uint64_t{0})},
+                     &s);
+    s.peak_rss_mb = std::max(s.peak_rss_mb, Number(r, "peak_rss_mb", 0.0));
+  }
+  s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0.0;
+  s.final_val_loss = Number(sr, "final_val_loss", 0.0);
+  s.final_val_batches = Number(sr, "final_val_batches", 0);
+  s.initial_val_loss = Number(sr, "initial_val_loss", 0.0);
+  s.outer_steps = Number(sr, "merges", uint64_t{0});
+  s.dropped_deltas = Number(sr, "dropped_deltas", uint64_t{0});
+  s.rejected_deltas = Number(sr, "rejected_deltas", uint64_t{0});
+  if (sr.contains("versions") && sr["versions"].is_array())
+    for (const auto& v : sr["versions"]) s.versions.push_back(v.is_number_unsigned() ? v.get<uint64_t>() : 0);
+  s.run_dir = run_dir;
+  s.checkpoint = sr.value("checkpoint", "");
+  s.wall_s = Number(sr, "wall_s", 0.0);
+  nlohmann::json j = TrainSummaryObject(s);
+  j["global_state"] = sr.value("global_state", "");
+  j["job"] = job_id;
+  if (sr.contains("goodput")) j.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
+  return j;
+}
+
+}  // namespace diloco

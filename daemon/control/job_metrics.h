@@ -1,0 +1,29 @@
+// A daemon job's run-level lines, written at its syncer's site to <run dir>/metrics.jsonl, as a
+// local run writes them (train/run_dir.h): start (or resume), chaos, learner_done (once every
+// learner has ended, from their results on whichever site they ran), eval and summary (when the
+// syncer completes). Each learner's own lines stay in learner-<i>.jsonl on its site.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "daemon/config/run_config.h"
+
+namespace diloco {
+
+// {"event": "start" | "resume", "step": 0, "params", "learners", "mode", "threads"}. The merged
+// model is evaluated once, at the end: the initial loss is in the summary (initial_val_loss).
+nlohmann::json JobStartLine(const RunConfig& cfg, bool resume, int threads);
+
+// learner i's role result (control/roles.cpp) as {"event": "learner_done", "learner": i, ...}.
+nlohmann::json LearnerDoneLine(int learner, const nlohmann::json& result);
+
+// The `train --json` summary object of a job from its syncer's and learners' role results: the
+// learners added up by local mode's rule (AddLearnerTotals), the object written as local mode
+// writes it, plus the syncer's goodput. Null when a result is missing.
+nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& syncer_result,
+                                const std::vector<nlohmann::json>& learner_results, const std::string& run_dir,
+                                const std::string& job_id);
+
+}  // namespace diloco
