@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <omp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,7 +10,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -20,12 +18,11 @@
 #include "daemon/sync/global_state.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/train/ddp_run.h"
-#include "daemon/train/data.h"
 #include "daemon/train/learner.h"
 #include "daemon/train/local_fleet.h"
 #include "daemon/train/role_plan.h"
+#include "daemon/train/run_frame.h"
 #include "daemon/train/run_summary.h"
-#include "daemon/util/jsonl_writer.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/virt/virtual_run.h"
 #include "kernels/gpt.h"
@@ -96,27 +93,11 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     return Status::Error("run directory '" + options.run_dir +
                          "' already holds a run (global_state.bin): pass --resume to continue it, or choose another --out");
   }
-  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
-  JsonlWriter metrics;  // the run's lines; each learner's go to its learner-<i>.jsonl (run_dir.h)
-  std::mutex metrics_mu;
-  DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
-  LearnerMetricsFiles learner_metrics;
-  DL_RETURN_IF_ERROR(learner_metrics.Open(options.run_dir, M));
-
-  // Validation data (the same tail for every learner) and the initial model.
-  std::unique_ptr<Corpus> corpus;
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, M), &corpus));
-  const GptConfig gc = GptConfigOf(cfg.model);
-  const TensorTable table = gpt_tensor_table(gc);
-  std::vector<float> init(table.total_numel());
-  gpt_init_params(gc, cfg.train.seed, init.data());
-  const BatchSampler val = ValSampler(*corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
-  const int total_threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
-  omp_set_num_threads(total_threads);
-  const RolePlan plan = PlanLocal(cfg, LearnersOwnDevices(cfg.train, M), total_threads);
-  TrainSummary s;
-  s.learners = M;
-  s.run_dir = options.run_dir;
+  std::unique_ptr<RunFrame> frame;  // the run directory, the initial model, the run's lines
+  DL_RETURN_IF_ERROR(RunFrame::Open(options, &frame));
+  const TensorTable& table = frame->table();
+  std::vector<float>& init = frame->init();
+  const RolePlan& plan = frame->plan();
   if (options.resume) {
     // The model to start from is the syncer's global state; init only feeds the evaluation.
     GlobalState gs;
@@ -127,15 +108,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                            .WithContext("cannot resume from '" + state_path.string() + "' with this config"));
     for (size_t p = 0; p < frags.size(); p++) ScatterFragment(frags[p], gs.fragments[p].theta.data(), init.data());
   }
-  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
-  DL_RETURN_IF_ERROR(metrics.Write({{"event", options.resume ? "resume" : "start"},
-                                    {"start_steps", start_steps},
-                                    {"step", 0},
-                                    {"params", table.total_numel()},
-                                    {"learners", M},
-                                    {"mode", std::string(ToString(sc.mode))},
-                                    {"val_loss", s.initial_val_loss},
-                                    {"threads", total_threads}}));
+  DL_RETURN_IF_ERROR(frame->Begin({{"event", options.resume ? "resume" : "start"}, {"start_steps", start_steps}}));
 
   std::unique_ptr<net::NetContext> ctx;
   DL_RETURN_IF_ERROR(net::NetContext::Create({}, &ctx));
@@ -215,8 +188,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     lo.threads = plan.threads_per_role;
     lo.run_dir = options.run_dir;
     lo.device = role.device;
-    lo.metrics = learner_metrics.writer(i);
-    lo.metrics_mu = learner_metrics.mu(i);
+    lo.metrics = frame->learner_metrics().writer(i);
+    lo.metrics_mu = frame->learner_metrics().mu(i);
     return lo;
   };
   LocalFleet fleet(*ctx, M, learner_options, &syncer, links, base_link);
@@ -276,8 +249,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       std::string who;  // appended, not " " + name: GCC 12 warns falsely (-Wrestrict) on that
       if (a.learner >= 0) who.append(" ").append(LearnerName(a.learner));
       std::fprintf(stderr, "chaos: t=%.1fs %s%s\n", t_s, std::string(ToString(a.kind)).c_str(), who.c_str());
-      std::lock_guard<std::mutex> lock(metrics_mu);
-      (void)metrics.Write(ChaosEventJson(t_s, a));
+      (void)frame->metrics().Write(ChaosEventJson(t_s, a));
     });
     chaos->Start();
   }
@@ -314,39 +286,24 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   Syncer* const final_syncer = syncer.get();
   if (final_syncer == nullptr) return Status::Error("the syncer was killed and never restarted (chaos)");
 
-  const std::vector<std::vector<const LearnerResult*>> incarnations = fleet.Results();
-  const int64_t trained_until_unix_ms =
+  RunEnd end;
+  end.incarnations = fleet.Results();
+  end.down = fleet.DownSpans();
+  end.end_unix_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  DL_RETURN_IF_ERROR(SummarizeLearners(cfg, incarnations, metrics, &s, details));
+  end.merges = &merges;
   const SyncerResult& sr = final_syncer->result();
-  s.outer_steps = sr.merges;
-  s.dropped_deltas = sr.dropped_deltas;
-  s.rejected_deltas = sr.rejected_deltas;
-  s.versions = sr.versions;
+  end.outer_steps = sr.merges;
+  end.dropped_deltas = sr.dropped_deltas;
+  end.rejected_deltas = sr.rejected_deltas;
+  end.versions = sr.versions;
   std::vector<float> global(table.total_numel());
   final_syncer->GlobalParams(global.data());
-  omp_set_num_threads(total_threads);
-  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
-  s.final_val_batches = cfg.eval.batches;
-  s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
-  DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
-  s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
-  {
-    GoodputReport g;
-    if (Status st = AccountGoodput(cfg, merges, incarnations, fleet.DownSpans(), trained_until_unix_ms, &g);
-        st.ok())
-      s.goodput = g;
-    else
-      std::fprintf(stderr, "goodput not accounted: %s\n", st.message().c_str());
-  }
-  s.peak_rss_mb = peak_rss_mb();
-  s.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+  end.global_params = global.data();
+  end.peak_rss_mb = peak_rss_mb();
   links.clear();
-  nlohmann::json ev = TrainSummaryObject(s);
-  ev["event"] = "summary";
-  DL_RETURN_IF_ERROR(metrics.Write(ev));
-  *summary = s;
-  return Status::Ok();
+  end.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+  return frame->Finish(end, details, summary);
 }
 
 }  // namespace diloco

@@ -1,7 +1,5 @@
 #include "daemon/virt/virtual_run.h"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,11 +7,7 @@
 
 #include "daemon/sync/protocol.h"
 #include "daemon/train/ddp_run.h"
-#include "daemon/train/data.h"
-#include "daemon/train/role_plan.h"
-#include "daemon/train/run_dir.h"
-#include "daemon/train/run_summary.h"
-#include "daemon/util/jsonl_writer.h"
+#include "daemon/train/run_frame.h"
 #include "daemon/virt/virtual_world.h"
 #include "kernels/gpt.h"
 #include "kernels/rng.h"
@@ -58,44 +52,19 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   const int M = cfg.sync.learners;
   if (fs::exists(fs::path(options.run_dir) / "global_state.bin"))
     return Status::Error("run directory '" + options.run_dir + "' already holds a run (global_state.bin): choose another --out");
-  DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, cfg));
-  JsonlWriter metrics;  // the run's lines; each learner's go to its learner-<i>.jsonl (run_dir.h)
-  DL_RETURN_IF_ERROR(metrics.Open((fs::path(options.run_dir) / "metrics.jsonl").string()));
-  LearnerMetricsFiles learner_metrics;
-  DL_RETURN_IF_ERROR(learner_metrics.Open(options.run_dir, M));
-
-  std::unique_ptr<Corpus> corpus;
-  DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, M), &corpus));
-  const GptConfig gc = GptConfigOf(cfg.model);
-  const TensorTable table = gpt_tensor_table(gc);
-  std::vector<float> init(table.total_numel());
-  gpt_init_params(gc, cfg.train.seed, init.data());
-  const BatchSampler val = ValSampler(*corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
-  // Every learner computes alone (the baton), so each gets all of train.threads.
-  const int threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs();
-  omp_set_num_threads(threads);
-  TrainSummary s;
-  s.learners = M;
-  s.run_dir = options.run_dir;
-  // Evaluated where local mode evaluates (the role plan's choice, train/role_plan.h).
-  const RolePlan plan = PlanLocal(cfg, LearnersOwnDevices(cfg.train, M), threads);
-  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, init.data(), val, cfg.eval.batches, &s.initial_val_loss));
-  DL_RETURN_IF_ERROR(metrics.Write({{"event", "start"},
-                                    {"clock", "virtual"},
-                                    {"step", 0},
-                                    {"params", table.total_numel()},
-                                    {"learners", M},
-                                    {"mode", std::string(ToString(cfg.sync.mode))},
-                                    {"val_loss", s.initial_val_loss},
-                                    {"threads", threads}}));
+  // Every learner computes alone (the baton), so each gets all of train.threads; the model is
+  // evaluated where local mode evaluates it (the role plan's choice, train/role_plan.h).
+  std::unique_ptr<RunFrame> frame;
+  DL_RETURN_IF_ERROR(RunFrame::Open(options, &frame));
+  DL_RETURN_IF_ERROR(frame->Begin({{"event", "start"}, {"clock", "virtual"}}));
 
   VirtualWorldOptions wo;
   wo.config = &cfg;
   wo.run_dir = options.run_dir;
-  wo.table = &table;
-  wo.init_params = init.data();
-  wo.threads = threads;
-  wo.metrics = &learner_metrics;
+  wo.table = &frame->table();
+  wo.init_params = frame->init().data();
+  wo.threads = frame->threads();
+  wo.metrics = &frame->learner_metrics();
   std::unique_ptr<VirtualWorld> world;
   DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
   DL_RETURN_IF_ERROR(world->Run());
@@ -104,33 +73,25 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   VirtualSyncer* syncer = &world->syncer();
   const int64_t end_unix_ms = scheduler.unix_ms();
 
-  std::vector<std::vector<const LearnerResult*>> incarnations(M);
+  RunEnd end;
+  end.incarnations.resize(M);
   for (int i = 0; i < M; i++)
-    for (const auto& l : world->incarnations(i)) incarnations[i].push_back(&l->result());
-  DL_RETURN_IF_ERROR(SummarizeLearners(cfg, incarnations, metrics, &s, details));
+    for (const auto& l : world->incarnations(i)) end.incarnations[i].push_back(&l->result());
+  end.down = world->down_spans();
+  end.merges = &world->merge_tape();
   const GlobalState& gs = syncer->state();
-  s.outer_steps = gs.merges;
-  s.dropped_deltas = gs.dropped_deltas;
-  s.rejected_deltas = gs.rejected_deltas;
-  for (const auto& f : gs.fragments) s.versions.push_back(f.version);
-  std::vector<float> global(table.total_numel());
+  end.outer_steps = gs.merges;
+  end.dropped_deltas = gs.dropped_deltas;
+  end.rejected_deltas = gs.rejected_deltas;
+  for (const auto& f : gs.fragments) end.versions.push_back(f.version);
+  std::vector<float> global(frame->table().total_numel());
   syncer->GlobalParams(global.data());
-  omp_set_num_threads(threads);
-  DL_RETURN_IF_ERROR(EvaluateParams(plan.eval_device, gc, global.data(), val, cfg.eval.batches, &s.final_val_loss));
-  s.final_val_batches = cfg.eval.batches;
-  s.checkpoint = (fs::path(options.run_dir) / "global_state.bin").string();
-  DL_RETURN_IF_ERROR(metrics.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
-  s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
-  GoodputReport g;
-  if (Status st = AccountGoodput(cfg, world->merge_tape(), incarnations, world->down_spans(), end_unix_ms, &g); st.ok())
-    s.goodput = g;
-  else
-    std::fprintf(stderr, "goodput not accounted: %s\n", st.message().c_str());
-  s.wall_s = (double)(end_unix_ms - VirtualScheduler::kEpochUnixMs) / 1e3;
-  s.peak_rss_mb = 0;
-  nlohmann::json ev = TrainSummaryObject(s);
-  ev["event"] = "summary";
-  DL_RETURN_IF_ERROR(metrics.Write(ev));
+  end.global_params = global.data();
+  end.end_unix_ms = end_unix_ms;
+  end.wall_s = (double)(end_unix_ms - VirtualScheduler::kEpochUnixMs) / 1e3;  // virtual
+  end.peak_rss_mb = 0;  // machine-dependent: not in a summary any machine reproduces
+  TrainSummary s;
+  DL_RETURN_IF_ERROR(frame->Finish(end, details, &s));
   if (stats) {
     stats->events = scheduler.events_run();
     stats->virtual_s = s.wall_s;
