@@ -60,9 +60,9 @@ nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& sr,
     for (const auto& v : sr["versions"]) s.versions.push_back(v.is_number_unsigned() ? v.get<uint64_t>() : 0);
   s.run_dir = run_dir;
   s.checkpoint = sr.value("checkpoint", "");
+  s.global_state = sr.value("global_state", "");
   s.wall_s = Number(sr, "wall_s", 0.0);
   nlohmann::json j = TrainSummaryObject(s);
-  j["global_state"] = sr.value("global_state", "");
   j["job"] = job_id;
   if (sr.contains("goodput")) j.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
   return j;

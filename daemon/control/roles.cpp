@@ -21,6 +21,7 @@
 #include "daemon/train/local_ring.h"
 #include "daemon/train/ring_member.h"
 #include "daemon/train/run_dir.h"
+#include "daemon/train/run_frame.h"
 #include "kernels/comm/gloo_comm.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
@@ -183,8 +184,8 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   im.syncer->GlobalParams(global.data());
   const SyncerResult& sr = im.syncer->result();
   // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
-  const std::string ckpt_path = (fs::path(im.options.run_dir) / "checkpoint.bin").string();
-  DL_RETURN_IF_ERROR(SaveCheckpoint(ckpt_path, gc, global.data(), AdamWState{}, (long)sr.merges, RunConfigToYaml(cfg)));
+  std::string ckpt_path;
+  DL_RETURN_IF_ERROR(SaveMergedCheckpoint(im.options.run_dir, cfg, global.data(), sr.merges, &ckpt_path));
   // On the device the role plan gives it (train/role_plan.h): its site's first learner's, or the CPU.
   const std::string eval_device = im.options.device.empty() ? "cpu" : im.options.device;
   double initial_val_loss = 0, final_val_loss = 0;

@@ -5,12 +5,19 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "daemon/train/checkpoint.h"
 #include "daemon/train/run_summary.h"
 #include "daemon/train/trainer.h"
 
 namespace diloco {
 
 namespace fs = std::filesystem;
+
+Status SaveMergedCheckpoint(const std::string& run_dir, const RunConfig& cfg, const float* params, uint64_t merges,
+                            std::string* path) {
+  *path = (fs::path(run_dir) / "checkpoint.bin").string();
+  return SaveCheckpoint(*path, GptConfigOf(cfg.model), params, AdamWState{}, (long)merges, RunConfigToYaml(cfg));
+}
 
 Status RunFrame::Open(const TrainOptions& options, std::unique_ptr<RunFrame>* out) {
   std::unique_ptr<RunFrame> f(new RunFrame());
@@ -60,7 +67,8 @@ Status RunFrame::Finish(const RunEnd& end, LocalRunDetails* details, TrainSummar
   DL_RETURN_IF_ERROR(
       EvaluateParams(plan_.eval_device, gc_, end.global_params, *val_, cfg_.eval.batches, &s.final_val_loss));
   s.final_val_batches = cfg_.eval.batches;
-  s.checkpoint = (fs::path(run_dir_) / "global_state.bin").string();
+  s.global_state = (fs::path(run_dir_) / "global_state.bin").string();
+  DL_RETURN_IF_ERROR(SaveMergedCheckpoint(run_dir_, cfg_, end.global_params, end.outer_steps, &s.checkpoint));
   DL_RETURN_IF_ERROR(metrics_.Write({{"event", "eval"}, {"step", s.steps}, {"val_loss", s.final_val_loss}}));
   s.tokens_per_s = s.train_s > 0 ? s.tokens / s.train_s : 0;
   GoodputReport g;

@@ -4,7 +4,7 @@
 //           corpus's validation tail, the initial model and the role plan (train/role_plan.h)
 //   Begin   the initial model's evaluation on the plan's device and the start line
 //   Finish  each learner over its incarnations (learner_done lines), the merged model's
-//           evaluation, goodput from the merge tape and the summary line
+//           checkpoint.bin and evaluation, goodput from the merge tape and the summary line
 // Between Begin and Finish the runtime runs the plan's roles its own way: threads and sockets,
 // or a virtual scheduler.
 #pragma once
@@ -39,6 +39,12 @@ struct RunEnd {
   int64_t end_unix_ms = 0;               // when training ended, on the run's clock
   double wall_s = 0, peak_rss_mb = 0;
 };
+
+// The merged model of a run of several learners as a trainer checkpoint, run_dir/checkpoint.bin
+// (for `dilococtl sample`, eval and export), beside the syncer's global_state.bin; written the
+// same way by local and virtual runs and a daemon job's syncer. merges: the checkpoint's step.
+Status SaveMergedCheckpoint(const std::string& run_dir, const RunConfig& cfg, const float* params, uint64_t merges,
+                            std::string* path);
 
 class RunFrame {
  public:

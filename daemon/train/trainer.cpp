@@ -378,6 +378,7 @@ nlohmann::json TrainSummaryObject(const TrainSummary& s) {
     j["learner_tokens"] = s.learner_tokens;
     j["versions"] = s.versions;
   }
+  if (!s.global_state.empty()) j["global_state"] = s.global_state;
   if (s.goodput) j.update(GoodputToJson(*s.goodput));
   return j;
 }

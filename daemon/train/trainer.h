@@ -54,7 +54,8 @@ struct TrainSummary {
   std::vector<long> learner_tokens;  // per learner
   std::vector<uint64_t> versions;    // final version per fragment
   std::string run_dir;
-  std::string checkpoint;
+  std::string checkpoint;    // checkpoint.bin: the model as a trainer checkpoint (the merged one)
+  std::string global_state;  // several learners: the syncer's global_state.bin (empty: not in JSON)
   // Multi-learner runs: goodput, uptime and wasted work (sync/goodput.h), in the JSON as
   // "goodput", "uptime", "waste" {down, blocked, dropped, discarded}, ...
   std::optional<GoodputReport> goodput;

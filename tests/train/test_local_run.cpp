@@ -1,4 +1,5 @@
 // Local mode with several learners: M learner threads and the syncer over inproc ZeroMQ.
+#include "daemon/train/checkpoint.h"
 #include "daemon/train/local_run.h"
 
 #include <catch2/catch.hpp>
@@ -76,6 +77,12 @@ TEST_CASE("local run: 3 decoupled learners train one model over the transport", 
   }
   for (const auto& m : ReadJsonl(fs::path(o.run_dir) / "metrics.jsonl")) CHECK_FALSE(m.contains("loss"));
   CHECK(fs::exists(fs::path(o.run_dir) / "global_state.bin"));
+  // The merged model as a trainer checkpoint too, named as a daemon job's syncer names it.
+  CHECK(s.checkpoint == (fs::path(o.run_dir) / "checkpoint.bin").string());
+  CHECK(s.global_state == (fs::path(o.run_dir) / "global_state.bin").string());
+  Checkpoint merged;
+  REQUIRE(LoadCheckpoint(s.checkpoint, &merged).ok());
+  CHECK(merged.step == (long)s.outer_steps);
 }
 
 // Deterministic: the others wait at step 25 until learner 2 has stopped and the syncer has
