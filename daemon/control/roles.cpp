@@ -18,6 +18,7 @@
 #include "daemon/train/data.h"
 #include "daemon/util/proc_stats.h"
 #include "daemon/train/learner.h"
+#include "daemon/train/learner_link.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/ring_member.h"
 #include "daemon/train/run_dir.h"
@@ -25,7 +26,6 @@
 #include "kernels/comm/gloo_comm.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
-#include "kernels/rng.h"
 
 namespace diloco {
 namespace {
@@ -66,8 +66,6 @@ struct Role::Impl {
   std::atomic<bool> stop{false}, crash{false};
   std::atomic<double> slowdown{1};
   std::shared_ptr<net::Link> link;  // with options.chaos_link
-  std::mutex link_mu;
-  net::LinkParams link_now;  // guarded by link_mu
   JsonlWriter metrics;
 
   // The syncer's start-up, on its thread: the corpus (for the final evaluation), the initial
@@ -227,12 +225,7 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   im.progress.index = index;
   im.progress.step = im.start_step;
   im.slowdown = SlowdownOf(cfg.learners, index);
-  if (options.chaos_link) {
-    net::LinkOptions link;
-    link.name = LearnerName(index) + "<->syncer";
-    link.seed = mix_seed(cfg.train.seed, 1000 + index);
-    DL_RETURN_IF_ERROR(net::Link::Create(context, link, &im.link).WithContext(LearnerName(index) + "'s chaos link"));
-  }
+  if (options.chaos_link) DL_RETURN_IF_ERROR(CreateLearnerLink(context, cfg, index, net::LinkParams{}, &im.link));
   Role* r = role.get();
   role->thread_ = std::thread([r, &context] { r->RunToEnd([&](nlohmann::json* result) { return r->RunLearnerRole(context, result); }); });
   *out = std::move(role);
@@ -569,10 +562,7 @@ Status Role::ShapeLink(const std::function<void(net::LinkParams*)>& change) {
   Impl& im = *impl_;
   if (!im.link)
     return Status::Error(name_ + " has no emulated link to cut: it started before this site's config said chaos: true");
-  std::lock_guard<std::mutex> lock(im.link_mu);
-  change(&im.link_now);
-  DL_RETURN_IF_ERROR(im.link->SetParams(net::LinkDirection::kUp, im.link_now));
-  return im.link->SetParams(net::LinkDirection::kDown, im.link_now);
+  return im.link->Change(change);
 }
 
 void Role::Join() {

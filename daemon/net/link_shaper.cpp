@@ -181,6 +181,21 @@ Status Link::SetParams(LinkDirection direction, const LinkParams& params) {
   return Status::Ok();
 }
 
+Status Link::Change(const std::function<void(LinkParams*)>& change) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    LinkParams next[2] = {params_[0], params_[1]};
+    for (LinkParams& p : next) {
+      change(&p);
+      DL_RETURN_IF_ERROR(ValidateLinkParams(p).WithContext(options_.name));
+    }
+    params_[0] = next[0];
+    params_[1] = next[1];
+  }
+  Wake();
+  return Status::Ok();
+}
+
 LinkParams Link::params(LinkDirection direction) const {
   std::lock_guard<std::mutex> lock(mu_);
   return params_[static_cast<int>(direction)];

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -139,6 +140,9 @@ class Link {
 
   Status SetParams(LinkDirection direction, const LinkParams& params);
   LinkParams params(LinkDirection direction) const;
+  // change applied to each direction's params at once (chaos: partition, loss, corruption);
+  // nothing changes when the result is invalid.
+  Status Change(const std::function<void(LinkParams*)>& change);
   // Partitions or heals both directions.
   void SetPartitioned(bool partitioned);
   LinkStats stats(LinkDirection direction) const;

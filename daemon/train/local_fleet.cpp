@@ -80,8 +80,7 @@ LocalFleet::LocalFleet(net::NetContext& context, int learners, std::function<Lea
       options_of_(std::move(options_of)),
       syncer_(syncer),
       links_(std::move(links)),
-      base_link_(base_link),
-      link_now_(learners, base_link) {
+      base_link_(base_link) {
   for (int i = 0; i < learners; i++) slots_.push_back(std::make_unique<Slot>());
 }
 
@@ -220,12 +219,10 @@ void LocalFleet::SetSlowdown(int i, double factor) {
 }
 
 void LocalFleet::ShapeLinks(int learner, const std::function<void(net::LinkParams*)>& change) {
-  std::lock_guard<std::mutex> lock(mu_);
   for (int i = 0; i < (int)links_.size(); i++) {
     if (learner >= 0 && i != learner) continue;
-    change(&link_now_[i]);
-    (void)links_[i]->SetParams(net::LinkDirection::kUp, link_now_[i]);
-    (void)links_[i]->SetParams(net::LinkDirection::kDown, link_now_[i]);
+    // Chaos values are checked when the config is read; a change the link refuses says why.
+    if (Status st = links_[i]->Change(change); !st.ok()) std::fprintf(stderr, "chaos: %s\n", st.message().c_str());
   }
 }
 

@@ -95,7 +95,6 @@ class LocalFleet final : public ChaosTarget {
   LocalSyncer* syncer_;
   std::vector<std::shared_ptr<net::Link>> links_;
   net::LinkParams base_link_;
-  std::vector<net::LinkParams> link_now_;  // guarded by mu_
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_;
 };

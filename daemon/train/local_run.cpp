@@ -19,6 +19,7 @@
 #include "daemon/sync/syncer.h"
 #include "daemon/train/ddp_run.h"
 #include "daemon/train/learner.h"
+#include "daemon/train/learner_link.h"
 #include "daemon/train/local_fleet.h"
 #include "daemon/train/role_plan.h"
 #include "daemon/train/run_frame.h"
@@ -26,7 +27,6 @@
 #include "daemon/util/proc_stats.h"
 #include "daemon/virt/virtual_run.h"
 #include "kernels/gpt.h"
-#include "kernels/rng.h"
 
 namespace diloco {
 
@@ -151,21 +151,10 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   DL_RETURN_IF_ERROR(syncer.Start(*ctx, so, table, init.data()));
 
   std::vector<std::shared_ptr<net::Link>> links;
-  net::LinkParams base_link;
-  base_link.bandwidth_bytes_per_s = sc.link.bandwidth_mbps * 1e6 / 8;
-  base_link.latency_ms = sc.link.latency_ms;
-  base_link.jitter_ms = sc.link.jitter_ms;
-  base_link.loss = sc.link.loss;
+  const net::LinkParams base_link = LinkParamsOf(sc.link);
   if (HasLink(sc.link) || !cfg.chaos.empty()) {
     links.resize(M);
-    for (int i = 0; i < M; i++) {
-      net::LinkOptions lo;
-      lo.name = LearnerName(i) + "<->syncer";
-      lo.up = base_link;
-      lo.down = base_link;
-      lo.seed = mix_seed(cfg.train.seed, 1000 + i);
-      DL_RETURN_IF_ERROR(net::Link::Create(*ctx, lo, &links[i]));
-    }
+    for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(CreateLearnerLink(*ctx, cfg, i, base_link, &links[i]));
   }
 
   auto learner_options = [&](int i) {

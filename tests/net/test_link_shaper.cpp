@@ -431,5 +431,25 @@ TEST_CASE("A shaped link refuses sockets it cannot shape and bad parameters", "[
   CHECK_FALSE(s->Connect("tcp://127.0.0.1:1").ok());
 }
 
+TEST_CASE("Link::Change applies one change to both directions, or none when it is invalid", "[net][shaper]") {
+  auto ctx = MakeContext();
+  std::shared_ptr<Link> link;
+  LinkOptions lo;
+  lo.name = "learner-1<->syncer";
+  lo.up.latency_ms = 10;
+  lo.down.latency_ms = 20;
+  REQUIRE(Link::Create(*ctx, lo, &link).ok());
+  REQUIRE(link->Change([](LinkParams* p) { p->loss = 0.25; }).ok());
+  CHECK(link->params(LinkDirection::kUp).loss == 0.25);
+  CHECK(link->params(LinkDirection::kDown).loss == 0.25);
+  CHECK(link->params(LinkDirection::kUp).latency_ms == 10);  // the rest as each direction had it
+  CHECK(link->params(LinkDirection::kDown).latency_ms == 20);
+  const Status bad = link->Change([](LinkParams* p) { p->loss = 2; });
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.message(), Catch::Contains("learner-1<->syncer") && Catch::Contains("loss"));
+  CHECK(link->params(LinkDirection::kUp).loss == 0.25);
+  CHECK(link->params(LinkDirection::kDown).loss == 0.25);
+}
+
 }  // namespace
 }  // namespace diloco::net
