@@ -372,6 +372,10 @@ TEST_CASE("dilococtl chaos kills, slows and partitions a daemon job's learners a
                         Catch::Contains("resumed roles: learner-1") &&
                         Catch::Contains("chaos: partition learner-1 on site-b") && Catch::Contains("chaos: heal learner-1 on site-b"));
   CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("chaos timeline"));
+  // The timeline's actions are lines of the job's metrics.jsonl at site-s, as in a local run.
+  const std::string run_lines = ReadFile(s["run_dir"].get<std::string>() + "/metrics.jsonl");
+  CHECK_THAT(run_lines, Catch::Contains("\"event\":\"chaos\"") && Catch::Contains("\"action\":\"partition_start\"") &&
+                            Catch::Contains("\"event\":\"summary\""));
   CHECK_THAT(log_a, Catch::Contains("chaos: slow every learner of the job on site-a (x20) for 2 s") &&
                         Catch::Contains("chaos: slow every learner of the job on site-a (back to the config's pace)") &&
                         Catch::Contains("chaos: partition learner-0 on site-a for 2 s") &&
