@@ -23,6 +23,8 @@
 #      the one GPU (loss falls; tokens/s printed); `dilococtl plan`'s device memory for the first
 #      run against nvidia-smi's peak memory.used during it, and for a 1.3B model (L24 C2048, B=4,
 #      with and without recompute) against cudaMemGetInfo (cuda_bench memory)
+#   6. `dilococtl bench transport` (CPU only) on this machine's cores: the stack against raw
+#      ZeroMQ with both ends off the 2 shared cores of the project's machines (issue 32)
 # Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
 # step, summary.txt); a short table is printed last.
 # Budget: the build takes a few minutes on a 16-core machine; the checks
@@ -307,6 +309,24 @@ PY
     row "dilococtl train on cuda" "python3 missing: no token corpus" "runs" FAIL
     failed=1
   fi
+fi
+
+# 6. The transport (issue 32) on a machine with cores to spare: on the project's 2-core machines
+# both ends of `bench transport` share two cores and the receiver's CRC32C check shows in the
+# ratio (README, set 6); here it should run beside the transfer. CPU only; 3 runs, median.
+if [[ -x $bin/dilococtl ]]; then
+  ctl=$bin/dilococtl
+  : >"$LOG_DIR/transport.jsonl"
+  for i in 1 2 3; do
+    run "transport_$i" 120 "$ctl" bench transport --no-curve --stream 0 --json &&
+      tail -1 "$LOG_DIR/transport_$i.log" >>"$LOG_DIR/transport.jsonl"
+  done
+  for path in tcp ipc; do
+    ratio=$(python3 -c "import json,statistics,sys; r=[json.loads(l)['$path']['ratio'] for l in open(sys.argv[1]) if l.startswith('{')]; print('%.3f' % statistics.median(r) if r else 'none')" \
+      "$LOG_DIR/transport.jsonl" 2>/dev/null || echo none)
+    ok=$(awk -v r="$ratio" 'BEGIN { print (r != "none" && r + 0 >= 0.9) ? "PASS" : "BELOW" }')
+    row "transport $path vs raw ZeroMQ ($(nproc) cores)" "ratio $ratio (median of 3)" ">= 0.9" "$ok"
+  done
 fi
 
 elapsed=$(( $(date +%s) - t0 ))
