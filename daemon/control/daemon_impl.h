@@ -26,7 +26,7 @@
 #include "daemon/control/off_loop.h"
 #include "daemon/control/peer_views.h"
 #include "daemon/control/ring_store.h"
-#include "daemon/control/roles.h"
+#include "daemon/train/roles.h"
 #include "daemon/control/site_chaos.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/server.h"

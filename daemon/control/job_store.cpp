@@ -28,11 +28,6 @@ bool ParseJobState(const std::string& text, JobState* out) {
   return false;
 }
 
-int64_t UnixMsNow() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 bool IsJobId(const std::string& id) {
   if (id.empty() || id.size() > 64 || id[0] == '.') return false;
   return std::all_of(id.begin(), id.end(), [](char c) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "daemon/util/status.h"
+#include "daemon/util/unix_time.h"
 
 namespace diloco {
 
@@ -69,7 +70,6 @@ class JobStore {
   std::string jobs_dir_;
 };
 
-int64_t UnixMsNow();
 // Ids are the store's directory names: letters, digits, '-', '_', '.'.
 bool IsJobId(const std::string& id);
 

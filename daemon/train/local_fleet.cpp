@@ -3,116 +3,104 @@
 #include <chrono>
 #include <cstdio>
 
+#include "daemon/util/unix_time.h"
+
 namespace diloco {
-
-namespace {
-
-int64_t UnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 // ---- LocalSyncer ----
 
-Status LocalSyncer::Start(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
-                          const float* init_params) {
+Status LocalSyncer::Start(net::NetContext& context, RoleOptions options) {
   context_ = &context;
-  options_ = options;
-  table_ = &table;
-  DL_RETURN_IF_ERROR(Syncer::Create(context, options, table, init_params, &syncer_));
-  thread_ = std::thread([this] { RunThread(); });
-  return Status::Ok();
+  options_ = std::move(options);
+  std::lock_guard<std::mutex> lock(mu_);
+  return StartRole(options_);
 }
 
-void LocalSyncer::RunThread() {
-  Status st = syncer_->Run();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (status_.ok() && !st.ok()) status_ = st;
+// Call with mu_ held.
+Status LocalSyncer::StartRole(RoleOptions options) {
+  DL_RETURN_IF_ERROR(Role::StartSyncer(*context_, options, &role_));
+  // Built on the role's thread: the learners start once it is (or not, when it cannot be).
+  while (!role_->syncer() && !role_->done()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (!role_->syncer()) {
+    role_->Join();
+    const Status st = role_->outcome();
+    role_.reset();
+    return st;
+  }
+  return Status::Ok();
 }
 
 void LocalSyncer::Kill() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!syncer_) return;
-  syncer_->Abort();
-  lock.unlock();  // its thread takes mu_ as it ends
-  thread_.join();
-  lock.lock();
-  syncer_.reset();  // its sockets close: the learners' messages go nowhere until the restart
+  if (!role_) return;
+  role_->Kill();
+  role_->Join();
+  role_.reset();  // its sockets close: the learners' messages go nowhere until the restart
 }
 
 void LocalSyncer::Restart() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (syncer_) return;
-  SyncerOptions o = options_;
+  if (role_) return;
+  RoleOptions o = options_;
   o.resume = true;
-  Status st = Syncer::Create(*context_, o, *table_, nullptr, &syncer_);
-  if (!st.ok()) {
-    if (status_.ok()) status_ = st.WithContext("restarting the syncer");
-    return;
-  }
-  thread_ = std::thread([this] { RunThread(); });
+  o.init_params = nullptr;  // the model comes from global_state.bin
+  o.bind_retry_s = 15;      // loopback ports of the killed one may take a moment
+  if (Status st = StartRole(o); !st.ok() && status_.ok()) status_ = st.WithContext("restarting the syncer");
 }
 
 Status LocalSyncer::Stop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (syncer_) {
-    syncer_->RequestStop();
-    lock.unlock();
-    thread_.join();
-    lock.lock();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (role_) {
+    role_->RequestStop();
+    role_->Join();
+    if (Status st = role_->outcome(); !st.ok() && status_.ok()) status_ = st;
   }
   return status_;
 }
 
+Syncer* LocalSyncer::get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return role_ ? role_->syncer() : nullptr;
+}
+
 SyncerStatusSnapshot LocalSyncer::CurrentStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return syncer_ ? syncer_->CurrentStatus() : SyncerStatusSnapshot();
+  Syncer* s = role_ ? role_->syncer() : nullptr;
+  return s ? s->CurrentStatus() : SyncerStatusSnapshot();
 }
 
 // ---- LocalFleet ----
 
-LocalFleet::LocalFleet(net::NetContext& context, int learners, std::function<LearnerOptions(int)> options_of,
+LocalFleet::LocalFleet(net::NetContext& context, int learners, std::function<RoleOptions(int)> role_of,
                        LocalSyncer* syncer, std::vector<std::shared_ptr<net::Link>> links,
                        net::LinkParams base_link)
     : context_(context),
-      options_of_(std::move(options_of)),
+      role_of_(std::move(role_of)),
       syncer_(syncer),
       links_(std::move(links)),
-      base_link_(base_link) {
-  for (int i = 0; i < learners; i++) slots_.push_back(std::make_unique<Slot>());
-}
+      base_link_(base_link),
+      slots_(learners) {}
 
 LocalFleet::~LocalFleet() {
-  for (auto& s : slots_)
-    for (auto& inc : s->incarnations)
-      if (inc->thread.joinable()) inc->thread.join();
+  // Each role stops and joins as it is destroyed; those still running were not waited for (an
+  // error path): they end as at a daemon's shutdown.
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_.clear();
 }
 
-void LocalFleet::Start(int i, LearnerOptions lo) {
-  Slot& slot = *slots_[i];
-  slot.crash = false;
-  lo.crash = &slot.crash;
-  lo.slowdown = &slot.slowdown;
-  auto chained = lo.on_progress;
-  lo.on_progress = [&slot, chained](const LearnerProgress& p) {
-    slot.step = p.step;
-    if (chained) chained(p);
-  };
+void LocalFleet::Start(int i, RoleOptions ro) {
+  if (!links_.empty()) ro.link = links_[i];
   auto inc = std::make_unique<Incarnation>();
-  Incarnation* raw = inc.get();
+  inc->status = Role::StartLearner(context_, ro, i, &inc->role);
   std::lock_guard<std::mutex> lock(mu_);
+  Slot& slot = slots_[i];
+  if (inc->role && slot.slowdown != 1) (void)inc->role->SetSlowdown(slot.slowdown);  // a learner always takes one
   slot.incarnations.push_back(std::move(inc));
-  raw->thread = std::thread([this, raw, lo] {
-    raw->status = RunLearner(context_, lo, &raw->result);
-    raw->ended = true;
-  });
 }
 
 bool LocalFleet::Ended(int i) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return slots_[i]->incarnations.empty() || slots_[i]->incarnations.back()->ended;
+  return slots_[i].incarnations.empty() || slots_[i].incarnations.back()->ended();
 }
 
 void LocalFleet::WaitEnded(int i) {
@@ -120,13 +108,12 @@ void LocalFleet::WaitEnded(int i) {
     Incarnation* latest = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (slots_[i]->incarnations.empty()) return;
-      latest = slots_[i]->incarnations.back().get();
+      if (slots_[i].incarnations.empty()) return;
+      latest = slots_[i].incarnations.back().get();
     }
-    // Only this thread joins (the chaos thread joins ended ones under mu_ in RestartLearner).
-    while (!latest->ended) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (!latest->ended()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::lock_guard<std::mutex> lock(mu_);
-    if (slots_[i]->incarnations.back().get() == latest) return;  // no newer one started meanwhile
+    if (slots_[i].incarnations.back().get() == latest) return;  // no newer one started meanwhile
   }
 }
 
@@ -136,31 +123,36 @@ void LocalFleet::JoinAll(const ChaosRunner* runner) {
     for (int i = 0; i < (int)slots_.size(); i++) {
       WaitEnded(i);
       std::lock_guard<std::mutex> lock(mu_);
-      const Incarnation& latest = *slots_[i]->incarnations.back();
-      if (!latest.ended || (latest.result.crashed && runner && runner->RestartPending(i))) all = false;
+      if (slots_[i].incarnations.empty()) continue;
+      const Incarnation& latest = *slots_[i].incarnations.back();
+      if (!latest.ended() || (latest.role && latest.role->learner_result().crashed && runner && runner->RestartPending(i)))
+        all = false;
     }
     if (all) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& s : slots_)
-    for (auto& inc : s->incarnations)
-      if (inc->thread.joinable()) inc->thread.join();
+  for (Slot& s : slots_)
+    for (auto& inc : s.incarnations)
+      if (inc->role) inc->role->Join();
 }
 
 std::vector<std::vector<const LearnerResult*>> LocalFleet::Results() const {
+  static const LearnerResult kNotStarted;
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::vector<const LearnerResult*>> out(slots_.size());
   for (size_t i = 0; i < slots_.size(); i++)
-    for (const auto& inc : slots_[i]->incarnations) out[i].push_back(&inc->result);
+    for (const auto& inc : slots_[i].incarnations) out[i].push_back(inc->role ? &inc->role->learner_result() : &kNotStarted);
   return out;
 }
 
 Status LocalFleet::FirstError() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < slots_.size(); i++)
-    for (size_t k = 0; k < slots_[i]->incarnations.size(); k++) {
-      const Status& st = slots_[i]->incarnations[k]->status;
+    for (size_t k = 0; k < slots_[i].incarnations.size(); k++) {
+      const Incarnation& inc = *slots_[i].incarnations[k];
+      Status st = inc.role ? inc.role->outcome() : inc.status;
+      if (st.ok() && !inc.status.ok()) st = inc.status;
       if (!st.ok())
         return st.WithContext(LearnerName((int)i) + (k > 0 ? " (incarnation " + std::to_string(k + 1) + ")" : ""));
     }
@@ -171,11 +163,12 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> LocalFleet::DownSpans() co
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::vector<std::pair<int64_t, int64_t>>> out(slots_.size());
   for (size_t i = 0; i < slots_.size(); i++) {
-    const auto& incs = slots_[i]->incarnations;
+    const auto& incs = slots_[i].incarnations;
     for (size_t k = 0; k < incs.size(); k++) {
-      if (!incs[k]->result.crashed || incs[k]->killed_unix_ms == 0) continue;
+      if (!incs[k]->role || !incs[k]->role->learner_result().crashed || incs[k]->killed_unix_ms == 0) continue;
       // Down from the kill until the next incarnation trains (or, never restarted, the end).
-      const int64_t back = k + 1 < incs.size() ? incs[k + 1]->result.train_start_unix_ms : 0;
+      const int64_t back =
+          k + 1 < incs.size() && incs[k + 1]->role ? incs[k + 1]->role->learner_result().train_start_unix_ms : 0;
       out[i].push_back({incs[k]->killed_unix_ms, back});
     }
   }
@@ -184,38 +177,40 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> LocalFleet::DownSpans() co
 
 void LocalFleet::KillLearner(int i) {
   std::lock_guard<std::mutex> lock(mu_);
-  Slot& slot = *slots_[i];
-  if (slot.incarnations.empty() || slot.incarnations.back()->ended) return;  // done already
-  slot.incarnations.back()->killed_unix_ms = UnixMs();
-  slot.crash = true;
+  Slot& slot = slots_[i];
+  if (slot.incarnations.empty() || slot.incarnations.back()->ended()) return;  // done already
+  slot.incarnations.back()->killed_unix_ms = UnixMsNow();
+  slot.incarnations.back()->role->Kill();
 }
 
 void LocalFleet::RestartLearner(int i) {
   Incarnation* latest = nullptr;
+  const Incarnation* first = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (slots_[i]->incarnations.empty()) return;
-    latest = slots_[i]->incarnations.back().get();
+    if (slots_[i].incarnations.empty()) return;
+    latest = slots_[i].incarnations.back().get();
+    first = slots_[i].incarnations.front().get();
     if (latest->killed_unix_ms == 0) return;  // not killed (finished, or already restarted)
   }
-  while (!latest->ended) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  if (!latest->status.ok() || !latest->result.crashed) return;
-  LearnerOptions lo = options_of_(i);
-  lo.init_params = nullptr;
-  lo.join_from_snapshot = true;
-  lo.start_step = latest->result.steps;
-  {
-    // The time budget runs from the first incarnation's start (it has ended: a later one exists).
-    std::lock_guard<std::mutex> lock(mu_);
-    lo.time_budget_start_unix_ms = slots_[i]->incarnations.front()->result.train_start_unix_ms;
-  }
-  if (lo.start_step >= lo.config->train.steps) return;
-  std::fprintf(stderr, "chaos: restarting %s at step %ld\n", LearnerName(i).c_str(), lo.start_step);
-  Start(i, lo);
+  while (!latest->ended()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!latest->role || !latest->role->outcome().ok() || !latest->role->learner_result().crashed) return;
+  RoleOptions ro = role_of_(i);
+  ro.resume = true;  // from the syncer's snapshot
+  ro.start_step = latest->role->learner_result().steps;
+  // The time budget runs from the first incarnation's start (it has ended: the latest has).
+  ro.time_budget_start_unix_ms = first->role ? first->role->learner_result().train_start_unix_ms : 0;
+  if (ro.start_step >= ro.config.train.steps) return;
+  std::fprintf(stderr, "chaos: restarting %s at step %ld\n", LearnerName(i).c_str(), ro.start_step);
+  Start(i, ro);
 }
 
 void LocalFleet::SetSlowdown(int i, double factor) {
-  if (i >= 0 && i < (int)slots_.size()) slots_[i]->slowdown = factor;
+  if (i < 0 || i >= (int)slots_.size()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_[i].slowdown = factor;
+  if (!slots_[i].incarnations.empty() && slots_[i].incarnations.back()->role)
+    (void)slots_[i].incarnations.back()->role->SetSlowdown(factor);  // a learner always takes one
 }
 
 void LocalFleet::ShapeLinks(int learner, const std::function<void(net::LinkParams*)>& change) {
@@ -238,6 +233,11 @@ void LocalFleet::SetCorrupt(int learner, double prob) {
   ShapeLinks(learner, [&](net::LinkParams* p) { p->corrupt = prob; });
 }
 
-long LocalFleet::LearnerStep(int i) const { return i >= 0 && i < (int)slots_.size() ? slots_[i]->step.load() : 0; }
+long LocalFleet::LearnerStep(int i) const {
+  if (i < 0 || i >= (int)slots_.size()) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& incs = slots_[i].incarnations;
+  return incs.empty() || !incs.back()->role ? 0 : incs.back()->role->step();
+}
 
 }  // namespace diloco

@@ -1,6 +1,6 @@
 // The moving parts of a local multi-learner run: the syncer on a thread (LocalSyncer) and each
-// learner as a series of incarnations on threads (LocalFleet), so that chaos (chaos_runner.h)
-// can kill and restart them, slow them down and cut or spoil their emulated links.
+// learner as a series of incarnations of the daemon's learner role (LocalFleet), so that chaos
+// (chaos_runner.h) can kill and restart them, slow them down and cut or spoil their links.
 #pragma once
 
 #include <atomic>
@@ -17,42 +17,46 @@
 #include "daemon/sync/syncer.h"
 #include "daemon/train/chaos_runner.h"
 #include "daemon/train/learner.h"
+#include "daemon/train/roles.h"
 
 namespace diloco {
 
+// Local mode's syncer: the daemon's syncer role (train/roles.h) as a series of incarnations.
 class LocalSyncer {
  public:
-  Status Start(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
-               const float* init_params);
-  void Kill();       // as kill -9: nothing more is merged or saved (the update log remains)
-  void Restart();    // from its run directory (global_state.bin + the update log)
-  Status Stop();     // a clean end: merges what is pending, saves; the first error of any run
-  // Null while killed. The pointer stays valid until the next Kill/Stop (the caller's thread).
-  Syncer* get() const { return syncer_.get(); }
+  // Returns once the syncer is built (its sockets bound, a resumed state restored), or with
+  // the error that kept it from starting.
+  Status Start(net::NetContext& context, RoleOptions options);
+  void Kill();     // as kill -9: nothing more is merged or saved (the update log remains)
+  void Restart();  // from its run directory (global_state.bin + the update log)
+  Status Stop();   // a clean end: merges what is pending, saves; the first error of any run
+  // Null while killed. The pointer stays valid until the next Kill/Restart (the caller's thread).
+  Syncer* get() const;
   SyncerStatusSnapshot CurrentStatus() const;
 
  private:
-  void RunThread();
+  Status StartRole(RoleOptions options);
   net::NetContext* context_ = nullptr;
-  SyncerOptions options_;
-  const TensorTable* table_ = nullptr;
-  mutable std::mutex mu_;  // guards syncer_ against Kill/Restart from the chaos thread
-  std::unique_ptr<Syncer> syncer_;
-  std::thread thread_;
+  RoleOptions options_;
+  mutable std::mutex mu_;  // guards role_ against Kill/Restart from the chaos thread
+  std::unique_ptr<Role> role_;
   Status status_;
 };
 
+// Local mode's learners: each the daemon's learner role (train/roles.h), run as a series of
+// incarnations in this process, so that chaos can kill and restart them, slow them down and cut
+// or spoil their emulated links.
 class LocalFleet final : public ChaosTarget {
  public:
-  // options_of(i): learner i's options for its first incarnation (restarts join from a snapshot
-  // at the step the last one reached). links: one per learner, or empty (then no link chaos);
-  // base_link: their parameters outside chaos.
-  LocalFleet(net::NetContext& context, int learners, std::function<LearnerOptions(int)> options_of,
-             LocalSyncer* syncer, std::vector<std::shared_ptr<net::Link>> links, net::LinkParams base_link);
+  // role_of(i): learner i's role for its first incarnation (a restart resumes from the syncer's
+  // snapshot at the step the last one reached). links: one per learner, or empty (then no link
+  // chaos); base_link: their parameters outside chaos.
+  LocalFleet(net::NetContext& context, int learners, std::function<RoleOptions(int)> role_of, LocalSyncer* syncer,
+             std::vector<std::shared_ptr<net::Link>> links, net::LinkParams base_link);
   ~LocalFleet() override;
 
-  void Start(int learner, LearnerOptions options);  // a new incarnation
-  bool Ended(int learner) const;                    // its latest incarnation returned
+  void Start(int learner, RoleOptions options);  // a new incarnation
+  bool Ended(int learner) const;                 // its latest incarnation returned
   void WaitEnded(int learner);
   // Until every learner's latest incarnation has returned and none that crashed has a restart
   // coming (runner may be null).
@@ -76,27 +80,24 @@ class LocalFleet final : public ChaosTarget {
 
  private:
   struct Incarnation {
-    LearnerResult result;
+    std::unique_ptr<Role> role;  // null when it could not start (status says why)
     Status status;
-    std::thread thread;
-    std::atomic<bool> ended{false};
     int64_t killed_unix_ms = 0;
+    bool ended() const { return !role || role->done(); }
   };
   struct Slot {
-    std::atomic<bool> crash{false};
-    std::atomic<double> slowdown{1.0};
-    std::atomic<long> step{0};
-    std::vector<std::unique_ptr<Incarnation>> incarnations;  // guarded by mu_
+    double slowdown = 1;  // chaos's, kept for the next incarnation
+    std::vector<std::unique_ptr<Incarnation>> incarnations;
   };
   void ShapeLinks(int learner, const std::function<void(net::LinkParams*)>& change);
 
   net::NetContext& context_;
-  std::function<LearnerOptions(int)> options_of_;
+  std::function<RoleOptions(int)> role_of_;
   LocalSyncer* syncer_;
   std::vector<std::shared_ptr<net::Link>> links_;
   net::LinkParams base_link_;
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Slot>> slots_;
+  mutable std::mutex mu_;  // guards slots_ (the chaos thread restarts while the main one waits)
+  std::vector<Slot> slots_;
 };
 
 }  // namespace diloco

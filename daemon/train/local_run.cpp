@@ -113,42 +113,50 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::unique_ptr<net::NetContext> ctx;
   DL_RETURN_IF_ERROR(net::NetContext::Create({}, &ctx));
   const std::string tag = std::to_string(ctx->NextId());
-  SyncerOptions so;
-  so.sync = sc;
-  so.uplink_endpoint = "inproc://dilocod-uplink-" + tag;
-  so.downlink_endpoint = "inproc://dilocod-downlink-" + tag;
-  so.snapshot_endpoint = "inproc://dilocod-snapshot-" + tag;
-  if (hooks.corrupt_crc_version > 0)
-    so.corrupt_global_crc = [f = hooks.corrupt_crc_fragment, v = hooks.corrupt_crc_version](uint32_t fragment,
-                                                                                          uint64_t version) {
-      return fragment == f && version == v;
-    };
-  if (hooks.reject_first_delta_learner >= 0)
-    so.reject_delta = [l = hooks.reject_first_delta_learner, f = hooks.reject_first_delta_fragment,
-                       done = false](int learner, uint32_t fragment) mutable {
-      if (done || learner != l || fragment != f) return false;
-      return done = true;
-    };
-  if (hooks.nan_global_version > 0)
-    so.nan_global_update = [f = hooks.nan_global_fragment, v = hooks.nan_global_version](uint32_t fragment,
-                                                                                         uint64_t version) {
-      return fragment == f && version == v;
-    };
-  so.run_dir = options.run_dir;
-  so.resume = options.resume;
-  so.count_limits = CountLimitsOf(cfg);
-  so.idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
+  // The syncer is the daemon's syncer role (train/roles.h) on this process's endpoints; the run
+  // frame evaluates the model and saves its checkpoint.
+  RoleOptions sro;
+  sro.job_id = SyncerOptions{}.job_id;
+  sro.config = cfg;
+  sro.run_dir = options.run_dir;
+  sro.threads = plan.threads_per_role;
+  sro.allow_plaintext = true;  // inproc or loopback, in this process
+  sro.resume = options.resume;
+  sro.init_params = init.data();
+  sro.evaluate = false;
+  sro.uplink = "inproc://dilocod-uplink-" + tag;
+  sro.downlink = "inproc://dilocod-downlink-" + tag;
+  sro.snapshot = "inproc://dilocod-snapshot-" + tag;
   if (NeedsTcp(cfg.chaos)) {
     // A syncer killed and started again must find its learners reconnecting: loopback TCP
     // reconnects, inproc does not.
-    so.uplink_endpoint = LoopbackEndpoint();
-    so.downlink_endpoint = LoopbackEndpoint();
-    so.snapshot_endpoint = LoopbackEndpoint();
+    sro.uplink = LoopbackEndpoint();
+    sro.downlink = LoopbackEndpoint();
+    sro.snapshot = LoopbackEndpoint();
   }
   MergeTape merges;  // this process's merges, for its goodput (before the syncer: it outlives it)
-  so.on_merge = merges.Listener();
+  sro.tune_syncer = [&hooks, &merges, &sc](SyncerOptions* so) {
+    so->on_merge = merges.Listener();
+    so->idle_exit_ms = 500 + (int)(2 * (sc.link.latency_ms + sc.link.jitter_ms));
+    if (hooks.corrupt_crc_version > 0)
+      so->corrupt_global_crc = [f = hooks.corrupt_crc_fragment, v = hooks.corrupt_crc_version](uint32_t fragment,
+                                                                                            uint64_t version) {
+        return fragment == f && version == v;
+      };
+    if (hooks.reject_first_delta_learner >= 0)
+      so->reject_delta = [l = hooks.reject_first_delta_learner, f = hooks.reject_first_delta_fragment,
+                          done = false](int learner, uint32_t fragment) mutable {
+        if (done || learner != l || fragment != f) return false;
+        return done = true;
+      };
+    if (hooks.nan_global_version > 0)
+      so->nan_global_update = [f = hooks.nan_global_fragment, v = hooks.nan_global_version](uint32_t fragment,
+                                                                                           uint64_t version) {
+        return fragment == f && version == v;
+      };
+  };
   LocalSyncer syncer;
-  DL_RETURN_IF_ERROR(syncer.Start(*ctx, so, table, init.data()));
+  DL_RETURN_IF_ERROR(syncer.Start(*ctx, sro));
 
   std::vector<std::shared_ptr<net::Link>> links;
   const net::LinkParams base_link = LinkParamsOf(sc.link);
@@ -157,31 +165,33 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(CreateLearnerLink(*ctx, cfg, i, base_link, &links[i]));
   }
 
-  auto learner_options = [&](int i) {
-    LearnerOptions lo;
-    lo.index = i;
-    lo.config = &cfg;
-    lo.uplink_endpoint = so.uplink_endpoint;
-    lo.downlink_endpoint = so.downlink_endpoint;
-    lo.snapshot_endpoint = so.snapshot_endpoint;
-    if (!links.empty()) lo.link = links[i];
-    lo.init_params = init.data();
+  // Each learner is the daemon's learner role (train/roles.h), handed this process's links,
+  // initial model and metrics files.
+  auto role_options = [&](int i) {
+    RoleOptions ro;
+    ro.job_id = sro.job_id;
+    ro.config = cfg;
+    ro.run_dir = options.run_dir;
+    ro.uplink = sro.uplink;
+    ro.downlink = sro.downlink;
+    ro.snapshot = sro.snapshot;
+    ro.allow_plaintext = true;
+    const PlannedRole& role = *plan.Find(LearnerName(i));
+    ro.threads = plan.threads_per_role;
+    ro.device = role.device;
+    ro.init_params = init.data();
     if (options.resume) {
       // Resumed learners take the global model from a snapshot and go on from the step they had
       // logged; their AdamW moments start again at zero (only the syncer's state is on disk).
-      lo.init_params = nullptr;
-      lo.join_from_snapshot = true;
-      lo.start_step = std::min<long>(start_steps[i], cfg.train.steps);
+      ro.init_params = nullptr;
+      ro.resume = true;
+      ro.start_step = std::min<long>(start_steps[i], cfg.train.steps);
     }
-    const PlannedRole& role = *plan.Find(LearnerName(i));
-    lo.threads = plan.threads_per_role;
-    lo.run_dir = options.run_dir;
-    lo.device = role.device;
-    lo.metrics = frame->learner_metrics().writer(i);
-    lo.metrics_mu = frame->learner_metrics().mu(i);
-    return lo;
+    ro.metrics = frame->learner_metrics().writer(i);
+    ro.metrics_mu = frame->learner_metrics().mu(i);
+    return ro;
   };
-  LocalFleet fleet(*ctx, M, learner_options, &syncer, links, base_link);
+  LocalFleet fleet(*ctx, M, role_options, &syncer, links, base_link);
 
   // Test hooks: one learner crashes; the others may be held until the syncer counts it out.
   std::mutex hold_mu;
@@ -208,21 +218,23 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     return crashed_out.load();
   };
   for (int i = 0; i < M; i++) {
-    LearnerOptions lo = learner_options(i);
-    if (i == crashing) lo.crash_after_steps = hooks.crash_after_steps;
-    if (hooks.before_step) lo.before_step = [&hooks, i](long step) { hooks.before_step(i, step); };
-    if (crashing >= 0 && i != crashing && hooks.hold_others_at_step >= 0) {
-      lo.before_step = [&, i, at = hooks.hold_others_at_step](long step) {
-        if (hooks.before_step) hooks.before_step(i, step);
-        if (step != at) return;
-        // Until it has stopped and the syncer no longer counts it as live (heartbeat timeout).
-        const auto t0 = Clock::now();
-        std::unique_lock<std::mutex> lock(hold_mu);
-        while (Clock::now() - t0 < std::chrono::seconds(60) && !out_of_quorum())
-          hold_cv.wait_for(lock, std::chrono::milliseconds(10));
-      };
-    }
-    fleet.Start(i, lo);
+    RoleOptions ro = role_options(i);
+    ro.tune = [&, i](LearnerOptions* lo) {
+      if (i == crashing) lo->crash_after_steps = hooks.crash_after_steps;
+      if (hooks.before_step) lo->before_step = [&hooks, i](long step) { hooks.before_step(i, step); };
+      if (crashing >= 0 && i != crashing && hooks.hold_others_at_step >= 0) {
+        lo->before_step = [&, i, at = hooks.hold_others_at_step](long step) {
+          if (hooks.before_step) hooks.before_step(i, step);
+          if (step != at) return;
+          // Until it has stopped and the syncer no longer counts it as live (heartbeat timeout).
+          const auto t0 = Clock::now();
+          std::unique_lock<std::mutex> lock(hold_mu);
+          while (Clock::now() - t0 < std::chrono::seconds(60) && !out_of_quorum())
+            hold_cv.wait_for(lock, std::chrono::milliseconds(10));
+        };
+      }
+    };
+    fleet.Start(i, ro);
   }
 
   // Chaos (config chaos:), played from the start of training.
@@ -260,11 +272,11 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     }
     const std::vector<const LearnerResult*> first = fleet.Results()[crashing];
     if (first.back()->crashed) {
-      LearnerOptions lo = learner_options(crashing);
-      lo.init_params = nullptr;
-      lo.join_from_snapshot = true;
-      lo.start_step = first.back()->steps;
-      fleet.Start(crashing, lo);
+      RoleOptions ro = role_options(crashing);
+      ro.init_params = nullptr;
+      ro.resume = true;  // from the syncer's snapshot
+      ro.start_step = first.back()->steps;
+      fleet.Start(crashing, ro);
     }
   }
   fleet.JoinAll(chaos.get());

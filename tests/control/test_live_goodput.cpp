@@ -1,6 +1,6 @@
 // Goodput as a daemon job's syncer sees it (control/live_goodput.h): down spans from liveness
 // and incarnations, nominal rates from heartbeats, merges from the syncer's merge tape.
-#include "daemon/control/live_goodput.h"
+#include "daemon/sync/live_goodput.h"
 
 #include <catch2/catch.hpp>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "daemon/control/roles.h"
+#include "daemon/train/roles.h"
 
 #include <omp.h>
 
@@ -8,8 +8,7 @@
 #include <fstream>
 #include <thread>
 
-#include "daemon/control/job_store.h"
-#include "daemon/control/live_goodput.h"
+#include "daemon/sync/live_goodput.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/global_state.h"
@@ -17,6 +16,7 @@
 #include "daemon/train/trainer.h"
 #include "daemon/train/data.h"
 #include "daemon/util/proc_stats.h"
+#include "daemon/util/unix_time.h"
 #include "daemon/train/learner.h"
 #include "daemon/train/learner_link.h"
 #include "daemon/train/local_ring.h"
@@ -62,6 +62,7 @@ struct Role::Impl {
   std::unique_ptr<Corpus> corpus;
   // Learner role.
   int index = -1;
+  LearnerResult learner_result;  // written by its thread; read once done
   std::vector<float> init;
   std::atomic<bool> stop{false}, crash{false};
   std::atomic<double> slowdown{1};
@@ -74,11 +75,15 @@ struct Role::Impl {
   // tries again for options.bind_retry_s.
   Status BuildSyncer(net::NetContext& context) {
     const RunConfig& cfg = options.config;
-    DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, cfg.sync.learners), &corpus));
+    if (options.evaluate)
+      DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, cfg.sync.learners), &corpus));
     const GptConfig gc = GptConfigOf(cfg.model);
     const TensorTable table = gpt_tensor_table(gc);
-    init.resize(table.total_numel());
-    gpt_init_params(gc, cfg.train.seed, init.data());
+    if (!options.init_params) {
+      init.resize(table.total_numel());
+      gpt_init_params(gc, cfg.train.seed, init.data());
+    }
+    const float* init_params = options.init_params ? options.init_params : init.data();
     SyncerOptions so;
     so.sync = cfg.sync;
     so.job_id = options.job_id;
@@ -97,9 +102,10 @@ struct Role::Impl {
     if (Status st = merges.Load((fs::path(options.run_dir) / "events.log").string()); !st.ok())
       Log("the merges before this start are not in the job's accounts: " + st.message());
     so.on_merge = merges.Listener();
+    if (options.tune_syncer) options.tune_syncer(&so);
     const auto give_up = Clock::now() + std::chrono::milliseconds((int64_t)(options.bind_retry_s * 1000));
     for (;;) {
-      Status st = Syncer::Create(context, so, table, init.data(), &syncer);
+      Status st = Syncer::Create(context, so, table, init_params, &syncer);
       const bool port_busy = st.code() == StatusCode::kAddressInUse;
       if (!port_busy || Clock::now() >= give_up || crash) DL_RETURN_IF_ERROR(st);
       if (st.ok()) break;
@@ -174,20 +180,25 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
     return Status::Error("interrupted by the daemon's shutdown");
   }
   DL_RETURN_IF_ERROR(st);
+  const SyncerResult& sr = im.syncer->result();
+  if (!im.options.evaluate) {  // local mode: its run frame evaluates and saves (run_frame.h)
+    *result = {{"merges", sr.merges}, {"versions", sr.versions}};
+    return Status::Ok();
+  }
   const RunConfig& cfg = im.options.config;
   const GptConfig gc = GptConfigOf(cfg.model);
   const BatchSampler val = ValSampler(*im.corpus, cfg.train.batch_size, cfg.model.block_size, cfg.train.seed);
   omp_set_num_threads(std::max(1, im.options.threads));
-  std::vector<float> global(im.init.size());
+  std::vector<float> global(gpt_tensor_table(gc).total_numel());
   im.syncer->GlobalParams(global.data());
-  const SyncerResult& sr = im.syncer->result();
   // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
   std::string ckpt_path;
   DL_RETURN_IF_ERROR(SaveMergedCheckpoint(im.options.run_dir, cfg, global.data(), sr.merges, &ckpt_path));
   // On the device the role plan gives it (train/role_plan.h): its site's first learner's, or the CPU.
   const std::string eval_device = im.options.device.empty() ? "cpu" : im.options.device;
   double initial_val_loss = 0, final_val_loss = 0;
-  DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, im.init.data(), val, cfg.eval.batches, &initial_val_loss));
+  const float* init = im.options.init_params ? im.options.init_params : im.init.data();
+  DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, init, val, cfg.eval.batches, &initial_val_loss));
   DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, global.data(), val, cfg.eval.batches, &final_val_loss));
   *result = {{"merges", sr.merges},
              {"dropped_deltas", sr.dropped_deltas},
@@ -220,12 +231,18 @@ Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, 
   TrainConfig ring = cfg.train;
   if (!options.device.empty()) ring.device = options.device;
   DL_RETURN_IF_ERROR(CheckTrainDevice(ring).WithContext(LearnerName(index)));
-  if (options.resume) DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, index, &im.start_step));
-  DL_RETURN_IF_ERROR(im.metrics.Open(LearnerMetricsPath(options.run_dir, index)));
+  if (options.start_step >= 0) {
+    im.start_step = options.start_step;
+  } else if (options.resume) {
+    DL_RETURN_IF_ERROR(ReadLearnerStep(options.run_dir, index, &im.start_step));
+  }
+  if (!options.metrics) DL_RETURN_IF_ERROR(im.metrics.Open(LearnerMetricsPath(options.run_dir, index)));
   im.progress.index = index;
   im.progress.step = im.start_step;
   im.slowdown = SlowdownOf(cfg.learners, index);
-  if (options.chaos_link) DL_RETURN_IF_ERROR(CreateLearnerLink(context, cfg, index, net::LinkParams{}, &im.link));
+  im.link = options.link;
+  if (!im.link && options.chaos_link)
+    DL_RETURN_IF_ERROR(CreateLearnerLink(context, cfg, index, net::LinkParams{}, &im.link));
   Role* r = role.get();
   role->thread_ = std::thread([r, &context] { r->RunToEnd([&](nlohmann::json* result) { return r->RunLearnerRole(context, result); }); });
   *out = std::move(role);
@@ -352,9 +369,11 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   Impl& im = *impl_;
   // The initial model on this thread (seconds for a big one), not on the daemon's loop.
   const auto started = Clock::now();
-  const GptConfig gc = GptConfigOf(im.options.config.model);
-  im.init.resize(gpt_tensor_table(gc).total_numel());
-  gpt_init_params(gc, im.options.config.train.seed, im.init.data());
+  if (!im.options.init_params) {
+    const GptConfig gc = GptConfigOf(im.options.config.model);
+    im.init.resize(gpt_tensor_table(gc).total_numel());
+    gpt_init_params(gc, im.options.config.train.seed, im.init.data());
+  }
   im.startup_s = std::chrono::duration<double>(Clock::now() - started).count();
   im.started = true;
   LearnerOptions lo;
@@ -366,15 +385,15 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   lo.snapshot_endpoint = im.options.snapshot;
   lo.allow_plaintext = im.options.allow_plaintext;
   lo.curve = im.options.curve;
-  lo.init_params = im.init.data();
+  lo.init_params = im.options.init_params ? im.options.init_params : im.init.data();
   lo.join_from_snapshot = im.options.resume;
   lo.start_step = im.start_step;
   lo.time_budget_start_unix_ms = im.options.time_budget_start_unix_ms;
   lo.threads = std::max(1, im.options.threads);
   lo.run_dir = im.options.run_dir;
   lo.device = im.options.device;
-  lo.metrics = &im.metrics;
-  lo.metrics_mu = &im.metrics_mu;
+  lo.metrics = im.options.metrics ? im.options.metrics : &im.metrics;
+  lo.metrics_mu = im.options.metrics ? im.options.metrics_mu : &im.metrics_mu;
   lo.stop = &im.stop;
   lo.crash = &im.crash;
   lo.slowdown = &im.slowdown;
@@ -383,7 +402,8 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
     std::lock_guard<std::mutex> lock(im.progress_mu);
     im.progress = p;
   };
-  LearnerResult res;
+  if (im.options.tune) im.options.tune(&lo);
+  LearnerResult& res = im.learner_result;
   if (im.options.config.train.hosts <= 1) {
     DL_RETURN_IF_ERROR(RunLearner(context, lo, &res));
   } else {
@@ -564,6 +584,15 @@ Status Role::ShapeLink(const std::function<void(net::LinkParams*)>& change) {
     return Status::Error(name_ + " has no emulated link to cut: it started before this site's config said chaos: true");
   return im.link->Change(change);
 }
+
+Syncer* Role::syncer() const { return impl_->live; }
+
+long Role::step() const {
+  std::lock_guard<std::mutex> lock(impl_->progress_mu);
+  return impl_->progress.step;
+}
+
+const LearnerResult& Role::learner_result() const { return impl_->learner_result; }
 
 void Role::Join() {
   if (thread_.joinable()) thread_.join();

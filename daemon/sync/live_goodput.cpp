@@ -1,4 +1,4 @@
-#include "daemon/control/live_goodput.h"
+#include "daemon/sync/live_goodput.h"
 
 #include <algorithm>
 

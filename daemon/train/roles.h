@@ -1,6 +1,7 @@
-// The roles a job places on a site, each on its own thread: the syncer (Syncer over tcp, bound to
-// this daemon's listen endpoints) and learners (RunLearner connected to the syncer site's
-// endpoints). A role keeps a thread-safe progress object for `status`, and what a restart needs
+// The roles of a run's plan (train/role_plan.h), each on its own thread: the syncer (a Syncer bound
+// to its endpoints) and learners (RunLearner connected to them). A daemon runs the roles a job
+// places on its site (tcp, CURVE); local mode runs every role of its plan in one process (inproc
+// or loopback, train/local_fleet.h), as incarnations that chaos kills and restarts. A role keeps a thread-safe progress object for `status`, and what a restart needs
 // on disk in its run directory:
 //   syncer      global_state.bin (the syncer's checkpoint), events.log
 //   learner-<i> learner-<i>.step: the last step reached (rewritten atomically about once a second),
@@ -29,7 +30,9 @@
 #include "daemon/net/context.h"
 #include "daemon/net/link_shaper.h"
 #include "daemon/net/socket.h"
+#include "daemon/sync/syncer.h"
 #include "daemon/train/learner.h"
+#include "daemon/util/jsonl_writer.h"
 #include "daemon/util/status.h"
 
 namespace diloco {
@@ -70,6 +73,23 @@ struct RoleOptions {
   std::function<std::shared_ptr<CommStore>(const std::string& ring, const std::atomic<bool>* cancel)> ring_store;
   // Lines for the job's log (any thread); may be empty.
   std::function<void(const std::string&)> log;
+  // A learner that local mode runs (train/local_fleet.h), handed what a daemon's role makes
+  // itself. start_step >= 0: where this incarnation starts (the step its killed predecessor
+  // reached), instead of its step file on resume or 0. link: its emulated link, kept across its
+  // incarnations (instead of chaos_link's). init_params: the run's initial model (instead of
+  // making it from train.seed). metrics, metrics_mu: the writer of its learner-<i>.jsonl
+  // (instead of opening it). tune: last changes to its LearnerOptions (the tests' hooks).
+  long start_step = -1;
+  std::shared_ptr<net::Link> link;
+  const float* init_params = nullptr;  // the syncer's too
+  // The syncer that local mode runs: evaluate: false leaves the corpus, the evaluations and
+  // checkpoint.bin to its run frame (run_frame.h); tune_syncer: last changes to its options
+  // (the run's merge tape, its idle exit, the tests' hooks).
+  bool evaluate = true;
+  std::function<void(SyncerOptions*)> tune_syncer;
+  JsonlWriter* metrics = nullptr;
+  std::mutex* metrics_mu = nullptr;
+  std::function<void(LearnerOptions*)> tune;
 };
 
 class Role {
@@ -92,6 +112,11 @@ class Role {
   nlohmann::json result() const;
   // Any time: what it is doing (for status and metrics).
   nlohmann::json Progress() const;
+  // The syncer once built (its sockets bound), until the role is destroyed; else null.
+  Syncer* syncer() const;
+  // A learner: the step it has reached; once done(), what this incarnation did.
+  long step() const;
+  const LearnerResult& learner_result() const;
   // Stop cleanly: a learner sends its pending work and a last heartbeat, the syncer merges what
   // is pending and saves its checkpoint.
   void RequestStop();
@@ -99,7 +124,7 @@ class Role {
   void RequestShutdown();
   void Join();
 
-  // The syncer: one look at its learners for the job's goodput (control/live_goodput.h); the
+  // The syncer: one look at its learners for the job's goodput (sync/live_goodput.h); the
   // daemon calls it every turn of its loop. Nothing for a learner.
   void Observe();
 
