@@ -241,7 +241,8 @@ struct DaemonImpl {
   void CheckLearnersEnded();
   void ResumeJobs();
 
-  void OpenRunMetrics(const std::string& id, Job& job, bool resume, int threads);
+  bool OpenRunMetrics(const std::string& id, Job& job);  // false: logged, the job goes on without
+  void SettleEndedJob(const std::string& id, const RunConfig& cfg, const JobRecord& rec);
   void WriteRunMetrics(const std::string& id, const Job& job, const nlohmann::json& line);
   bool LearnerResults(const std::string& id, const Job& job, std::vector<nlohmann::json>* results);
   void WriteDueSummaries();

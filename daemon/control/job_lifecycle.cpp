@@ -78,24 +78,39 @@ Status DaemonImpl::StartRoles(const std::string& id, const RunConfig& cfg, bool 
   entry.config = cfg;
   const bool syncer_started = job.roles.count(kSyncerName) > 0;
   for (auto& [name, role] : job.roles) entry.roles[name] = std::move(role);
-  if (syncer_started) OpenRunMetrics(id, entry, resume, plan.threads_per_role);
+  if (syncer_started && OpenRunMetrics(id, entry))
+    WriteRunMetrics(id, entry, JobStartLine(cfg, resume, plan.threads_per_role));
   if (syncer_started && !cfg.chaos.empty() && !entry.chaos_runner) StartChaosTimeline(id, entry, resume);
   return Status::Ok();
 }
 
 // The syncer's site keeps the job's run-level lines (control/job_metrics.h); a failure to
 // write them is logged, not the job's end.
-void DaemonImpl::OpenRunMetrics(const std::string& id, Job& job, bool resume, int threads) {
-  if (!job.run_metrics) {
-    auto writer = std::make_shared<JsonlWriter>();
-    const std::string path = (std::filesystem::path(store->RunDir(id)) / "metrics.jsonl").string();
-    if (Status st = writer->Open(path); !st.ok()) {
-      JobLog(id, "the job's metrics.jsonl is not written: " + st.message());
-      return;
-    }
-    job.run_metrics = std::move(writer);
+bool DaemonImpl::OpenRunMetrics(const std::string& id, Job& job) {
+  if (job.run_metrics) return true;
+  auto writer = std::make_shared<JsonlWriter>();
+  const std::string path = (std::filesystem::path(store->RunDir(id)) / "metrics.jsonl").string();
+  if (Status st = writer->Open(path); !st.ok()) {
+    JobLog(id, "the job's metrics.jsonl is not written: " + st.message());
+    return false;
   }
-  WriteRunMetrics(id, job, JobStartLine(job.config, resume, threads));
+  job.run_metrics = std::move(writer);
+  return true;
+}
+
+// A running job whose roles here had all ended when this daemon went down (between the syncer's
+// end and its summary: WriteDueSummaries): an entry without roles, which Reap settles as it would
+// have, once the summary (this site hosts the syncer) is written.
+void DaemonImpl::SettleEndedJob(const std::string& id, const RunConfig& cfg, const JobRecord& rec) {
+  Job& job = jobs[id];
+  job.config = cfg;
+  const auto sr = rec.roles.find(kSyncerName);
+  if (sr != rec.roles.end() && sr->second.state == JobState::kCompleted && OpenRunMetrics(id, job)) {
+    job.summary_due = true;
+    job.summary_due_since = Clock::now();
+    job.syncer_result = sr->second.result;
+  }
+  JobLog(id, "every role here had ended before this restart: the job is settled now");
 }
 
 void DaemonImpl::WriteRunMetrics(const std::string& id, const Job& job, const nlohmann::json& line) {
@@ -282,7 +297,10 @@ void DaemonImpl::ResumeJobs() {
       std::set<std::string> unfinished;
       for (auto& [name, rr] : rec.roles)
         if (!IsFinal(rr.state)) unfinished.insert(name);
-      if (unfinished.empty()) continue;
+      if (unfinished.empty()) {
+        SettleEndedJob(id, cfg, rec);
+        continue;
+      }
       st = StartRoles(id, cfg, true, &rec, &unfinished);
       if (st.ok() && unfinished.count(kSyncerName)) AskLearnersToRejoin(id, cfg);
     }

@@ -24,11 +24,13 @@
 
 #include "daemon/config/daemon_config.h"
 #include "daemon/control/client.h"
+#include "daemon/control/job_store.h"
 #include "daemon/control/local_cluster.h"
 #include "daemon/export/export_run.h"
 #include "daemon/export/safetensors.h"
 #include "daemon/net/curve.h"
 #include "daemon/sync/global_state.h"
+#include "daemon/sync/protocol.h"
 #include "daemon/train/trainer.h"
 #include "kernels/gpt.h"
 #include "tests/control/daemon_testing.h"
@@ -225,6 +227,35 @@ TEST_CASE("a learner daemon killed with -9 and started again rejoins and the job
   for (const auto& m : Merges(s["run_dir"])) merged_after += m["time_ms"].get<int64_t>() > restarted_ms && MergedFrom(m, 1);
   CHECK(merged_after > 0);
   CHECK_THAT(ReadFile(c->StateDir("site-b") + "/jobs/" + job + "/job.log"), Catch::Contains("resumed roles: learner-1"));
+}
+
+// The syncer's site went down after its syncer ended but before the job's summary was written
+// (it waits for the learners' results): started again, it settles the job (completed) and
+// writes the summary then, instead of leaving the job running forever.
+TEST_CASE("a syncer site restarted between its syncer's end and the summary settles the job", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string job = Submit(dir, *c, 300);
+  WaitStatus(*c, "site-a", job, Completed, 60, "the job to complete");
+  c->Kill("site-s", SIGKILL);
+  // As it was just before the summary: the job running here, its syncer completed, metrics.jsonl
+  // holding only the start line.
+  JobStore store(c->StateDir("site-s"));
+  JobRecord rec;
+  REQUIRE(store.Load(job, &rec).ok());
+  REQUIRE(rec.roles[kSyncerName].state == JobState::kCompleted);
+  rec.state = JobState::kRunning;
+  REQUIRE(store.Save(rec).ok());
+  const std::string metrics = c->StateDir("site-s") + "/jobs/" + job + "/run/metrics.jsonl";
+  const std::string lines = ReadFile(metrics);
+  { std::ofstream(metrics, std::ios::trunc) << lines.substr(0, lines.find('\n') + 1); }
+  REQUIRE(c->Start("site-s").ok());
+
+  const nlohmann::json s = WaitStatus(*c, "site-a", job, Completed, 30, "the job to settle after the restart");
+  const std::string after = ReadFile(metrics);
+  CHECK_THAT(after, Catch::Contains("\"event\":\"learner_done\"") && Catch::Contains("\"event\":\"summary\""));
+  CHECK(s["summary"]["steps"] == 600);
+  CHECK_THAT(ReadFile(c->StateDir("site-s") + "/jobs/" + job + "/job.log"), Catch::Contains("settled now"));
 }
 
 // Every published version is in the update log before it goes out, so a syncer killed with -9
