@@ -45,6 +45,19 @@ const char* StateName(LearnerState s) {
   return "unknown";
 }
 
+// The syncer's counters as its status and its result both show them (SyncerStatusSnapshot
+// while it runs, SyncerResult at its end: the same fields).
+template <typename Counters>
+nlohmann::json SyncerCountersJson(const Counters& c) {
+  return {{"merges", c.merges},
+          {"dropped_deltas", c.dropped_deltas},
+          {"rejected_deltas", c.rejected_deltas},
+          {"bytes_received", c.bytes_received},
+          {"bytes_published", c.bytes_published},
+          {"snapshots_served", c.snapshots_served},
+          {"versions", c.versions}};
+}
+
 }  // namespace
 
 struct Role::Impl {
@@ -182,7 +195,7 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   DL_RETURN_IF_ERROR(st);
   const SyncerResult& sr = im.syncer->result();
   if (!im.options.evaluate) {  // local mode: its run frame evaluates and saves (run_frame.h)
-    *result = {{"merges", sr.merges}, {"versions", sr.versions}};
+    *result = SyncerCountersJson(sr);
     return Status::Ok();
   }
   const RunConfig& cfg = im.options.config;
@@ -200,20 +213,14 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   const float* init = im.options.init_params ? im.options.init_params : im.init.data();
   DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, init, val, cfg.eval.batches, &initial_val_loss));
   DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, global.data(), val, cfg.eval.batches, &final_val_loss));
-  *result = {{"merges", sr.merges},
-             {"dropped_deltas", sr.dropped_deltas},
-             {"rejected_deltas", sr.rejected_deltas},
-             {"bytes_received", sr.bytes_received},
-             {"bytes_published", sr.bytes_published},
-             {"snapshots_served", sr.snapshots_served},
-             {"versions", sr.versions},
-             {"initial_val_loss", initial_val_loss},
-             {"final_val_loss", final_val_loss},
-             {"final_val_batches", cfg.eval.batches},
-             {"global_state", state_path},
-             {"checkpoint", ckpt_path},
-             {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
-             {"peak_rss_mb", peak_rss_mb()}};
+  *result = SyncerCountersJson(sr);
+  result->update({{"initial_val_loss", initial_val_loss},
+                  {"final_val_loss", final_val_loss},
+                  {"final_val_batches", cfg.eval.batches},
+                  {"global_state", state_path},
+                  {"checkpoint", ckpt_path},
+                  {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()},
+                  {"peak_rss_mb", peak_rss_mb()}});
   if (!goodput.is_null()) (*result)["goodput"] = goodput;
   return Status::Ok();
 }
@@ -477,18 +484,12 @@ nlohmann::json Role::Progress() const {
                           {"dropped", l.ledger.dropped},
                           {"rejected", l.ledger.rejected}});
     }
-    nlohmann::json out = {{"role", "syncer"},
-            {"running", s.running},
-            {"versions", s.versions},
-            {"merges", s.merges},
-            {"dropped_deltas", s.dropped_deltas},
-            {"rejected_deltas", s.rejected_deltas},
-            {"snapshots_served", s.snapshots_served},
-            {"impostor_messages", s.impostors},
-            {"bytes_received", s.bytes_received},
-            {"bytes_published", s.bytes_published},
-            {"learners", learners},
-            {"startup_s", im.startup_s.load()}};
+    nlohmann::json out = SyncerCountersJson(s);
+    out.update({{"role", "syncer"},
+                {"running", s.running},
+                {"impostor_messages", s.impostors},
+                {"learners", learners},
+                {"startup_s", im.startup_s.load()}});
     im.merges.AddStatsTo(&out);
     GoodputReport g;
     if (im.goodput->Report(UnixMsNow(), &g).ok()) out["goodput"] = GoodputToJson(g);
