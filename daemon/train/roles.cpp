@@ -152,12 +152,18 @@ struct Role::Impl {
   }
 };
 
-Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out) {
+std::unique_ptr<Role> Role::Make(const std::string& name, const RoleOptions& options, int index) {
   std::unique_ptr<Role> role(new Role());
-  role->name_ = kSyncerName;
+  role->name_ = name;
   role->impl_ = std::make_unique<Impl>();
+  role->impl_->options = options;
+  role->impl_->index = index;
+  return role;
+}
+
+Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out) {
+  std::unique_ptr<Role> role = Make(kSyncerName, options, -1);
   Impl& im = *role->impl_;
-  im.options = options;
   im.is_syncer = true;
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
   // The rest (corpus, model, sockets, a restored state) on the role's thread: the daemon's
@@ -227,12 +233,8 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
 
 Status Role::StartLearner(net::NetContext& context, const RoleOptions& options, int index,
                           std::unique_ptr<Role>* out) {
-  std::unique_ptr<Role> role(new Role());
-  role->name_ = LearnerName(index);
-  role->impl_ = std::make_unique<Impl>();
+  std::unique_ptr<Role> role = Make(LearnerName(index), options, index);
   Impl& im = *role->impl_;
-  im.options = options;
-  im.index = index;
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
   const RunConfig& cfg = options.config;
   TrainConfig ring = cfg.train;
@@ -312,12 +314,8 @@ Status Role::RunLearnerAcrossHosts(net::NetContext& context, LearnerOptions lo, 
 }
 
 Status Role::StartRingMember(net::NetContext& context, const RoleOptions& options, int index, std::unique_ptr<Role>* out) {
-  std::unique_ptr<Role> role(new Role());
-  role->name_ = LearnerName(index);
-  role->impl_ = std::make_unique<Impl>();
+  std::unique_ptr<Role> role = Make(LearnerName(index), options, index);
   Impl& im = *role->impl_;
-  im.options = options;
-  im.index = index;
   im.member = true;
   (void)context;
   const RunConfig& cfg = options.config;

@@ -140,6 +140,8 @@ class Role {
  private:
   struct Impl;
   Role() = default;
+  // A role named name, not started yet (index: a learner's, -1 for the syncer).
+  static std::unique_ptr<Role> Make(const std::string& name, const RoleOptions& options, int index);
   // The role's thread: body's status and result become the outcome, then done. An exception out
   // of the role (bad_alloc, say) is its outcome too, not the end of the daemon.
   void RunToEnd(const std::function<Status(nlohmann::json* result)>& body);
