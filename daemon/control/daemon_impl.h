@@ -91,6 +91,11 @@ struct DaemonImpl {
     bool summary_due = false;
     Clock::time_point summary_due_since;
     nlohmann::json syncer_result;
+    void ExpectSummary(const nlohmann::json& result) {
+      summary_due = true;
+      summary_due_since = Clock::now();
+      syncer_result = result;
+    }
     // Roles that have not ended for good: the job is not over on this site.
     bool RolesPending() const {
       if (!dying.empty() || !rejoining.empty() || summary_due) return true;

@@ -105,11 +105,8 @@ void DaemonImpl::SettleEndedJob(const std::string& id, const RunConfig& cfg, con
   Job& job = jobs[id];
   job.config = cfg;
   const auto sr = rec.roles.find(kSyncerName);
-  if (sr != rec.roles.end() && sr->second.state == JobState::kCompleted && OpenRunMetrics(id, job)) {
-    job.summary_due = true;
-    job.summary_due_since = Clock::now();
-    job.syncer_result = sr->second.result;
-  }
+  if (sr != rec.roles.end() && sr->second.state == JobState::kCompleted && OpenRunMetrics(id, job))
+    job.ExpectSummary(sr->second.result);
   JobLog(id, "every role here had ended before this restart: the job is settled now");
 }
 
@@ -342,11 +339,8 @@ void DaemonImpl::Reap() {
         const bool stopped = job.stop_requested || rr.result.value("stopped", false);
         rr.state = stopped ? JobState::kStopped : JobState::kCompleted;
         JobLog(id, rit->first + " " + ToString(rr.state) + ": " + JsonText(rr.result));
-        if (rit->first == kSyncerName && rr.state == JobState::kCompleted && job.run_metrics) {
-          job.summary_due = true;  // WriteDueSummaries
-          job.summary_due_since = Clock::now();
-          job.syncer_result = rr.result;
-        }
+        if (rit->first == kSyncerName && rr.state == JobState::kCompleted && job.run_metrics)
+          job.ExpectSummary(rr.result);  // WriteDueSummaries
       }
       changed = true;
       rit = job.roles.erase(rit);
@@ -436,13 +430,13 @@ void DaemonImpl::WriteDueSummaries() {
     if (!known && Clock::now() - job.summary_due_since < std::chrono::seconds(60)) continue;
     job.summary_due = false;
     const nlohmann::json& sr = job.syncer_result;
-    long steps = 0;
-    for (size_t i = 0; i < results.size(); i++) {
-      WriteRunMetrics(id, job, LearnerDoneLine((int)i, results[i]));
-      steps += results[i].is_object() ? results[i].value("steps", 0L) : 0L;
-    }
-    WriteRunMetrics(id, job, {{"event", "eval"}, {"step", steps}, {"val_loss", sr.value("final_val_loss", 0.0)}});
     nlohmann::json summary = known ? JobSummaryObject(job.config, sr, results, store->RunDir(id), id) : nullptr;
+    if (!summary.is_null())
+      for (size_t i = 0; i < results.size(); i++) WriteRunMetrics(id, job, LearnerDoneLine((int)i, results[i]));
+    // At the summary's step count, as a local run's eval line (0 when the learners are unknown).
+    WriteRunMetrics(id, job, {{"event", "eval"},
+                              {"step", summary.is_null() ? 0L : summary.value("steps", 0L)},
+                              {"val_loss", sr.value("final_val_loss", 0.0)}});
     if (summary.is_null()) {
       JobLog(id, "no summary in metrics.jsonl: the learners' results did not all come within a minute");
       continue;

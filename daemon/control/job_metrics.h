@@ -16,7 +16,7 @@ namespace diloco {
 // model is evaluated once, at the end: the initial loss is in the summary (initial_val_loss).
 nlohmann::json JobStartLine(const RunConfig& cfg, bool resume, int threads);
 
-// learner i's role result (control/roles.cpp) as {"event": "learner_done", "learner": i, ...}.
+// learner i's role result (train/roles.cpp) as {"event": "learner_done", "learner": i, ...}.
 nlohmann::json LearnerDoneLine(int learner, const nlohmann::json& result);
 
 // The `train --json` summary object of a job from its syncer's and learners' role results: the

@@ -5,7 +5,6 @@
 
 #include "daemon/control/job_metrics.h"
 #include "daemon/control/site_metrics.h"
-#include "daemon/train/run_summary.h"
 #include "daemon/util/sd_notify.h"
 
 namespace diloco {

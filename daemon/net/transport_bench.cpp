@@ -392,18 +392,14 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
   // hits stack and raw alike; the warm-up lets the allocator settle on reusing freed buffers.
   for (int i = 0; i < o.warmup + o.transfers; ++i) {
     double s = 0, r = 0, bs = 0, ps = 0, sc = 0, rc = 0;
-    auto raw_once = [&]() {
+    auto with_cpu = [](double* cpu_s, const auto& transfer) {
       const double c0 = ProcessCpuSeconds();
-      const Status st = b.RawOnce(&r);
-      rc = ProcessCpuSeconds() - c0;
+      const Status st = transfer();
+      *cpu_s = ProcessCpuSeconds() - c0;
       return st;
     };
-    auto stack_once = [&]() {
-      const double c0 = ProcessCpuSeconds();
-      const Status st = b.StackOnce(&s, &bs, &ps);
-      sc = ProcessCpuSeconds() - c0;
-      return st;
-    };
+    auto raw_once = [&] { return with_cpu(&rc, [&] { return b.RawOnce(&r); }); };
+    auto stack_once = [&] { return with_cpu(&sc, [&] { return b.StackOnce(&s, &bs, &ps); }); };
     if (i % 2) {
       DL_RETURN_IF_ERROR(raw_once());
       DL_RETURN_IF_ERROR(stack_once());
@@ -472,10 +468,6 @@ Status RunPath(const TransportBenchOptions& o, std::shared_ptr<std::vector<uint8
   row->raw_per_sender_GBps = row->raw_aggregate_GBps / o.senders;
   return Status::Ok();
 }
-
-}  // namespace
-
-namespace {
 
 // Both paths on the allocator's steady state. glibc serves a 4 MiB message buffer from its heap
 // only once its dynamic mmap threshold has risen past that size, which depends on what the

@@ -151,8 +151,7 @@ Status LocalFleet::FirstError() const {
   for (size_t i = 0; i < slots_.size(); i++)
     for (size_t k = 0; k < slots_[i].incarnations.size(); k++) {
       const Incarnation& inc = *slots_[i].incarnations[k];
-      Status st = inc.role ? inc.role->outcome() : inc.status;
-      if (st.ok() && !inc.status.ok()) st = inc.status;
+      const Status st = inc.role ? inc.role->outcome() : inc.status;
       if (!st.ok())
         return st.WithContext(LearnerName((int)i) + (k > 0 ? " (incarnation " + std::to_string(k + 1) + ")" : ""));
     }

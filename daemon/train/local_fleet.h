@@ -3,12 +3,10 @@
 // (chaos_runner.h) can kill and restart them, slow them down and cut or spoil their links.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -80,8 +78,8 @@ class LocalFleet final : public ChaosTarget {
 
  private:
   struct Incarnation {
-    std::unique_ptr<Role> role;  // null when it could not start (status says why)
-    Status status;
+    std::unique_ptr<Role> role;  // null when it could not start
+    Status status;               // why not
     int64_t killed_unix_ms = 0;
     bool ended() const { return !role || role->done(); }
   };

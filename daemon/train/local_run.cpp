@@ -113,27 +113,28 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::unique_ptr<net::NetContext> ctx;
   DL_RETURN_IF_ERROR(net::NetContext::Create({}, &ctx));
   const std::string tag = std::to_string(ctx->NextId());
-  // The syncer is the daemon's syncer role (train/roles.h) on this process's endpoints; the run
-  // frame evaluates the model and saves its checkpoint.
-  RoleOptions sro;
-  sro.job_id = SyncerOptions{}.job_id;
-  sro.config = cfg;
-  sro.run_dir = options.run_dir;
-  sro.threads = plan.threads_per_role;
-  sro.allow_plaintext = true;  // inproc or loopback, in this process
-  sro.resume = options.resume;
-  sro.init_params = init.data();
-  sro.evaluate = false;
-  sro.uplink = "inproc://dilocod-uplink-" + tag;
-  sro.downlink = "inproc://dilocod-downlink-" + tag;
-  sro.snapshot = "inproc://dilocod-snapshot-" + tag;
+  // Every role is the daemon's (train/roles.h), on this process's endpoints.
+  RoleOptions base;
+  base.job_id = SyncerOptions{}.job_id;
+  base.config = cfg;
+  base.run_dir = options.run_dir;
+  base.threads = plan.threads_per_role;
+  base.allow_plaintext = true;  // inproc or loopback, in this process
+  base.resume = options.resume;
+  base.init_params = init.data();
+  base.uplink = "inproc://dilocod-uplink-" + tag;
+  base.downlink = "inproc://dilocod-downlink-" + tag;
+  base.snapshot = "inproc://dilocod-snapshot-" + tag;
   if (NeedsTcp(cfg.chaos)) {
     // A syncer killed and started again must find its learners reconnecting: loopback TCP
     // reconnects, inproc does not.
-    sro.uplink = LoopbackEndpoint();
-    sro.downlink = LoopbackEndpoint();
-    sro.snapshot = LoopbackEndpoint();
+    base.uplink = LoopbackEndpoint();
+    base.downlink = LoopbackEndpoint();
+    base.snapshot = LoopbackEndpoint();
   }
+  // The syncer: the run frame evaluates the model and saves its checkpoint.
+  RoleOptions sro = base;
+  sro.evaluate = false;
   MergeTape merges;  // this process's merges, for its goodput (before the syncer: it outlives it)
   sro.tune_syncer = [&hooks, &merges, &sc](SyncerOptions* so) {
     so->on_merge = merges.Listener();
@@ -165,26 +166,14 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     for (int i = 0; i < M; i++) DL_RETURN_IF_ERROR(CreateLearnerLink(*ctx, cfg, i, base_link, &links[i]));
   }
 
-  // Each learner is the daemon's learner role (train/roles.h), handed this process's links,
-  // initial model and metrics files.
+  // Each learner, handed this process's links (LocalFleet), initial model and metrics files.
   auto role_options = [&](int i) {
-    RoleOptions ro;
-    ro.job_id = sro.job_id;
-    ro.config = cfg;
-    ro.run_dir = options.run_dir;
-    ro.uplink = sro.uplink;
-    ro.downlink = sro.downlink;
-    ro.snapshot = sro.snapshot;
-    ro.allow_plaintext = true;
-    const PlannedRole& role = *plan.Find(LearnerName(i));
-    ro.threads = plan.threads_per_role;
-    ro.device = role.device;
-    ro.init_params = init.data();
+    RoleOptions ro = base;
+    ro.device = plan.Find(LearnerName(i))->device;
     if (options.resume) {
       // Resumed learners take the global model from a snapshot and go on from the step they had
       // logged; their AdamW moments start again at zero (only the syncer's state is on disk).
       ro.init_params = nullptr;
-      ro.resume = true;
       ro.start_step = std::min<long>(start_steps[i], cfg.train.steps);
     }
     ro.metrics = frame->learner_metrics().writer(i);

@@ -68,6 +68,7 @@ struct Role::Impl {
   std::atomic<Syncer*> live{nullptr};
   std::atomic<bool> started{false};
   std::atomic<double> startup_s{0};
+  std::vector<float> init;  // the initial model when it is not handed in (InitialModel)
   // Syncer role. The merge tape outlives the syncer that feeds it.
   MergeTape merges;
   std::unique_ptr<Syncer> syncer;
@@ -76,10 +77,9 @@ struct Role::Impl {
   // Learner role.
   int index = -1;
   LearnerResult learner_result;  // written by its thread; read once done
-  std::vector<float> init;
   std::atomic<bool> stop{false}, crash{false};
   std::atomic<double> slowdown{1};
-  std::shared_ptr<net::Link> link;  // with options.chaos_link
+  std::shared_ptr<net::Link> link;  // options.link, or made for options.chaos_link
   JsonlWriter metrics;
 
   // The syncer's start-up, on its thread: the corpus (for the final evaluation), the initial
@@ -90,13 +90,8 @@ struct Role::Impl {
     const RunConfig& cfg = options.config;
     if (options.evaluate)
       DL_RETURN_IF_ERROR(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, cfg.sync.learners), &corpus));
-    const GptConfig gc = GptConfigOf(cfg.model);
-    const TensorTable table = gpt_tensor_table(gc);
-    if (!options.init_params) {
-      init.resize(table.total_numel());
-      gpt_init_params(gc, cfg.train.seed, init.data());
-    }
-    const float* init_params = options.init_params ? options.init_params : init.data();
+    const TensorTable table = gpt_tensor_table(GptConfigOf(cfg.model));
+    const float* init_params = InitialModel();
     SyncerOptions so;
     so.sync = cfg.sync;
     so.job_id = options.job_id;
@@ -149,6 +144,16 @@ struct Role::Impl {
   LocalRing* member_ring = nullptr;
   void Log(const std::string& line) const {
     if (options.log) options.log(line);
+  }
+  // The run's initial model: handed in (local mode), else made from train.seed on first use.
+  const float* InitialModel() {
+    if (options.init_params) return options.init_params;
+    if (init.empty()) {
+      const GptConfig gc = GptConfigOf(options.config.model);
+      init.resize(gpt_tensor_table(gc).total_numel());
+      gpt_init_params(gc, options.config.train.seed, init.data());
+    }
+    return init.data();
   }
 };
 
@@ -216,8 +221,7 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   // On the device the role plan gives it (train/role_plan.h): its site's first learner's, or the CPU.
   const std::string eval_device = im.options.device.empty() ? "cpu" : im.options.device;
   double initial_val_loss = 0, final_val_loss = 0;
-  const float* init = im.options.init_params ? im.options.init_params : im.init.data();
-  DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, init, val, cfg.eval.batches, &initial_val_loss));
+  DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, im.InitialModel(), val, cfg.eval.batches, &initial_val_loss));
   DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, global.data(), val, cfg.eval.batches, &final_val_loss));
   *result = SyncerCountersJson(sr);
   result->update({{"initial_val_loss", initial_val_loss},
@@ -374,11 +378,7 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   Impl& im = *impl_;
   // The initial model on this thread (seconds for a big one), not on the daemon's loop.
   const auto started = Clock::now();
-  if (!im.options.init_params) {
-    const GptConfig gc = GptConfigOf(im.options.config.model);
-    im.init.resize(gpt_tensor_table(gc).total_numel());
-    gpt_init_params(gc, im.options.config.train.seed, im.init.data());
-  }
+  const float* init = im.InitialModel();
   im.startup_s = std::chrono::duration<double>(Clock::now() - started).count();
   im.started = true;
   LearnerOptions lo;
@@ -390,7 +390,7 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   lo.snapshot_endpoint = im.options.snapshot;
   lo.allow_plaintext = im.options.allow_plaintext;
   lo.curve = im.options.curve;
-  lo.init_params = im.options.init_params ? im.options.init_params : im.init.data();
+  lo.init_params = init;
   lo.join_from_snapshot = im.options.resume;
   lo.start_step = im.start_step;
   lo.time_budget_start_unix_ms = im.options.time_budget_start_unix_ms;

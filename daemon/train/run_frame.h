@@ -48,7 +48,7 @@ Status SaveMergedCheckpoint(const std::string& run_dir, const RunConfig& cfg, co
 
 class RunFrame {
  public:
-  // threads: train.threads (all of the machine's when 0), for the plan and the evaluations.
+  // Its threads: train.threads (all of the machine's when 0), for the plan and the evaluations.
   static Status Open(const TrainOptions& options, std::unique_ptr<RunFrame>* out);
 
   // start_line: the event ("start" or "resume") and what the runtime adds (clock, start_steps);
