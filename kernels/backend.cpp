@@ -12,6 +12,9 @@
 #ifdef DILOCO_HAVE_NCCL
 #include "kernels/cuda/nccl_comm.h"
 #endif
+#ifdef DILOCO_HAVE_GLOO
+#include "kernels/comm/gloo_comm.h"
+#endif
 
 namespace diloco {
 
@@ -119,6 +122,48 @@ std::string CreateLocalCommGroup(const std::string& device, int ranks, std::uniq
   }
   return "device \"" + device + "\" with " + std::to_string(ranks) +
          " rank(s): this build has no NCCL ring; install NCCL (libnccl-dev) and rebuild with the CUDA toolkit";
+#endif
+}
+
+std::string CreateCommGroupAcrossHosts(const std::string& device, const RingAcrossHostsComm& ring,
+                                       std::unique_ptr<LocalCommGroup>* out) {
+  if (ring.local_ranks < 1) return "a ring needs at least 1 rank on each host, not " + std::to_string(ring.local_ranks);
+  if (device == "cpu") {
+#ifdef DILOCO_HAVE_GLOO
+    GlooCommOptions go;
+    go.ring_name = ring.ring_name;
+    go.world_size = ring.world_size;
+    go.first_rank = ring.first_rank;
+    go.local_ranks = ring.local_ranks;
+    go.hostname = ring.address;
+    go.timeout_ms = ring.timeout_ms;
+    go.rendezvous_timeout_ms = ring.timeout_ms;
+    go.store = ring.store;
+    std::unique_ptr<GlooCommGroup> group;
+    if (std::string err = GlooCommGroup::Create(go, &group); !err.empty()) return err;
+    *out = std::move(group);
+    return "";
+#else
+    return "this build has no Gloo, which a CPU ring across hosts runs on: install libgloo-dev and rebuild";
+#endif
+  }
+  const int first = CudaIndex(device);
+  if (first < 0) return "unknown device \"" + device + "\": use cpu, cuda or cuda:N";
+#ifdef DILOCO_HAVE_NCCL
+  cuda::NcclAcrossHostsOptions na;
+  na.ring_name = ring.ring_name;
+  for (int r = 0; r < ring.local_ranks; r++) na.devices.push_back(first + r);
+  na.world_size = ring.world_size;
+  na.first_rank = ring.first_rank;
+  na.timeout_ms = ring.timeout_ms;
+  na.store = ring.store;
+  std::unique_ptr<cuda::NcclCommGroup> group;
+  if (std::string err = cuda::NcclCommGroup::CreateAcrossHosts(na, {}, &group); !err.empty()) return err;
+  *out = std::move(group);
+  return "";
+#else
+  return "device \"" + device + "\": this build has no NCCL, which a GPU ring across hosts runs on; install NCCL "
+         "(libnccl-dev) and rebuild with the CUDA toolkit";
 #endif
 }
 

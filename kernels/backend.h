@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "kernels/comm/comm_store.h"
 #include "kernels/comm/local_comm.h"
 #include "kernels/gpt.h"
 #include "kernels/optimizer.h"
@@ -196,6 +197,24 @@ std::string RankDevice(const std::string& device, int rank);
 // success, else what went wrong and what to do.
 [[nodiscard]] std::string CreateLocalCommGroup(const std::string& device, int ranks,
                                                std::unique_ptr<LocalCommGroup>* out);
+
+// This process's part of a ring across the hosts of a site: local_ranks
+// ranks, global ranks first_rank .. first_rank + local_ranks - 1 of
+// world_size, meeting through store. On "cpu" Gloo's TCP transport bound on
+// address (kernels/comm/gloo_comm.h); on "cuda:N" NCCL over cuda:N..
+// N+local_ranks-1 (kernels/cuda/nccl_comm.h). Blocks until every host's part
+// has joined, or timeout_ms, which also bounds every collective.
+struct RingAcrossHostsComm {
+  std::string ring_name;  // a new ring (incarnation) a new name
+  int world_size = 1;
+  int first_rank = 0;
+  int local_ranks = 1;
+  std::string address;  // cpu: where this host's part binds (the site's private network)
+  int64_t timeout_ms = 60000;
+  std::shared_ptr<CommStore> store;
+};
+[[nodiscard]] std::string CreateCommGroupAcrossHosts(const std::string& device, const RingAcrossHostsComm& ring,
+                                                     std::unique_ptr<LocalCommGroup>* out);
 
 // Creates the backend named by device ("cpu", "cuda", "cuda:N"). Returns an
 // empty string on success, else what went wrong and what to do (e.g. no

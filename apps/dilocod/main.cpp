@@ -5,6 +5,7 @@
 
 #include "daemon/config/daemon_config.h"
 #include "daemon/control/daemon.h"
+#include "daemon/util/ring_interface.h"
 
 int main(int argc, char** argv) {
   using namespace diloco;
@@ -28,6 +29,15 @@ int main(int argc, char** argv) {
     std::printf("%s: valid (site %s, state_dir %s, %zu peers)\n", config_path.c_str(), config.site.c_str(),
                 config.state_dir.c_str(), config.peers.size());
     return 0;
+  }
+  if (!config.site_hosts.empty()) {
+    // Before any thread: setenv. GPU rings across this site's hosts stay on its ring network.
+    std::string said;
+    if (Status st = PinNcclToRingInterface(config.site_hosts[config.host].ring_address, &said); !st.ok()) {
+      std::fprintf(stderr, "dilocod: %s: site_hosts.%d: %s\n", config_path.c_str(), config.host, st.message().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "dilocod[%s]: %s\n", config.site.c_str(), said.c_str());
   }
   Daemon::InstallSignalHandlers();
   std::unique_ptr<Daemon> daemon;

@@ -17,7 +17,7 @@
 
 #include "daemon/control/control_protocol.h"
 #include "daemon/util/status.h"
-#include "kernels/comm/gloo_comm.h"
+#include "kernels/comm/comm_store.h"
 
 namespace diloco {
 

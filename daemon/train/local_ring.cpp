@@ -5,9 +5,6 @@
 #include <thread>
 
 #include "daemon/util/crc32c.h"
-#ifdef DILOCO_HAVE_GLOO
-#include "kernels/comm/gloo_comm.h"
-#endif
 
 namespace diloco {
 
@@ -17,29 +14,40 @@ uint32_t ParamsCrc32c(const TrainingBackend& backend) {
   return Crc32c(params.data(), params.size() * sizeof(float));
 }
 
-Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out) {
-  if (options.ranks < 1) return Status::Error("train.ranks must be at least 1, not " + std::to_string(options.ranks));
-  if (options.hosts != 1)
-    return Status::Error("train.hosts " + std::to_string(options.hosts) +
-                         ": a learner's ring across several hosts is not built yet; this ring runs on one host "
-                         "(set train.hosts: 1 and use train.ranks)");
+Status LocalRing::MakeBackends(const LocalRingOptions& options, int world, int first_rank, const std::string& what,
+                               std::unique_ptr<LocalRing>* out) {
   std::unique_ptr<LocalRing> ring(new LocalRing());
   ring->options_ = options;
   ring->threads_per_rank_ = std::max(1, options.threads / options.ranks);
+  ring->world_ranks_ = world;
+  ring->first_rank_ = first_rank;
   BackendOptions bo;
   bo.model = options.model;
   bo.max_batch = options.batch_size;
   bo.recompute = options.recompute;
   bo.shard = options.shard;
-  bo.world = options.ranks;
+  bo.world = world;
   for (int r = 0; r < options.ranks; r++) {
-    bo.rank = r;
+    bo.rank = first_rank + r;
     std::unique_ptr<TrainingBackend> backend;
     if (std::string err = CreateBackend(RankDevice(options.device, r), bo, &backend); !err.empty())
-      return Status::Error("train.device " + options.device + " (rank " + std::to_string(r) + " of " +
-                           std::to_string(options.ranks) + "): " + err);
+      return Status::Error(what + "train.device " + options.device + " (rank " + std::to_string(bo.rank) + " of " +
+                           std::to_string(world) + "): " + err);
     ring->backends_.push_back(std::move(backend));
   }
+  *out = std::move(ring);
+  return Status::Ok();
+}
+
+Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out) {
+  if (options.ranks < 1) return Status::Error("train.ranks must be at least 1, not " + std::to_string(options.ranks));
+  if (options.hosts != 1)
+    return Status::Error("train.hosts " + std::to_string(options.hosts) +
+                         ": a ring across hosts runs in dilocod, on a site of that many hosts (site_hosts in the "
+                         "daemon config); here a learner's ring runs on one host (set train.hosts: 1 and use "
+                         "train.ranks)");
+  std::unique_ptr<LocalRing> ring;
+  DL_RETURN_IF_ERROR(MakeBackends(options, options.ranks, 0, "", &ring));
   if (std::string err = CreateLocalCommGroup(options.device, options.ranks, &ring->group_); !err.empty())
     return Status::Error("train.device " + options.device + ", train.ranks " + std::to_string(options.ranks) + ": " +
                          err);
@@ -56,47 +64,23 @@ Status LocalRing::CreateAcrossHosts(const LocalRingOptions& options, const RingA
   if (across.hosts < 1 || across.host < 0 || across.host >= across.hosts || options.hosts != across.hosts)
     return Status::Error(what + ": host " + std::to_string(across.host) + " is not among train.hosts " +
                          std::to_string(options.hosts));
-  if (options.device != "cpu")
-    return Status::Error(what + ": train.device " + options.device +
-                         ": a ring across hosts runs on CPUs (Gloo) for now; set train.device: cpu");
-#ifndef DILOCO_HAVE_GLOO
-  return Status::Error(what + ": this dilocod was built without Gloo (install libgloo-dev and rebuild)");
-#else
   if (!across.store) return Status::Error(what + ": no rendezvous store");
-  std::unique_ptr<LocalRing> ring(new LocalRing());
-  ring->options_ = options;
-  ring->threads_per_rank_ = std::max(1, options.threads / options.ranks);
-  ring->world_ranks_ = across.hosts * options.ranks;
-  ring->first_rank_ = across.host * options.ranks;
-  BackendOptions bo;
-  bo.model = options.model;
-  bo.max_batch = options.batch_size;
-  bo.recompute = options.recompute;
-  bo.shard = options.shard;
-  bo.world = ring->world_ranks_;
-  for (int r = 0; r < options.ranks; r++) {
-    bo.rank = ring->first_rank_ + r;
-    std::unique_ptr<TrainingBackend> backend;
-    if (std::string err = CreateBackend("cpu", bo, &backend); !err.empty())
-      return Status::Error(what + ", rank " + std::to_string(bo.rank) + ": " + err);
-    ring->backends_.push_back(std::move(backend));
-  }
-  GlooCommOptions go;
-  go.ring_name = across.ring_name;
-  go.world_size = ring->world_ranks_;
-  go.first_rank = ring->first_rank_;
-  go.local_ranks = options.ranks;
-  go.hostname = across.ring_address;
-  go.timeout_ms = across.timeout_ms;
-  go.rendezvous_timeout_ms = across.timeout_ms;
-  go.store = across.store;
-  std::unique_ptr<GlooCommGroup> group;
-  if (std::string err = GlooCommGroup::Create(go, &group); !err.empty()) return Status::Error(what + ": " + err);
-  for (int r = 0; r < options.ranks; r++) ring->comms_.push_back(group->comm(r));
-  ring->group_ = std::move(group);
+  std::unique_ptr<LocalRing> ring;
+  DL_RETURN_IF_ERROR(
+      MakeBackends(options, across.hosts * options.ranks, across.host * options.ranks, what + ": ", &ring));
+  RingAcrossHostsComm rc;
+  rc.ring_name = across.ring_name;
+  rc.world_size = ring->world_ranks_;
+  rc.first_rank = ring->first_rank_;
+  rc.local_ranks = options.ranks;
+  rc.address = across.ring_address;
+  rc.timeout_ms = across.timeout_ms;
+  rc.store = across.store;
+  if (std::string err = CreateCommGroupAcrossHosts(options.device, rc, &ring->group_); !err.empty())
+    return Status::Error(what + ": " + err);
+  for (int r = 0; r < options.ranks; r++) ring->comms_.push_back(ring->group_->comm(r));
   *out = std::move(ring);
   return Status::Ok();
-#endif
 }
 
 std::string LocalRing::description() const {

@@ -21,7 +21,7 @@ struct RingAcrossHosts {
   int host = 0;               // this host's index: it holds global ranks [host × ranks, (host + 1) × ranks)
   int hosts = 1;              // train.hosts
   std::string ring_name;      // the incarnation: every host of one ring gives the same, a new ring a new one
-  std::string ring_address;   // the address this host's ring binds on (the site's private network)
+  std::string ring_address;   // cpu: the address this host's ring binds on (the site's private network)
   int64_t timeout_ms = 60000; // per collective, and for the rendezvous
   std::shared_ptr<CommStore> store;  // the rendezvous (the daemons' ring_set / ring_get)
 };
@@ -32,7 +32,7 @@ struct LocalRingOptions {
   GptConfig model;
   int batch_size = 1;  // sequences per rank per forward_backward (train.batch_size)
   int threads = 1;     // CPU threads for the whole ring (OpenMP), shared by the ranks
-  int hosts = 1;       // train.hosts: a ring across hosts is not built yet (Create refuses more than 1)
+  int hosts = 1;       // train.hosts: Create builds one host's ring (1); CreateAcrossHosts more
   ShardMode shard = ShardMode::kNone;  // train.shard
   bool recompute = false;              // train.recompute
 };
@@ -45,15 +45,15 @@ class LocalRing {
   // Makes every rank's backend and comm. A device this machine or build lacks is a clear error
   // (no CUDA in this build, no GPU visible, too few GPUs for the ranks).
   static Status Create(const LocalRingOptions& options, std::unique_ptr<LocalRing>* out);
-  // This host's options.ranks ranks of a ring of across.hosts × options.ranks ranks over Gloo
-  // (kernels/comm/gloo_comm.h; CPU only): blocks until every host's part has joined (or
+  // This host's options.ranks ranks of a ring of across.hosts × options.ranks ranks: over Gloo on
+  // cpu (kernels/comm/gloo_comm.h), over NCCL on cuda:N, this host's GPUs N.. (nccl_comm.h): blocks until every host's part has joined (or
   // across.timeout_ms). options.hosts must be across.hosts. Rank r here is global rank
   // first_rank() + r; a ring whose host dies fails its collectives on every other host.
   static Status CreateAcrossHosts(const LocalRingOptions& options, const RingAcrossHosts& across,
                                   std::unique_ptr<LocalRing>* out);
 
   // The ranks of the whole ring (over every host) and this host's first one.
-  int world_ranks() const { return world_ranks_ > 0 ? world_ranks_ : ranks(); }
+  int world_ranks() const { return world_ranks_; }
   int first_rank() const { return first_rank_; }
 
   int ranks() const { return (int)backends_.size(); }
@@ -82,9 +82,12 @@ class LocalRing {
 
  private:
   LocalRing() = default;
+  // A ring of options.ranks backends, global ranks first_rank.. of world; no comms yet.
+  static Status MakeBackends(const LocalRingOptions& options, int world, int first_rank, const std::string& what,
+                             std::unique_ptr<LocalRing>* out);
   LocalRingOptions options_;
   int threads_per_rank_ = 1;
-  int world_ranks_ = 0;  // 0: ranks() (a ring on one host)
+  int world_ranks_ = 1;  // over every host
   int first_rank_ = 0;
   std::unique_ptr<LocalCommGroup> group_;
   std::vector<std::unique_ptr<TrainingBackend>> backends_;

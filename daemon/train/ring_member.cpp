@@ -9,7 +9,7 @@
 #include "daemon/train/local_ring.h"
 #include "daemon/train/outer_state.h"
 #include "daemon/train/trainer.h"
-#include "kernels/comm/gloo_comm.h"
+#include "kernels/comm/comm_store.h"
 #include "kernels/gpt.h"
 #include "kernels/rng.h"
 

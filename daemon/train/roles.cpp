@@ -23,7 +23,7 @@
 #include "daemon/train/ring_member.h"
 #include "daemon/train/run_dir.h"
 #include "daemon/train/run_frame.h"
-#include "kernels/comm/gloo_comm.h"
+#include "kernels/comm/comm_store.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/jsonl_writer.h"
 

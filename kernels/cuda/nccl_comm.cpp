@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -14,7 +15,11 @@
 namespace diloco::cuda {
 
 struct NcclCommGroup::State {
-  std::vector<int> devices;
+  std::vector<int> devices;  // this process's GPUs
+  int world = 0;             // ranks of the whole ring
+  int first_rank = 0;        // global rank of devices[0]
+  int64_t timeout_ms = 0;    // per collective; 0: none (a ring in one process)
+  std::string ring_name;     // a ring across hosts: for errors
   NcclOptions options;
   std::vector<ncclComm_t> comms;
   std::vector<bool> comm_aborted;  // guarded by mu
@@ -34,7 +39,7 @@ ncclRedOp_t to_nccl(ReduceOp op) { return op == ReduceOp::kMean ? ncclAvg : nccl
 
 class NcclComm final : public LocalComm {
  public:
-  NcclComm(NcclCommGroup::State* s, int rank) : s_(s), rank_(rank) {
+  NcclComm(NcclCommGroup::State* s, int local) : s_(s), local_(local), rank_(s->first_rank + local) {
     cudaSetDevice(device());
     DL_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreate failed");
   }
@@ -45,7 +50,7 @@ class NcclComm final : public LocalComm {
   }
 
   int rank() const override { return rank_; }
-  int world_size() const override { return (int)s_->devices.size(); }
+  int world_size() const override { return s_->world; }
   MemorySpace memory() const override { return MemorySpace::kDevice; }
   std::string name() const override { return "nccl"; }
 
@@ -123,7 +128,7 @@ class NcclComm final : public LocalComm {
   }
 
  private:
-  int device() const { return s_->devices[rank_]; }
+  int device() const { return s_->devices[local_]; }
 
   CommStatus check_parts(const char* what, const std::vector<size_t>& counts) const {
     if ((int)counts.size() == world_size()) return CommStatus::Ok();
@@ -135,7 +140,7 @@ class NcclComm final : public LocalComm {
       if (c != counts[0]) return false;
     return counts[0] > 0;
   }
-  ncclComm_t comm() const { return s_->comms[rank_]; }
+  ncclComm_t comm() const { return s_->comms[local_]; }
 
   CommStatus enter() {
     cudaSetDevice(device());
@@ -146,34 +151,48 @@ class NcclComm final : public LocalComm {
   // Aborts this rank's communicator (once) and says why.
   CommStatus abort_here() {
     std::lock_guard<std::mutex> lk(s_->mu);
-    if (!s_->comm_aborted[rank_]) {
-      ncclCommAbort(s_->comms[rank_]);
-      s_->comm_aborted[rank_] = true;
+    if (!s_->comm_aborted[local_]) {
+      ncclCommAbort(s_->comms[local_]);
+      s_->comm_aborted[local_] = true;
     }
-    return CommStatus::Error("local ring aborted (" + s_->reason + "): rebuild the ring from the surviving GPUs");
+    const std::string ring = s_->ring_name.empty() ? "local ring" : "ring " + s_->ring_name;
+    return CommStatus::Error(ring + " aborted at rank " + std::to_string(rank_) + " (" + s_->reason +
+                             "): rebuild the ring from the surviving GPUs");
   }
 
-  // Waits for the enqueued collective, watching for abort() and for NCCL's
-  // asynchronous errors (a peer failed).
+  // Waits for the enqueued collective, watching for abort(), for NCCL's
+  // asynchronous errors (a peer failed) and, on a ring across hosts, for its
+  // deadline (a peer stalled). A non-blocking communicator (a ring across
+  // hosts) may still be enqueuing (ncclInProgress): the stream is only
+  // queried once NCCL says the call is done.
   CommStatus finish(ncclResult_t launched, const char* what) {
     if (launched != ncclSuccess && launched != ncclInProgress) return CommStatus::Error(nccl_error(what, launched));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s_->timeout_ms);
     for (;;) {
-      const cudaError_t q = cudaStreamQuery(stream_);
-      if (q == cudaSuccess) return CommStatus::Ok();
-      if (q != cudaErrorNotReady) return CommStatus::Error(std::string(what) + ": " + cudaGetErrorString(q));
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm(), &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        {
-          std::lock_guard<std::mutex> lk(s_->mu);
-          if (s_->reason.empty()) s_->reason = nccl_error(what, async);
-        }
-        s_->aborted.store(true);
-        return abort_here();
+      if (async != ncclSuccess && async != ncclInProgress) return fail(nccl_error(what, async));
+      if (async == ncclSuccess) {
+        const cudaError_t q = cudaStreamQuery(stream_);
+        if (q == cudaSuccess) return CommStatus::Ok();
+        if (q != cudaErrorNotReady) return CommStatus::Error(std::string(what) + ": " + cudaGetErrorString(q));
       }
       if (s_->aborted.load()) return abort_here();
+      if (s_->timeout_ms > 0 && std::chrono::steady_clock::now() > deadline)
+        return fail(std::string(what) + " did not complete within " + std::to_string(s_->timeout_ms) +
+                    " ms (a host of the ring stalled or died; raise ring_timeout_ms if its steps are that slow)");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+
+  // Aborts the whole group (every rank of this process) for reason.
+  CommStatus fail(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lk(s_->mu);
+      if (s_->reason.empty()) s_->reason = reason;
+    }
+    s_->aborted.store(true);
+    return abort_here();
   }
 
   void* scratch(size_t bytes) {
@@ -186,16 +205,15 @@ class NcclComm final : public LocalComm {
   }
 
   NcclCommGroup::State* s_;
-  int rank_;
+  int local_;  // index into this process's devices and comms
+  int rank_;   // global rank
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
 };
 
-}  // namespace
-
-std::string NcclCommGroup::Create(const std::vector<int>& devices, const NcclOptions& options,
-                                  std::unique_ptr<NcclCommGroup>* out) {
+// "" when every device is a visible GPU, else what is wrong.
+std::string check_devices(const std::vector<int>& devices) {
   if (devices.empty()) return "a ring needs at least one GPU";
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -204,10 +222,126 @@ std::string NcclCommGroup::Create(const std::vector<int>& devices, const NcclOpt
   }
   for (int d : devices)
     if (d < 0 || d >= count) return "ring device " + std::to_string(d) + " outside the " + std::to_string(count) + " visible";
+  return "";
+}
+
+constexpr const char* kUniqueIdKey = "/nccl_unique_id";
+
+// NCCL's unique id of the ring: drawn by the process of global rank 0 and published in the store,
+// read there by every other process.
+std::string exchange_unique_id(const NcclAcrossHostsOptions& o, ncclUniqueId* id) {
+  const std::string key = o.ring_name + kUniqueIdKey;
+  if (o.first_rank == 0) {
+    if (const ncclResult_t r = ncclGetUniqueId(id); r != ncclSuccess) return nccl_error("ncclGetUniqueId", r);
+    const char* bytes = reinterpret_cast<const char*>(id);
+    if (CommStatus st = o.store->set(key, std::vector<char>(bytes, bytes + sizeof(*id))); !st.ok())
+      return "publishing NCCL's unique id: " + st.error;
+    return "";
+  }
+  std::vector<char> value;
+  if (CommStatus st = o.store->get(key, o.timeout_ms, &value); !st.ok())
+    return "waiting for NCCL's unique id from the ring's rank 0 (host 0): " + st.error;
+  if (value.size() != sizeof(*id))
+    return "the ring's store holds a " + std::to_string(value.size()) + "-byte NCCL unique id, not " +
+           std::to_string(sizeof(*id)) + " (every host must run the same NCCL version)";
+  std::memcpy(id, value.data(), sizeof(*id));
+  return "";
+}
+
+// Flushes the work of a ring across hosts' non-blocking communicators before ncclCommDestroy: one
+// group call for this process's ranks, polled for at most timeout_ms. Which of them finished.
+std::vector<bool> finalize_all(const std::vector<ncclComm_t>& comms, int64_t timeout_ms) {
+  std::vector<bool> done(comms.size(), false);
+  ncclGroupStart();
+  for (ncclComm_t comm : comms)
+    if (comm) ncclCommFinalize(comm);
+  ncclGroupEnd();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (size_t i = 0; i < comms.size();) {
+    ncclResult_t state = ncclInternalError;
+    if (comms[i]) ncclCommGetAsyncError(comms[i], &state);
+    if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) {
+      done[i] = state == ncclSuccess;
+      i++;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return done;
+}
+
+}  // namespace
+
+std::string NcclCommGroup::CreateAcrossHosts(const NcclAcrossHostsOptions& o, const NcclOptions& options,
+                                             std::unique_ptr<NcclCommGroup>* out) {
+  const int local = (int)o.devices.size();
+  const std::string ring = "NCCL ring '" + o.ring_name + "' (ranks " + std::to_string(o.first_rank) + ".." +
+                           std::to_string(o.first_rank + local - 1) + " of " + std::to_string(o.world_size) + ")";
+  if (!o.store) return ring + ": no store: give a CommStore every host can reach";
+  if (o.ring_name.empty()) return "an NCCL ring across hosts needs a ring name";
+  if (o.first_rank < 0 || o.first_rank + local > o.world_size || o.timeout_ms < 1)
+    return ring + ": ranks outside the ring, or a timeout below 1 ms";
+  if (std::string err = check_devices(o.devices); !err.empty()) return ring + ": " + err;
+  ncclUniqueId id;
+  if (std::string err = exchange_unique_id(o, &id); !err.empty()) return ring + ": " + err;
+
+  std::unique_ptr<NcclCommGroup> g(new NcclCommGroup());
+  g->state_ = std::make_unique<State>();
+  State& s = *g->state_;
+  s.devices = o.devices;
+  s.world = o.world_size;
+  s.first_rank = o.first_rank;
+  s.timeout_ms = o.timeout_ms;
+  s.ring_name = o.ring_name;
+  s.options = options;
+  s.comms.assign(local, nullptr);
+  s.comm_aborted.assign(local, false);
+  // Non-blocking: the init returns at once and is polled below against the deadline; one group
+  // call for this process's ranks (one thread inits them all).
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclGroupStart();
+  for (int i = 0; i < local && (r == ncclSuccess || r == ncclInProgress); i++) {
+    cudaSetDevice(o.devices[i]);
+    r = ncclCommInitRankConfig(&s.comms[i], o.world_size, id, o.first_rank + i, &config);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  std::string err;
+  if (r != ncclSuccess && r != ncclInProgress) err = nccl_error("ncclCommInitRankConfig", r);
+  if (err.empty() && end != ncclSuccess && end != ncclInProgress) err = nccl_error("ncclGroupEnd (ring init)", end);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.timeout_ms);
+  for (int i = 0; i < local && err.empty();) {
+    ncclResult_t state = ncclInProgress;
+    if (s.comms[i]) ncclCommGetAsyncError(s.comms[i], &state);
+    if (state == ncclSuccess) {
+      i++;
+    } else if (state != ncclInProgress) {
+      err = nccl_error("ncclCommInitRankConfig", state);
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      err = "not every host joined within " + std::to_string(o.timeout_ms) +
+            " ms: is dilocod running on each of the site's hosts, and can they reach each other on the "
+            "interface NCCL_SOCKET_IFNAME names?";
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  if (!err.empty()) {
+    // The group's destructor aborts what was made.
+    s.aborted.store(true);
+    return ring + ": " + err;
+  }
+  *out = std::move(g);
+  return "";
+}
+
+std::string NcclCommGroup::Create(const std::vector<int>& devices, const NcclOptions& options,
+                                  std::unique_ptr<NcclCommGroup>* out) {
+  if (std::string err = check_devices(devices); !err.empty()) return err;
   std::unique_ptr<NcclCommGroup> g(new NcclCommGroup());
   g->state_ = std::make_unique<State>();
   State& s = *g->state_;
   s.devices = devices;
+  s.world = (int)devices.size();
   s.options = options;
   s.comms.resize(devices.size());
   s.comm_aborted.assign(devices.size(), false);
@@ -219,9 +353,12 @@ std::string NcclCommGroup::Create(const std::vector<int>& devices, const NcclOpt
 
 NcclCommGroup::~NcclCommGroup() {
   if (!state_) return;
+  // A ring in one process has blocking communicators: ncclCommDestroy flushes them itself.
+  std::vector<bool> flushed(state_->comms.size(), true);
+  if (state_->timeout_ms > 0 && !state_->aborted.load()) flushed = finalize_all(state_->comms, state_->timeout_ms);
   for (size_t r = 0; r < state_->comms.size(); r++) {
-    if (state_->comm_aborted[r]) continue;
-    if (state_->aborted.load()) {
+    if (state_->comm_aborted[r] || !state_->comms[r]) continue;
+    if (state_->aborted.load() || !flushed[r]) {
       ncclCommAbort(state_->comms[r]);
     } else {
       ncclCommDestroy(state_->comms[r]);
@@ -229,11 +366,12 @@ NcclCommGroup::~NcclCommGroup() {
   }
 }
 
-int NcclCommGroup::world_size() const { return (int)state_->devices.size(); }
+int NcclCommGroup::world_size() const { return state_->world; }
 
-std::unique_ptr<LocalComm> NcclCommGroup::comm(int rank) {
-  DL_CHECK(rank >= 0 && rank < world_size(), "rank %d outside [0, %d)", rank, world_size());
-  return std::make_unique<NcclComm>(state_.get(), rank);
+std::unique_ptr<LocalComm> NcclCommGroup::comm(int local_rank) {
+  const int local = (int)state_->devices.size();
+  DL_CHECK(local_rank >= 0 && local_rank < local, "local rank %d outside [0, %d)", local_rank, local);
+  return std::make_unique<NcclComm>(state_.get(), local_rank);
 }
 
 void NcclCommGroup::abort(const std::string& reason) {

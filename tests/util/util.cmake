@@ -4,5 +4,6 @@ diloco_test(util_tests
   util/test_sd_notify.cpp
   util/test_status.cpp
   util/test_log.cpp
+  util/test_ring_interface.cpp
 )
 target_link_libraries(util_tests PRIVATE diloco_util)
