@@ -6,7 +6,9 @@
 #      bf16 <= 1e-2, poisoned outputs; each row shows the largest error;
 #      the sync codecs, topk_chunked's records included, byte for byte)
 #   3. a full training step against the CPU engine (loss, per-tensor
-#      gradient norms), and a 1-rank NCCL all-reduce
+#      gradient norms), and NCCL rings: 1 rank; across hosts through a
+#      CommStore (one process; a second host that never joins must fail
+#      within the deadline; two hosts of one GPU each when 2 GPUs)
 #   3b. issue 29 on the GPU: train.shard (ZeRO-1/2) against the unsharded
 #      ring, bit for bit, on rings of 1, 2 and 4 backends sharing GPU 0
 #      (thread collectives staged through the host) and over NCCL (2 GPUs
@@ -169,7 +171,7 @@ if ((failed == 0)); then
     else row "${c#cuda: }" "${summary:-exit $rc}" "pass" FAIL; failed=1; fi
   done
 
-  # ---- 3. a full step vs the CPU engine; a 1-rank NCCL ring ----
+  # ---- 3. a full step vs the CPU engine; NCCL rings (1 rank, across hosts) ----
   run train_step 90 "$bin/cuda_tests" "[step]"
   rc=$?
   summary=$(catch_summary "$LOG_DIR/train_step.log")
@@ -181,10 +183,10 @@ if ((failed == 0)); then
     rc=$?
     summary=$(catch_summary "$LOG_DIR/nccl.log")
     if ((rc == 0)) && grep -q "assertions" "$LOG_DIR/nccl.log" && [[ $summary != SKIPPED* ]]; then
-      row "NCCL all-reduce, 1 rank" "$summary" "pass" PASS
-    else row "NCCL all-reduce, 1 rank" "${summary:-exit $rc}" "pass" FAIL; failed=1; fi
+      row "NCCL rings: 1 rank; across hosts (1 process, deadline)" "$summary" "pass" PASS
+    else row "NCCL rings: 1 rank; across hosts (1 process, deadline)" "${summary:-exit $rc}" "pass" FAIL; failed=1; fi
   else
-    row "NCCL all-reduce, 1 rank" "cuda_tests built without NCCL" "pass" FAIL
+    row "NCCL rings: 1 rank; across hosts (1 process, deadline)" "cuda_tests built without NCCL" "pass" FAIL
     failed=1
   fi
   # ---- 3b. sharded state, recompute, allocated() (issue 29) ----

@@ -32,6 +32,7 @@
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
 #include "kernels/sync_ops.h"
+#include "tests/kernels/cuda_testing.h"
 #include "tests/kernels/op_testing.h"
 #ifdef DILOCO_HAVE_NCCL
 #include "kernels/cuda/nccl_comm.h"
@@ -43,19 +44,6 @@ using cuda::bf16;
 using cuda::DeviceArray;
 
 namespace {
-
-bool have_device() {
-  static const int n = cuda::device_count();
-  return n > 0;
-}
-
-#define REQUIRE_CUDA_DEVICE()                                          \
-  do {                                                                 \
-    if (!have_device()) {                                              \
-      WARN("no CUDA device on this machine: skipping this [cuda] test"); \
-      return;                                                          \
-    }                                                                  \
-  } while (0)
 
 uint64_t run_seed() {
   static const uint64_t seed = [] {

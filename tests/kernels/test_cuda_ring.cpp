@@ -20,23 +20,11 @@
 #include "kernels/backend.h"
 #include "kernels/comm/local_comm.h"
 #include "kernels/cuda/device.h"
+#include "tests/kernels/cuda_testing.h"
 #include "tests/kernels/op_testing.h"
 
 namespace diloco {
 namespace {
-
-bool have_device() {
-  static const int n = cuda::device_count();
-  return n > 0;
-}
-
-#define REQUIRE_CUDA_DEVICE()                                            \
-  do {                                                                   \
-    if (!have_device()) {                                                \
-      WARN("no CUDA device on this machine: skipping this [cuda] test"); \
-      return;                                                            \
-    }                                                                    \
-  } while (0)
 
 // A thread ring's collectives on device buffers: each copies the buffer to the host, runs the
 // thread ring's collective there (rank-order sums) and copies it back.

@@ -21,6 +21,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/sync_sparse.h"
+#include "tests/kernels/cuda_testing.h"
 #include "tests/kernels/op_testing.h"
 
 namespace diloco {
@@ -28,11 +29,6 @@ namespace {
 
 using cuda::DeviceArray;
 using testing::random_vec;
-
-bool have_device() {
-  static const int n = cuda::device_count();
-  return n > 0;
-}
 
 uint64_t sparse_seed() {
   static const uint64_t seed = [] {
@@ -133,10 +129,7 @@ std::vector<float> test_values(size_t n, size_t chunk, Rng& rng) {
 }  // namespace
 
 TEST_CASE("cuda: topk_chunked records byte for byte", "[cuda]") {
-  if (!have_device()) {
-    WARN("no CUDA device on this machine: skipping this [cuda] test");
-    return;
-  }
+  REQUIRE_CUDA_DEVICE();
   Rng rng(sparse_seed() * 0x9e3779b97f4a7c15ULL + 31);
   struct Config {
     size_t chunk, keep;
@@ -168,10 +161,7 @@ TEST_CASE("cuda: topk_chunked records byte for byte", "[cuda]") {
 }
 
 TEST_CASE("cuda: topk_chunked flags NaN and Inf", "[cuda]") {
-  if (!have_device()) {
-    WARN("no CUDA device on this machine: skipping this [cuda] test");
-    return;
-  }
+  REQUIRE_CUDA_DEVICE();
   for (float bad_value : {NAN, INFINITY, -INFINITY}) {
     std::vector<float> x = random_vec<float>(5000, 7);
     x[4100] = bad_value;
