@@ -28,6 +28,7 @@
 #include "kernels/comm/local_comm.h"
 #include "kernels/gpt.h"
 #include "kernels/optimizer.h"
+#include "kernels/outer_place.h"
 #include "kernels/shard.h"
 #include "kernels/sync_ops.h"
 #include "kernels/tensor_table.h"
@@ -54,6 +55,8 @@ struct BackendOptions {
   ShardMode shard = ShardMode::kNone;
   int rank = 0;
   int world = 1;
+  // Where the sync ops keep their state (kernels/outer_place.h); a GPU backend's choice.
+  OuterStatePlace outer_state = OuterStatePlace::kDevice;
 };
 
 class TrainingBackend {
@@ -138,6 +141,7 @@ class TrainingBackend {
     size_t grads = 0;          // gradients: all, or a shard plus its buckets
     size_t moments = 0;        // AdamW m and v
     size_t outer_state = 0;    // per fragment: base, previous base, θ at send, residual, scratch
+    size_t outer_state_host = 0;  // the part of it in pinned host memory (train.outer_state: host)
     size_t activations = 0;
   };
   virtual Allocated allocated() const = 0;

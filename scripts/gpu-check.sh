@@ -13,7 +13,9 @@
 #      ring, bit for bit, on rings of 1, 2 and 4 backends sharing GPU 0
 #      (thread collectives staged through the host) and over NCCL (2 GPUs
 #      when present, else 1 rank); train.recompute against stored
-#      activations, bit for bit; allocated() against cudaMemGetInfo
+#      activations, bit for bit; allocated() against cudaMemGetInfo;
+#      train.outer_state: host (pinned host memory) against device, bit for
+#      bit, and its 16 B a parameter off the GPU
 #   4. benchmarks: GPT-2 124M training tokens/s and MFU; memory-bound
 #      kernels' GB/s against a measured device copy; codec GB/s (the dense
 #      codecs with error feedback, the topk_chunked encoder); each op of
@@ -156,7 +158,7 @@ if ((failed == 0)); then
   # row gives the largest error of the case's checks, relative to the
   # reference's largest value.
   export DILOCO_PRINT_MAX_ERROR=1
-  mapfile -t cases < <("$bin/cuda_tests" --list-test-names-only "[cuda]~[nccl]~[step]~[zero]~[recompute]~[memory]" |
+  mapfile -t cases < <("$bin/cuda_tests" --list-test-names-only "[cuda]~[nccl]~[step]~[zero]~[recompute]~[memory]~[outer]" |
     grep "^cuda:")
   ((${#cases[@]} > 0)) || { row "CUDA ops vs CPU" "no [cuda] test cases listed" "all pass" FAIL; failed=1; }
   i=0
@@ -217,6 +219,7 @@ if ((failed == 0)); then
   fi
   check_case recompute 120 "recompute vs stored activations" "bitwise" "[recompute]"
   check_case memory 60 "allocated() vs cudaMemGetInfo (small)" "-4..+96 MiB" "[memory]"
+  check_case outer 60 "train.outer_state host vs device" "bitwise" "[outer]"
 
   # ---- 4. benchmarks ----
   run bench_kernels 60 "$bin/cuda_bench" kernels || failed=1

@@ -62,10 +62,20 @@ std::string Advice(const RunConfig& cfg, const MemoryPlan& plan, int max_batch) 
     else
       steps.push_back("a smaller train.batch_size alone is not enough (batch 1 does not fit)");
   };
+  const auto outer_advice = [&] {
+    if (plan.cuda && plan.outer_sync && tc.outer_state == OuterStatePlace::kDevice)
+      steps.push_back("set train.outer_state=host (the outer-sync state's 16 B a parameter of each rank's part to "
+                      "pinned host memory)");
+  };
   if (big.key == "activations") {
     activation_advice();
     shard_advice();
     ranks_advice();
+  } else if (big.key == "outer_sync") {
+    outer_advice();
+    shard_advice();
+    ranks_advice();
+    activation_advice();
   } else {
     shard_advice();
     ranks_advice();
@@ -103,6 +113,7 @@ nlohmann::json InputsJson(const std::string& path, const RunConfig& cfg, const M
           {"world", plan.world},
           {"shard", std::string(ToString(tc.shard))},
           {"recompute", tc.recompute},
+          {"outer_state", std::string(ToString(tc.outer_state))},
           {"sync_mode", std::string(ToString(cfg.sync.mode))},
           {"learners", cfg.sync.learners},
           {"fragments", EffectiveFragments(cfg.sync)},
@@ -120,7 +131,8 @@ void PrintTable(const std::string& path, const RunConfig& cfg, const MemoryPlan&
               tc.device.c_str(), plan.world, tc.hosts, tc.ranks, std::string(ToString(tc.shard)).c_str(),
               tc.recompute ? "on" : "off", tc.batch_size,
               plan.outer_sync ? (std::string(ToString(cfg.sync.mode)) + ", " + std::to_string(cfg.sync.learners) +
-                                 " learners, " + std::to_string(EffectiveFragments(cfg.sync)) + " fragments")
+                                 " learners, " + std::to_string(EffectiveFragments(cfg.sync)) + " fragments" +
+                                 (tc.outer_state == OuterStatePlace::kHost ? ", its state in host memory" : ""))
                                     .c_str()
                               : "none");
   std::printf("\nper rank (rank 0, the worst)%s:\n", plan.cuda ? ", GPU memory" : "");

@@ -34,6 +34,7 @@
 #include "daemon/config/chaos_config.h"
 #include "daemon/config/sync_config.h"
 #include "daemon/util/status.h"
+#include "kernels/outer_place.h"  // OuterStatePlace: names only, as shard.h
 #include "kernels/shard.h"  // ShardMode: a header of names only, no link dependency
 
 namespace diloco {
@@ -58,6 +59,7 @@ enum class DataFormat { kBytes, kTokens };
 inline constexpr std::array<std::string_view, 2> kDataFormatNames = {"bytes", "tokens"};
 inline std::string_view ToString(DataFormat v) { return kDataFormatNames[static_cast<int>(v)]; }
 inline std::string_view ToString(ShardMode v) { return kShardModeNames[static_cast<int>(v)]; }
+inline std::string_view ToString(OuterStatePlace v) { return kOuterStatePlaceNames[static_cast<int>(v)]; }
 
 struct DataConfig {
   // A file or a directory of files; always absolute and lexically normalized after loading (it need
@@ -103,6 +105,9 @@ struct TrainConfig {
   // Block-level activation recompute: the backward runs each block's forward again instead of
   // keeping its activations (about a third more compute, activations of one block).
   bool recompute = false;
+  // Where a GPU learner keeps its outer-sync state (kernels/outer_place.h): device or pinned host
+  // memory. cuda only.
+  OuterStatePlace outer_state = OuterStatePlace::kDevice;
   bool operator==(const TrainConfig&) const = default;
 };
 

@@ -70,6 +70,12 @@ Status CheckTrain(const RunConfig& c, const Origins& origins) {
                     "train.ranks (or train.hosts) to 2 or more, or train.shard: none",
                 {"train.shard", "train.ranks", "train.hosts"});
   }
+  if (t.outer_state == OuterStatePlace::kHost && !device.cuda) {
+    return fail("train.outer_state",
+                "host moves a GPU learner's outer-sync state to pinned host memory; train.device " + t.device +
+                    " keeps it in host memory already: remove train.outer_state or set a cuda device",
+                {"train.outer_state", "train.device"});
+  }
   return Status::Ok();
 }
 

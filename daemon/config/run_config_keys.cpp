@@ -157,6 +157,8 @@ std::vector<Key> KeysOf(RunConfig* c) {
        "how the ring shards its state: optimizer (ZeRO-1), gradients (ZeRO-2)", "a ring of 2 or more ranks"},
       {"train.recompute", EnumOf(&t.recompute, kBoolNames), {},
        "the backward runs each block's forward again instead of keeping its activations"},
+      {"train.outer_state", EnumOf(&t.outer_state, kOuterStatePlaceNames), {},
+       "where a GPU learner keeps its outer-sync state: device, or pinned host memory", "a cuda device"},
       {"eval.every", &e.every, AtLeast(0, at_end), "steps between evaluations"},
       {"eval.batches", &e.batches, AtLeast(1), "validation batches per evaluation"},
       {"sync.mode", EnumOf(&s.mode, kSyncModeNames), {}, "how learners and the syncer train one model"},

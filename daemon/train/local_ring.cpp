@@ -25,6 +25,7 @@ Status LocalRing::MakeBackends(const LocalRingOptions& options, int world, int f
   bo.model = options.model;
   bo.max_batch = options.batch_size;
   bo.recompute = options.recompute;
+  bo.outer_state = options.outer_state;
   bo.shard = options.shard;
   bo.world = world;
   for (int r = 0; r < options.ranks; r++) {

@@ -35,6 +35,7 @@ struct LocalRingOptions {
   int hosts = 1;       // train.hosts: Create builds one host's ring (1); CreateAcrossHosts more
   ShardMode shard = ShardMode::kNone;  // train.shard
   bool recompute = false;              // train.recompute
+  OuterStatePlace outer_state = OuterStatePlace::kDevice;  // train.outer_state
 };
 
 // CRC32C of a backend's parameters: the ranks of a ring must agree bit for bit.

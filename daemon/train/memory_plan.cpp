@@ -201,11 +201,17 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
     if (s.outer_sync) {
       const uint64_t part = sharded ? shard : n;
       const uint64_t frag_part = sharded ? CeilDiv(frag, s.world) : frag;
-      c.push_back({"outer_sync", "outer-sync state", 16 * part + 3 * kF32 * frag_part,
-                   PerParam(16, sharded ? shard_of.c_str() : "params") +
-                       " (base, previous base, θ at send, residual) + 3 x 4 B x the largest fragment" +
-                       (sharded ? "'s part" : "") + " of scratch",
-                   sharded});
+      const std::string state = PerParam(16, sharded ? shard_of.c_str() : "params") +
+                                " (base, previous base, θ at send, residual)";
+      const std::string scratch = "3 x 4 B x the largest fragment" + std::string(sharded ? "'s part" : "") + " of scratch";
+      if (tc.outer_state == OuterStatePlace::kHost) {
+        c.push_back({"outer_sync", "outer-sync scratch", 3 * kF32 * frag_part, scratch + " (the state is in host memory)",
+                     true});
+        host.push_back({"outer_sync", "outer-sync state (pinned)", 16 * part, state + ", every rank", true});
+      } else {
+        c.push_back({"outer_sync", "outer-sync state", 16 * part + 3 * kF32 * frag_part, state + " + " + scratch,
+                     sharded});
+      }
     } else {
       c.push_back({"outer_sync", "outer-sync state", 0, "no outer sync (sync.learners 1 or sync.mode ddp)", false});
     }
@@ -226,7 +232,7 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
     } else {
       c.push_back({"codec", "codec buffers", 0, "no outer sync", false});
     }
-    // Rank 0's host side: not on the GPU.
+    // The host side (rank 0's, and every rank's pinned outer state): not on the GPU.
     if (rank0) {
       host.push_back({"checkpoint", "checkpoint save", 12 * n, "host copy of params + moments (12 B x params)", false});
       host.push_back({"batches", "batch buffers", 4 * B * T * kI32, "inputs, targets, evaluation batch", false});
@@ -301,8 +307,14 @@ Status PlanLearnerMemory(const RunConfig& cfg, MemoryPlan* out) {
                            std::to_string(cfg.train.ranks - 1) + " other ranks");
   } else {
     plan.notes.push_back("not modelled: the CUDA context, NCCL buffers and allocator rounding (about 0.5-1 GiB per GPU)");
-    if (cfg.train.shard != ShardMode::kNone || cfg.train.recompute)
-      plan.notes.push_back("rows marked modelled: not yet run on a GPU (sharding / recompute on cuda follow the design)");
+    if (cfg.train.shard != ShardMode::kNone || cfg.train.recompute || cfg.train.outer_state == OuterStatePlace::kHost)
+      plan.notes.push_back(
+          "rows marked modelled: not yet run on a GPU (sharding / recompute / host outer state on cuda follow the "
+          "design)");
+    if (cfg.train.outer_state == OuterStatePlace::kHost && plan.outer_sync)
+      plan.notes.push_back("train.outer_state host: each GPU's outer-sync state is pinned host memory, so a host of " +
+                           std::to_string(cfg.train.ranks) + " ranks pins " + std::to_string(cfg.train.ranks) +
+                           " x the host row of that name");
   }
   *out = std::move(plan);
   return Status::Ok();

@@ -54,7 +54,8 @@ struct MemoryPlan {
   // together (they share its memory): rank 0's total + the other ranks' (no outer sync, no
   // checkpoint copy there).
   uint64_t fit_bytes = 0;
-  // cuda only: what rank 0's host process also holds (not counted against the GPU).
+  // cuda only: what rank 0's host process also holds (not counted against the GPU), with every
+  // rank's pinned outer-sync state under train.outer_state: host.
   std::vector<PlanComponent> host;
   uint64_t host_total_bytes = 0;
   std::vector<std::string> notes;

@@ -128,6 +128,7 @@ LocalRingOptions LocalRingOptionsOf(const RunConfig& config, int threads) {
   ro.hosts = config.train.hosts;
   ro.shard = config.train.shard;
   ro.recompute = config.train.recompute;
+  ro.outer_state = config.train.outer_state;
   return ro;
 }
 

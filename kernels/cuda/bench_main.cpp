@@ -374,7 +374,7 @@ int bench_memory(int argc, char** argv) {
   synchronize();
   const size_t taken = device_memory_used_bytes() - before;
   const TrainingBackend::Allocated a = backend->allocated();
-  const size_t sum = a.params + a.params_low + a.grads + a.moments + a.outer_state + a.activations;
+  const size_t sum = a.params + a.params_low + a.grads + a.moments + a.outer_state - a.outer_state_host + a.activations;
   const double MiB = 1048576.0;
   std::printf("%s: L%d C%d NH%d T%d V%d B%d%s, %zu parameters, step loss %.3f\n", backend->name().c_str(), c.n_layer,
               c.n_embd, c.n_head, T, c.vocab_size, B, o.recompute ? " recompute" : "", backend->num_params(),

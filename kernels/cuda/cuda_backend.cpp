@@ -88,10 +88,12 @@ class CudaBackend final : public TrainingBackend {
     a.params_low = params16_.size() * sizeof(bf16);
     a.grads = grads_.size() * sizeof(float) + (buckets_ ? buckets_->bytes() : 0);
     a.moments = (m_.size() + v_.size()) * sizeof(float);
-    size_t outer = sync_theta_.size() + sync_values_.size() + sync_residual_.size();
+    size_t fragments = 0;
     for (const SyncFragment& f : sync_)
-      outer += f.base.size() + f.previous_base.size() + f.at_send.size() + f.residual.size();
-    a.outer_state = outer * sizeof(float) + sync_payload_.size();
+      fragments += f.base.size() + f.previous_base.size() + f.at_send.size() + f.residual.size();
+    const size_t scratch = sync_theta_.size() + sync_values_.size() + sync_residual_.size();
+    a.outer_state = (fragments + scratch) * sizeof(float) + sync_payload_.size();
+    if (outer_memory_ == Memory::kPinnedHost) a.outer_state_host = fragments * sizeof(float);
     a.activations = activation_bytes();
     return a;
   }
@@ -109,7 +111,8 @@ class CudaBackend final : public TrainingBackend {
     float *lnf_mean, *lnf_rstd, *losses, *loss;
   };
 
-  // A fragment's outer-sync state on the device (TrainingBackend's sync ops; CpuBackend's twin).
+  // A fragment's outer-sync state on the device, or in pinned host memory that the same kernels
+  // use in place (train.outer_state; TrainingBackend's sync ops; CpuBackend's twin).
   struct SyncFragment {
     std::vector<ParamRange> ranges;
     size_t numel = 0;
@@ -119,6 +122,7 @@ class CudaBackend final : public TrainingBackend {
   void gather(const SyncFragment& f, float* packed);         // θ_p → packed (device)
   void scatter(const SyncFragment& f, const float* packed);  // packed (device) → θ_p and its bf16 copy
   bool bad_flag();                                           // reads sync_bad_ (waits for the stream)
+  void zero(DeviceArray<float>& a);                          // a fragment's array = 0, on the stream's turn
 
   void upload_batch(const int* inputs, const int* targets, int B, int T);
   void upload_token_buckets(const int* inputs, int N);  // the encoder backward's, for backward()
@@ -149,6 +153,7 @@ class CudaBackend final : public TrainingBackend {
   GptConfig config_;
   int max_batch_;
   bool recompute_;
+  Memory outer_memory_;  // where SyncFragment's arrays live (train.outer_state)
   ShardMode shard_mode_;
   std::vector<size_t> shard_counts_;  // ShardCounts of the ring (sharded only)
   ParamRange shard_;                   // the range whose AdamW state this rank keeps: all unsharded
@@ -184,6 +189,7 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
       config_(options.model),
       max_batch_(options.max_batch),
       recompute_(options.recompute),
+      outer_memory_(options.outer_state == OuterStatePlace::kHost ? Memory::kPinnedHost : Memory::kDevice),
       shard_mode_(options.shard),
       table_(gpt_tensor_table(options.model)) {
   set_device(device);
@@ -631,6 +637,15 @@ void CudaBackend::scatter(const SyncFragment& f, const float* packed) {
   }
 }
 
+void CudaBackend::zero(DeviceArray<float>& a) {
+  if (a.where() == Memory::kDevice) {
+    fill_bytes(a.get(), 0, a.size() * sizeof(float), stream_);
+    return;
+  }
+  synchronize(stream_);  // earlier kernels may still use it
+  std::memset(a.get(), 0, a.size() * sizeof(float));
+}
+
 bool CudaBackend::bad_flag() {
   int bad = 0;
   copy_to_host(&bad, sync_bad_.get(), sizeof bad, stream_);
@@ -650,14 +665,14 @@ void CudaBackend::sync_setup(const std::vector<std::vector<ParamRange>>& fragmen
     size_t payload = 0;
     for (const ParamRange& r : f.ranges) payload += AlignedPayloadBytes(r.count);
     largest_payload = std::max(largest_payload, payload);
-    f.base = DeviceArray<float>(f.numel);
-    f.previous_base = DeviceArray<float>(f.numel);
-    f.at_send = DeviceArray<float>(f.numel);
-    f.residual = DeviceArray<float>(f.numel);
+    f.base = DeviceArray<float>(f.numel, outer_memory_);
+    f.previous_base = DeviceArray<float>(f.numel, outer_memory_);
+    f.at_send = DeviceArray<float>(f.numel, outer_memory_);
+    f.residual = DeviceArray<float>(f.numel, outer_memory_);
     gather(f, f.base.get());
     copy_device_to_device(f.previous_base.get(), f.base.get(), f.numel * sizeof(float), stream_);
     copy_device_to_device(f.at_send.get(), f.base.get(), f.numel * sizeof(float), stream_);
-    fill_bytes(f.residual.get(), 0, f.numel * sizeof(float), stream_);
+    zero(f.residual);
   }
   sync_theta_ = DeviceArray<float>(largest);
   sync_values_ = DeviceArray<float>(largest);
@@ -672,7 +687,7 @@ void CudaBackend::sync_install(int p, const float* packed) {
   SyncFragment& f = fragment(p);
   copy_to_device(f.base.get(), packed, f.numel * sizeof(float), stream_);
   scatter(f, f.base.get());
-  fill_bytes(f.residual.get(), 0, f.numel * sizeof(float), stream_);
+  zero(f.residual);
   synchronize(stream_);
 }
 
@@ -714,7 +729,7 @@ bool CudaBackend::sync_encode_delta(int p, SyncCodec kind, int block, std::vecto
 void CudaBackend::sync_reset_residual(int p) {
   set_device(device_);
   SyncFragment& f = fragment(p);
-  fill_bytes(f.residual.get(), 0, f.numel * sizeof(float), stream_);
+  zero(f.residual);
   synchronize(stream_);
 }
 

@@ -55,21 +55,44 @@ void device_free(void* p) {
   if (p) CUDA_CHECK(cudaFree(p));
 }
 
+void* pinned_host_malloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "cudaHostAlloc of %zu pinned bytes failed: %s; free host memory or set train.outer_state: device\n",
+                 bytes, cudaGetErrorString(err));
+    std::abort();
+  }
+  // Kernels dereference it directly: under unified addressing its device pointer is itself.
+  void* on_device = nullptr;
+  CUDA_CHECK(cudaHostGetDevicePointer(&on_device, p, 0));
+  if (on_device != p) {
+    std::fprintf(stderr, "pinned host memory is not unified-addressed on this system: set train.outer_state: device\n");
+    std::abort();
+  }
+  return p;
+}
+
+void pinned_host_free(void* p) {
+  if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_cuda(stream)));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_cuda(stream)));
   CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_cuda(stream)));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_cuda(stream)));
   CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
 }
 
 void copy_device_to_device(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_cuda(stream)));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_cuda(stream)));
 }
 
 void fill_bytes(void* dst, int value, size_t bytes, Stream stream) {

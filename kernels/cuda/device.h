@@ -23,6 +23,12 @@ double peak_bf16_flops();
 
 void* device_malloc(size_t bytes);
 void device_free(void* p);
+// Pinned host memory mapped into every device's address space (unified
+// addressing): kernels read and write it in place, over the host link.
+void* pinned_host_malloc(size_t bytes);
+void pinned_host_free(void* p);
+// Copies infer their direction from the pointers (cudaMemcpyDefault), so
+// either side may also be pinned host memory.
 // Host <-> device copies return when the copy is done (they wait for the
 // stream's earlier work too).
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
@@ -52,25 +58,30 @@ class EventTimer {
   void* end_ = nullptr;
 };
 
-// An owned device array of T.
+// Where a DeviceArray lives: device memory, or pinned host memory that
+// kernels use in place (pinned_host_malloc).
+enum class Memory { kDevice, kPinnedHost };
+
+// An owned array of T that kernels can use: on the device, or pinned host.
 template <typename T>
 class DeviceArray {
  public:
   DeviceArray() = default;
-  explicit DeviceArray(size_t n) : n_(n) {
-    if (n) ptr_ = static_cast<T*>(device_malloc(n * sizeof(T)));
+  explicit DeviceArray(size_t n, Memory where = Memory::kDevice) : n_(n), where_(where) {
+    if (n) ptr_ = static_cast<T*>(where == Memory::kDevice ? device_malloc(n * sizeof(T)) : pinned_host_malloc(n * sizeof(T)));
   }
   explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
-  ~DeviceArray() { device_free(ptr_); }
-  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr, o.n_ = 0; }
+  ~DeviceArray() { release(); }
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_), where_(o.where_) { o.ptr_ = nullptr, o.n_ = 0; }
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     if (this != &o) {
-      device_free(ptr_);
-      ptr_ = o.ptr_, n_ = o.n_;
+      release();
+      ptr_ = o.ptr_, n_ = o.n_, where_ = o.where_;
       o.ptr_ = nullptr, o.n_ = 0;
     }
     return *this;
   }
+  Memory where() const { return where_; }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
 
@@ -90,8 +101,16 @@ class DeviceArray {
   }
 
  private:
+  void release() {
+    if (where_ == Memory::kDevice) {
+      device_free(ptr_);
+    } else {
+      pinned_host_free(ptr_);
+    }
+  }
   T* ptr_ = nullptr;
   size_t n_ = 0;
+  Memory where_ = Memory::kDevice;
 };
 
 }  // namespace diloco::cuda

@@ -250,6 +250,9 @@ TEST_CASE("invalid values name the key and the limit", "[unit][config]") {
                                 "rank has nothing to shard"},
       {"train.shard=zero3", "train.shard"},
       {"train.recompute=yes", "train.recompute"},
+      {"train.outer_state=disk", "train.outer_state"},
+      {"train.outer_state=host", "train.outer_state: host moves a GPU learner's outer-sync state to pinned host "
+                                 "memory; train.device cpu keeps it in host memory already"},
       {"train.steps=-1", "train.steps: must be >= 0, got -1"},
       {"train.lr=-0.1", "train.lr: must be >= 0, got -0.1"},
       {"train.min_lr=0.01", "train.min_lr: 0.01 is greater than train.lr 0.001"},
@@ -443,6 +446,9 @@ TEST_CASE("device, ranks, vocabulary and data format", "[unit][config]") {
   CHECK(config.train.shard == ShardMode::kGradients);
   CHECK(config.train.recompute);
   CHECK(RunConfigToYaml(config).find("shard: gradients") != std::string::npos);
+  REQUIRE(Parse(kMinimal, {"train.device=cuda:1", "train.outer_state=host"}, &config).ok());
+  CHECK(config.train.outer_state == OuterStatePlace::kHost);
+  CHECK(RunConfigToYaml(config).find("outer_state: host") != std::string::npos);
   // ddp's ring is every learner's ranks.
   REQUIRE(Parse(kMinimal, {"sync.mode=ddp", "sync.learners=2", "train.shard=optimizer"}, &config).ok());
 

@@ -18,7 +18,8 @@ target_link_libraries(kernel_engine_tests PRIVATE diloco_backend Threads::Thread
 if(DILOCO_HAVE_CUDA)
   # [cuda] tests: skip (with a warning) on machines without a device.
   diloco_test(cuda_tests ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ops.cpp ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ring.cpp
-              ${CMAKE_CURRENT_LIST_DIR}/test_cuda_sparse.cpp ${CMAKE_CURRENT_LIST_DIR}/test_cuda_nccl_hosts.cpp)
+              ${CMAKE_CURRENT_LIST_DIR}/test_cuda_sparse.cpp ${CMAKE_CURRENT_LIST_DIR}/test_cuda_nccl_hosts.cpp
+              ${CMAKE_CURRENT_LIST_DIR}/test_cuda_outer_place.cpp)
   # diloco_cuda defines DILOCO_HAVE_NCCL for its users when NCCL was found.
   target_link_libraries(cuda_tests PRIVATE diloco_backend diloco_cuda)
 endif()

@@ -159,6 +159,31 @@ TEST_CASE("the cuda plan: 18 B/param unsharded, the sharded rows modelled", "[un
   CHECK(LargestBatchThatFits(cfg, plan.total_bytes / 2) == 0);
 }
 
+TEST_CASE("the cuda plan with train.outer_state host: 16 B/param of the GPU's part in pinned host memory",
+          "[unit][plan]") {
+  RunConfig cfg = ConfigOf({12, 768, 12, 1024, 50257}, 4);
+  cfg.train.device = "cuda";
+  cfg.sync.learners = 4;
+  cfg.sync.fragments = 4;
+  MemoryPlan on_device, on_host;
+  REQUIRE(PlanLearnerMemory(cfg, &on_device).ok());
+  cfg.train.outer_state = OuterStatePlace::kHost;
+  REQUIRE(PlanLearnerMemory(cfg, &on_host).ok());
+  const uint64_t n = on_device.num_params;
+  CHECK(on_device.total_bytes - on_host.total_bytes == 16 * n);
+  CHECK(on_host.host_total_bytes - on_device.host_total_bytes == 16 * n);
+  CHECK(on_host.find("outer_sync")->modelled);
+  bool pinned_row = false;
+  for (const PlanComponent& h : on_host.host) pinned_row |= h.key == "outer_sync" && h.bytes == 16 * n;
+  CHECK(pinned_row);
+  // Sharded over 4 ranks: each rank pins its part only.
+  cfg.train.ranks = 4;
+  cfg.train.shard = ShardMode::kGradients;
+  REQUIRE(PlanLearnerMemory(cfg, &on_host).ok());
+  for (const PlanComponent& h : on_host.host)
+    if (h.key == "outer_sync") CHECK(h.bytes == 16 * ShardCounts(n, 4)[0]);
+}
+
 TEST_CASE("dilococtl plan: planned total within 10% of the measured peak RSS on the cpu", "[e2e][plan]") {
 #if defined(__SANITIZE_ADDRESS__)
   // AddressSanitizer adds shadow memory (1/8 of what is touched), redzones and a quarantine to the
