@@ -6,7 +6,8 @@
 #   2. the largest GPT of a ladder of GPT-3-like shapes that fits one H200 (141 GiB) per rank,
 #      for a learner of 1, 8, 16, 64 H200s, T = 2048 and 4096, recompute off and on, batch 1 per
 #      rank (train.shard gradients when N > 1).
-# Usage: scripts/plan_tables.sh [path/to/dilococtl]   (needs jq)
+#   OUTER_STATE=host puts every plan's outer-sync state in pinned host memory (train.outer_state).
+# Usage: [OUTER_STATE=host] scripts/plan_tables.sh [path/to/dilococtl]   (needs jq)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 ctl="${1:-$here/build/bin/dilococtl}"
@@ -21,11 +22,13 @@ ring() {
     echo "--set train.hosts=$((n / 8)) --set train.ranks=8"; fi
 }
 
+outer_state="${OUTER_STATE:-device}"
 plan() {  # args: --set ... ; prints the JSON (exit 1 = does not fit is fine here)
-  "$ctl" plan "$config" --json --device-memory 141 "$@" 2>/dev/null || [ $? -eq 1 ]
+  "$ctl" plan "$config" --json --device-memory 141 --set train.outer_state="$outer_state" "$@" 2>/dev/null ||
+    [ $? -eq 1 ]
 }
 
-echo "Bytes per parameter per rank, cuda, 12.9B shape (configs/gpt-12b.yaml), activations excluded"
+echo "Bytes per parameter per rank, cuda, 12.9B shape (configs/gpt-12b.yaml), activations excluded, outer state on $outer_state"
 echo
 echo "| ranks N | none | optimizer | gradients | none, no outer sync | optimizer, no outer sync | gradients, no outer sync |"
 echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -59,7 +62,7 @@ shapes=(
   "175B 96 12288 96"
 )
 echo
-echo "Largest GPT that fits per H200 (141 GiB), batch 1 per rank, shard gradients when N > 1, outer sync on (GiB per rank)"
+echo "Largest GPT that fits per H200 (141 GiB), batch 1 per rank, shard gradients when N > 1, outer sync on (GiB per rank), outer state on $outer_state"
 echo
 echo "| H200s in the learner | T=2048 | T=2048 + recompute | T=4096 | T=4096 + recompute |"
 echo "| ---: | --- | --- | --- | --- |"

@@ -25,9 +25,10 @@
 //                                      #   ring_get, CURVE, only from these hosts' keys). A job with
 //                                      #   train.hosts H > 1 spans hosts 0 .. H-1: their dilocods
 //                                      #   get it from host 0. ring_address: the private interface
-//                                      #   address this host's Gloo ring binds on (its tensors
-//                                      #   travel unauthenticated and unencrypted: keep it on a
-//                                      #   private network, firewalled).
+//                                      #   address this host's Gloo ring binds on, and whose
+//                                      #   interface dilocod pins NCCL to (NCCL_SOCKET_IFNAME);
+//                                      #   the rings' tensors travel unauthenticated and
+//                                      #   unencrypted: keep it on a private network, firewalled.
 //   ring_timeout_ms: 60000             # a ring across hosts: a collective (or the rendezvous)
 //                                      #   waiting longer on a stalled host fails the learner's
 //                                      #   incarnation (a dead host fails it at once)
@@ -91,7 +92,7 @@ struct PeerConfig {
 // One host of a site of several (the `site_hosts` key).
 struct SiteHost {
   std::string control;       // tcp://ADDR:PORT, this host's listen.control as its site's hosts reach it
-  std::string ring_address;  // the address its Gloo ring binds on and its site's hosts reach it at
+  std::string ring_address;  // its Gloo ring binds here (NCCL on its interface); its site's hosts reach it here
   std::string public_key;    // Z85 (40 characters); from public_key_file when given
   bool operator==(const SiteHost&) const = default;
 };
