@@ -248,14 +248,13 @@ std::string exchange_unique_id(const NcclAcrossHostsOptions& o, ncclUniqueId* id
   return "";
 }
 
-// Flushes the work of a ring across hosts' non-blocking communicators before ncclCommDestroy: one
-// group call for this process's ranks, polled for at most timeout_ms. Which of them finished.
+// Flushes the work of a ring across hosts' non-blocking communicators before ncclCommDestroy: each
+// call returns at once, so every rank's finalize runs together; polled for at most timeout_ms.
+// Which of them finished.
 std::vector<bool> finalize_all(const std::vector<ncclComm_t>& comms, int64_t timeout_ms) {
   std::vector<bool> done(comms.size(), false);
-  ncclGroupStart();
   for (ncclComm_t comm : comms)
     if (comm) ncclCommFinalize(comm);
-  ncclGroupEnd();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (size_t i = 0; i < comms.size();) {
     ncclResult_t state = ncclInternalError;
