@@ -11,16 +11,13 @@
 #include <iterator>
 #include <thread>
 
+#include "kernels/comm/deadline.h"
+
 namespace diloco {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-
-int64_t ms_left(Clock::time_point deadline) {
-  return std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-}
+using namespace comm_deadline;
 
 // Keys become file names: letters, digits, '-' and '_' stay, every other byte is %XX (so no name
 // contains '.', which the temp files use).

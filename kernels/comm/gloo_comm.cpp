@@ -18,17 +18,13 @@
 #include <unordered_set>
 
 #include "kernels/check.h"
+#include "kernels/comm/deadline.h"
 
 namespace diloco {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-
-int64_t ms_left(Clock::time_point deadline) {
-  return std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-}
+using namespace comm_deadline;
 
 // gloo::rendezvous::Store over a CommStore, every key under prefix. Gloo wants exceptions.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
