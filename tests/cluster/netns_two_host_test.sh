@@ -24,6 +24,9 @@ steps=${NETNS_TWO_HOST_STEPS:-4000}
 log "3 sites, learner sites of 2 hosts each, in namespaces ${DLC_NETNS_PREFIX}site*, $dir"
 export DLC_RING_TIMEOUT_MS=8000
 "$cluster" up 3 --rate 200mbit --hosts 2
+pin=$(grep -m1 -o "NCCL_SOCKET_IFNAME=[^ ]* (the interface of ring_address [^)]*)" "$dir/site1h1/dilocod.log" || true)
+check "site1's host 1 pinned NCCL to its ring interface (${pin:-no such line in its log})" \
+  "$([[ $pin == NCCL_SOCKET_IFNAME==* ]] && echo true || echo false)"
 
 cat > "$dir/job.yaml" << EOF
 # The e2e daemon tests' tiny model; placement and train.hosts come from netns-cluster.sh submit.
