@@ -8,6 +8,7 @@
 #include "daemon/control/job_limits.h"
 #include "daemon/control/job_metrics.h"
 #include "daemon/train/role_plan.h"
+#include "daemon/train/run_summary.h"
 #include "daemon/train/trainer.h"
 #include "daemon/util/atomic_file.h"
 #include "daemon/util/proc_stats.h"
@@ -79,7 +80,7 @@ Status DaemonImpl::StartRoles(const std::string& id, const RunConfig& cfg, bool 
   const bool syncer_started = job.roles.count(kSyncerName) > 0;
   for (auto& [name, role] : job.roles) entry.roles[name] = std::move(role);
   if (syncer_started && OpenRunMetrics(id, entry))
-    WriteRunMetrics(id, entry, JobStartLine(cfg, resume, plan.threads_per_role));
+    WriteRunMetrics(id, entry, RunStartLine(cfg, resume, plan.threads_per_role));
   if (syncer_started && !cfg.chaos.empty() && !entry.chaos_runner) StartChaosTimeline(id, entry, resume);
   return Status::Ok();
 }

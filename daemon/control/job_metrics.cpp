@@ -4,7 +4,6 @@
 
 #include "daemon/train/run_summary.h"
 #include "daemon/train/trainer.h"
-#include "kernels/gpt.h"
 
 namespace diloco {
 namespace {
@@ -17,15 +16,6 @@ T Number(const nlohmann::json& j, const char* key, T fallback) {
 }
 
 }  // namespace
-
-nlohmann::json JobStartLine(const RunConfig& cfg, bool resume, int threads) {
-  return {{"event", resume ? "resume" : "start"},
-          {"step", 0},
-          {"params", gpt_tensor_table(GptConfigOf(cfg.model)).total_numel()},
-          {"learners", cfg.sync.learners},
-          {"mode", std::string(ToString(cfg.sync.mode))},
-          {"threads", threads}};
-}
 
 nlohmann::json LearnerDoneLine(int learner, const nlohmann::json& result) {
   nlohmann::json j = result.is_object() ? result : nlohmann::json::object();

@@ -1,7 +1,9 @@
 // A daemon job's run-level lines, written at its syncer's site to <run dir>/metrics.jsonl, as a
 // local run writes them (train/run_dir.h): start (or resume), chaos, learner_done (once every
 // learner has ended, from their results on whichever site they ran), eval and summary (when the
-// syncer completes). Each learner's own lines stay in learner-<i>.jsonl on its site.
+// syncer completes). Each learner's own lines stay in learner-<i>.jsonl on its site. The start
+// line is RunStartLine (train/run_summary.h); the merged model is evaluated once, at the end: the
+// initial loss is in the summary (initial_val_loss).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,10 +13,6 @@
 #include "daemon/config/run_config.h"
 
 namespace diloco {
-
-// {"event": "start" | "resume", "step": 0, "params", "learners", "mode", "threads"}. The merged
-// model is evaluated once, at the end: the initial loss is in the summary (initial_val_loss).
-nlohmann::json JobStartLine(const RunConfig& cfg, bool resume, int threads);
 
 // learner i's role result (train/roles.cpp) as {"event": "learner_done", "learner": i, ...}.
 nlohmann::json LearnerDoneLine(int learner, const nlohmann::json& result);

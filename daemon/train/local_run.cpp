@@ -108,7 +108,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
                            .WithContext("cannot resume from '" + state_path.string() + "' with this config"));
     for (size_t p = 0; p < frags.size(); p++) ScatterFragment(frags[p], gs.fragments[p].theta.data(), init.data());
   }
-  DL_RETURN_IF_ERROR(frame->Begin({{"event", options.resume ? "resume" : "start"}, {"start_steps", start_steps}}));
+  DL_RETURN_IF_ERROR(frame->Begin(options.resume, {{"start_steps", start_steps}}));
 
   std::unique_ptr<net::NetContext> ctx;
   DL_RETURN_IF_ERROR(net::NetContext::Create({}, &ctx));

@@ -44,16 +44,13 @@ Status RunFrame::Open(const TrainOptions& options, std::unique_ptr<RunFrame>* ou
   return Status::Ok();
 }
 
-Status RunFrame::Begin(nlohmann::json start_line) {
+Status RunFrame::Begin(bool resume, const nlohmann::json& extra) {
   DL_RETURN_IF_ERROR(
       EvaluateParams(plan_.eval_device, gc_, init_.data(), *val_, cfg_.eval.batches, &s_.initial_val_loss));
-  start_line["step"] = 0;
-  start_line["params"] = table_.total_numel();
-  start_line["learners"] = cfg_.sync.learners;
-  start_line["mode"] = std::string(ToString(cfg_.sync.mode));
-  start_line["val_loss"] = s_.initial_val_loss;
-  start_line["threads"] = threads_;
-  return metrics_.Write(start_line);
+  nlohmann::json line = RunStartLine(cfg_, resume, threads_);
+  line.update(extra);
+  line["val_loss"] = s_.initial_val_loss;
+  return metrics_.Write(line);
 }
 
 Status RunFrame::Finish(const RunEnd& end, LocalRunDetails* details, TrainSummary* summary) {

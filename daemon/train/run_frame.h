@@ -51,9 +51,9 @@ class RunFrame {
   // Its threads: train.threads (all of the machine's when 0), for the plan and the evaluations.
   static Status Open(const TrainOptions& options, std::unique_ptr<RunFrame>* out);
 
-  // start_line: the event ("start" or "resume") and what the runtime adds (clock, start_steps);
-  // the frame adds step, params, learners, mode, val_loss and threads.
-  Status Begin(nlohmann::json start_line);
+  // Evaluates the initial model and writes RunStartLine with its val_loss and what the runtime
+  // adds (extra: clock, start_steps).
+  Status Begin(bool resume, const nlohmann::json& extra);
   Status Finish(const RunEnd& end, LocalRunDetails* details, TrainSummary* summary);
 
   const RunConfig& config() const { return cfg_; }

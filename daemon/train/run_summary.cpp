@@ -43,6 +43,15 @@ Status AccountGoodput(const RunConfig& cfg, const MergeTape& merges,
   return ComputeGoodput(in, out);
 }
 
+nlohmann::json RunStartLine(const RunConfig& cfg, bool resume, int threads) {
+  return {{"event", resume ? "resume" : "start"},
+          {"step", 0},
+          {"params", gpt_tensor_table(GptConfigOf(cfg.model)).total_numel()},
+          {"learners", cfg.sync.learners},
+          {"mode", std::string(ToString(cfg.sync.mode))},
+          {"threads", threads}};
+}
+
 void AddLearnerTotals(const RunConfig& cfg, const LearnerTotals& t, TrainSummary* s) {
   s->steps += t.tokens / (long)LearnerTokensPerStep(cfg);
   s->tokens += t.tokens;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,10 @@
 #include "daemon/util/status.h"
 
 namespace diloco {
+
+// The start (or resume) line every run writes first to its metrics.jsonl — local, virtual and
+// daemon runs: {"event": "start" | "resume", "step": 0, "params", "learners", "mode", "threads"}.
+nlohmann::json RunStartLine(const RunConfig& cfg, bool resume, int threads);
 
 // One learner over its incarnations, as a run's summary adds it up.
 struct LearnerTotals {

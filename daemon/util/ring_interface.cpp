@@ -41,6 +41,15 @@ Status ResolveAddress(const std::string& address, std::vector<std::string>* keys
   return Status::Ok();
 }
 
+// Whether address key k lies on the network of an interface address key with mask (all three
+// AddressKey's of one family).
+bool OnNetwork(const std::string& k, const std::string& key, const std::string& mask) {
+  if (k.size() != key.size() || mask.size() != key.size()) return false;
+  for (size_t b = 1; b < key.size(); b++)
+    if (((key[b] ^ k[b]) & mask[b]) != 0) return false;
+  return true;
+}
+
 }  // namespace
 
 Status InterfaceOfAddress(const std::string& address, std::string* name) {
@@ -57,12 +66,8 @@ Status InterfaceOfAddress(const std::string& address, std::string* name) {
     if (!i->ifa_addr || !i->ifa_netmask) continue;
     const std::string key = AddressKey(i->ifa_addr), mask = AddressKey(i->ifa_netmask);
     for (const std::string& k : keys) {
-      if (key.empty() || key.size() != k.size() || key[0] != k[0]) continue;
-      if (key == k) *name = i->ifa_name;
-      bool same_network = mask.size() == key.size();
-      for (size_t b = 1; b < key.size() && same_network; b++)
-        same_network = ((key[b] ^ k[b]) & mask[b]) == 0;
-      if (same_network && on_network.empty()) on_network = i->ifa_name;
+      if (!key.empty() && key == k) *name = i->ifa_name;
+      if (on_network.empty() && !key.empty() && OnNetwork(k, key, mask)) on_network = i->ifa_name;
     }
   }
   freeifaddrs(list);

@@ -56,7 +56,7 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   // evaluated where local mode evaluates it (the role plan's choice, train/role_plan.h).
   std::unique_ptr<RunFrame> frame;
   DL_RETURN_IF_ERROR(RunFrame::Open(options, &frame));
-  DL_RETURN_IF_ERROR(frame->Begin({{"event", "start"}, {"clock", "virtual"}}));
+  DL_RETURN_IF_ERROR(frame->Begin(false, {{"clock", "virtual"}}));
 
   VirtualWorldOptions wo;
   wo.config = &cfg;

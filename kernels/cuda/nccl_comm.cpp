@@ -212,6 +212,23 @@ class NcclComm final : public LocalComm {
   size_t scratch_bytes_ = 0;
 };
 
+// A group's state over this process's devices, global ranks first_rank.. of world; timeout_ms 0: no
+// deadline (a ring in one process).
+std::unique_ptr<NcclCommGroup::State> new_state(const std::vector<int>& devices, int world, int first_rank,
+                                                int64_t timeout_ms, const std::string& ring_name,
+                                                const NcclOptions& options) {
+  auto s = std::make_unique<NcclCommGroup::State>();
+  s->devices = devices;
+  s->world = world;
+  s->first_rank = first_rank;
+  s->timeout_ms = timeout_ms;
+  s->ring_name = ring_name;
+  s->options = options;
+  s->comms.assign(devices.size(), nullptr);
+  s->comm_aborted.assign(devices.size(), false);
+  return s;
+}
+
 // "" when every device is a visible GPU, else what is wrong.
 std::string check_devices(const std::vector<int>& devices) {
   if (devices.empty()) return "a ring needs at least one GPU";
@@ -285,16 +302,8 @@ std::string NcclCommGroup::CreateAcrossHosts(const NcclAcrossHostsOptions& o, co
   if (std::string err = exchange_unique_id(o, &id); !err.empty()) return ring + ": " + err;
 
   std::unique_ptr<NcclCommGroup> g(new NcclCommGroup());
-  g->state_ = std::make_unique<State>();
+  g->state_ = new_state(o.devices, o.world_size, o.first_rank, o.timeout_ms, o.ring_name, options);
   State& s = *g->state_;
-  s.devices = o.devices;
-  s.world = o.world_size;
-  s.first_rank = o.first_rank;
-  s.timeout_ms = o.timeout_ms;
-  s.ring_name = o.ring_name;
-  s.options = options;
-  s.comms.assign(local, nullptr);
-  s.comm_aborted.assign(local, false);
   // Non-blocking: the init returns at once and is polled below against the deadline; one group
   // call for this process's ranks (one thread inits them all).
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -337,13 +346,8 @@ std::string NcclCommGroup::Create(const std::vector<int>& devices, const NcclOpt
                                   std::unique_ptr<NcclCommGroup>* out) {
   if (std::string err = check_devices(devices); !err.empty()) return err;
   std::unique_ptr<NcclCommGroup> g(new NcclCommGroup());
-  g->state_ = std::make_unique<State>();
+  g->state_ = new_state(devices, (int)devices.size(), 0, 0, "", options);
   State& s = *g->state_;
-  s.devices = devices;
-  s.world = (int)devices.size();
-  s.options = options;
-  s.comms.resize(devices.size());
-  s.comm_aborted.assign(devices.size(), false);
   const ncclResult_t r = ncclCommInitAll(s.comms.data(), (int)devices.size(), devices.data());
   if (r != ncclSuccess) return nccl_error("ncclCommInitAll", r);
   *out = std::move(g);
