@@ -12,7 +12,8 @@ nlohmann::json MergeEventToJson(const MergeEvent& event) {
                             {"staleness", c.staleness},
                             {"base_version", c.base_version},
                             {"tokens", c.tokens},
-                            {"steps", c.steps}});
+                            {"steps", c.steps},
+                            {"learner_step", c.learner_step}});
   }
   nlohmann::json skipped = nlohmann::json::array();
   for (const SkippedDelta& s : event.skipped) {
@@ -45,7 +46,7 @@ Status MergeEventFromJson(const nlohmann::json& j, const std::string& where, Mer
     for (const nlohmann::json& c : j.at("contributors")) {
       e.contributors.push_back({c.at("learner").get<int>(), c.value("weight", 0.0), c.value("staleness", uint64_t{0}),
                                 c.value("base_version", uint64_t{0}), c.at("tokens").get<double>(),
-                                c.value("steps", 0.0)});
+                                c.value("steps", 0.0), c.value("learner_step", uint64_t{0})});
     }
     for (const nlohmann::json& k : j.value("skipped", nlohmann::json::array())) {
       e.skipped.push_back({k.at("learner").get<int>(), k.value("why", ""), k.value("detail", ""), k.value("tokens", 0.0)});

@@ -5,7 +5,7 @@
 //   {"event":"merge","time_ms":1767225600123,"fragment":2,"version":17,
 //    "reason":"grace_expired","grace_ms":412.5,"delta_norm":0.031,"update_norm":0.052,
 //    "contributors":[{"learner":0,"weight":0.61,"staleness":0,"base_version":16,
-//                     "tokens":9216,"steps":12}, ...],
+//                     "tokens":9216,"steps":12,"learner_step":48}, ...],
 //    "skipped":[{"learner":3,"why":"too_stale","detail":"base 11, current 16"}]}
 #pragma once
 
@@ -26,6 +26,7 @@ struct MergeContributor {
   uint64_t base_version = 0;
   double tokens = 0;  // c_tokens
   double steps = 0;   // c_steps
+  uint64_t learner_step = 0;  // the learner's step when it sent the delta
 };
 
 // A delta that arrived for this round but was not merged.

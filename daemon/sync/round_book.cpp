@@ -27,7 +27,11 @@ RoundBookOptions RoundBookOptionsFor(const SyncConfig& sc, int fragments) {
 }
 
 RoundBook::RoundBook(const RoundBookOptions& options, SyncTime start)
-    : options_(options), learners_(options.learners), pending_(options.fragments), merged_step_(options.fragments) {
+    : options_(options),
+      learners_(options.learners),
+      pending_(options.fragments),
+      merged_step_(options.fragments),
+      counted_through_(options.learners, std::vector<uint64_t>(options.fragments, 0)) {
   for (LearnerBook& l : learners_) l.last_heard = start;
   NormFilterOptions nf;
   nf.max_ratio = options.norm_limit;
@@ -140,6 +144,13 @@ bool RoundBook::Admit(DeltaArrival&& d, uint64_t current_version, SyncTime now) 
   const uint32_t p = d.fragment;
   if (std::string why = CheckCountsOf(d); !why.empty()) {
     Drop(d.learner, p, d.base_version, 0, "implausible_counts", why, true, true);  // its counts mean nothing
+    return false;
+  }
+  if (const uint64_t counted = counted_through_[d.learner][p]; counted > 0 && d.learner_step <= counted) {
+    Drop(d.learner, p, d.base_version, (double)d.c_tokens, std::string(kAlreadyMerged),
+         "sent at step " + std::to_string(d.learner_step) + ", its delta of step " + std::to_string(counted) +
+             " is merged",
+         false, true);
     return false;
   }
   if (IsLate(d)) {
@@ -265,6 +276,8 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
       const uint64_t fired =
           (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments);
       merged_step_[p] = std::max(merged_step_[p], fired);
+      uint64_t& counted = counted_through_[pd.learner][p];
+      counted = std::max(counted, pd.learner_step);
       ok.push_back(std::move(pd));
     } else {
       Drop(pd.learner, p, pd.base_version, pd.counts.tokens, ToString(c.verdict),

@@ -11,6 +11,11 @@
 // Rules a delta passes, in order (each failure is a drop with a reason; see Admit):
 //   implausible_counts  CheckCounts, and c_steps no more than its last heartbeat for that base
 //                       showed plus the steps since that heartbeat (counts buy weight);
+//   already_merged      sent at a step no later than the learner's last merged delta of the
+//                       fragment (any incarnation): its steps are in the global model already. A
+//                       restarted learner redoes steps after its last saved one, or rejoins a
+//                       lock-step fleet at the fleet's step (dilococtl dst --seed 8359: a step
+//                       counted twice). Told, so the learner counts its work as merged;
 //   too_stale / from_the_future  CheckStaleness against the fragment's version;
 //   late                (lock-step modes) a cadence delta whose round was merged without it (a
 //                       learner rejoined or cut off meanwhile): told, so the learner stops
@@ -182,6 +187,8 @@ class RoundBook {
   std::vector<NormFilter> filters_;                 // per fragment
   std::vector<DeltaDrop> drops_;
   std::vector<uint64_t> merged_step_;  // per fragment: LastFiring of its last merged deltas
+  // [learner][fragment]: the latest learner_step merged, kept across the learner's restarts.
+  std::vector<std::vector<uint64_t>> counted_through_;
 };
 
 }  // namespace diloco

@@ -459,9 +459,9 @@ void SyncerCore::Credit(const std::vector<PendingDelta>& ok, const std::vector<d
   for (size_t i = 0; i < ok.size(); i++) {
     const auto& pd = ok[i];
     g->contributors.push_back({LearnerName(pd.learner), pd.base_version, (uint64_t)pd.counts.steps,
-                               (uint64_t)pd.counts.tokens, (float)weights[i]});
+                               (uint64_t)pd.counts.tokens, (float)weights[i], pd.learner_step});
     ev->contributors.push_back({pd.learner, weights[i], g->version - 1 - pd.base_version, pd.base_version,
-                                pd.counts.tokens, pd.counts.steps});
+                                pd.counts.tokens, pd.counts.steps, pd.learner_step});
     LedgerEntry& le = LedgerFor(&state_, pd.learner);
     le.tokens += (uint64_t)pd.counts.tokens;
     le.steps += (uint64_t)pd.counts.steps;

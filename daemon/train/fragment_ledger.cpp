@@ -59,10 +59,14 @@ GlobalFold FragmentLedger::OnGlobal(int p, uint64_t version, bool included_self)
   return fold;
 }
 
-bool FragmentLedger::OnDrop(int p, uint64_t base_version) {
+bool FragmentLedger::OnDrop(int p, uint64_t base_version, bool merged) {
   LedgerFragment& f = fragments_[p];
   if (!f.in_flight || f.sent_base != base_version) return false;
   f.in_flight = false;
+  if (merged) {
+    f.c_steps -= std::min(f.c_steps, f.c_steps_at_send);
+    f.c_tokens -= std::min(f.c_tokens, f.c_tokens_at_send);
+  }
   return true;
 }
 

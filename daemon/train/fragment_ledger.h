@@ -77,7 +77,9 @@ class FragmentLedger {
     fragments_[p].bad = true;
   }
   // A drop notice for (p, base): true when it was our in-flight delta (now no longer in flight).
-  bool OnDrop(int p, uint64_t base_version);
+  // merged: its steps are in the global model already (kAlreadyMerged), so they leave the
+  // counters as if it had been included; otherwise they go into the next delta.
+  bool OnDrop(int p, uint64_t base_version, bool merged = false);
   // ack: the status's LearnerAck for this learner incarnation (nullptr: none, or another one's).
   StatusVerdict OnStatus(const std::vector<uint64_t>& versions, const LearnerAck* ack);
   void OnSnapshot(int p, uint64_t version);

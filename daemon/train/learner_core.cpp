@@ -8,6 +8,7 @@
 
 #include "daemon/net/wire_transport.h"
 #include "daemon/sync/decide.h"
+#include "daemon/sync/drop_reasons.h"
 #include "daemon/sync/fold.h"
 #include "daemon/sync/merge.h"
 #include "daemon/sync/protocol.h"
@@ -493,7 +494,7 @@ void LearnerCore::HandleStatus(const SyncerStatusMsg& st) {
 void LearnerCore::HandleDropNotices(const std::vector<DroppedDelta>& drops) {
   for (const DroppedDelta& d : drops) {
     if (d.learner != me_ || d.fragment >= (uint32_t)P_) continue;
-    if (!ledger_.OnDrop((int)d.fragment, d.base_version)) continue;
+    if (!ledger_.OnDrop((int)d.fragment, d.base_version, d.reason == kAlreadyMerged)) continue;
     ResetResidual((int)d.fragment);
     res_.deltas_dropped++;
     port_->Note("the syncer dropped our delta of fragment " + std::to_string(d.fragment) + " (base " +

@@ -36,12 +36,14 @@ class DstWatch {
       Add("versions", "fragment " + std::to_string(g.fragment) + " published version " + std::to_string(g.version) +
                           " after " + std::to_string(last), t);
     last = std::max(last, g.version);
+    // A learner's step is merged at most once per fragment, whichever incarnation sent it (a
+    // delta sent twice, or steps a restarted learner did again).
     for (const Contributor& c : g.contributors) {
-      const auto key = std::make_tuple(c.learner, g.fragment, c.base_version, c.c_steps, c.c_tokens);
-      if (!merged_.insert(key).second)
-        Add("merged-once", c.learner + "'s delta of fragment " + std::to_string(g.fragment) + " (base " +
-                               std::to_string(c.base_version) + ", " + std::to_string(c.c_steps) +
-                               " steps) merged again into version " + std::to_string(g.version), t);
+      if (!merged_.insert({c.learner, g.fragment, c.learner_step}).second)
+        Add("merged-once", c.learner + "'s delta of fragment " + std::to_string(g.fragment) + " sent at step " +
+                               std::to_string(c.learner_step) + " (base " + std::to_string(c.base_version) + ", " +
+                               std::to_string(c.c_steps) + " steps) merged again into version " +
+                               std::to_string(g.version), t);
     }
   }
 
@@ -53,7 +55,7 @@ class DstWatch {
   VirtualWorld& world_;
   std::vector<DstViolation>* out_;
   std::map<uint32_t, uint64_t> versions_;
-  std::set<std::tuple<std::string, uint32_t, uint64_t, uint64_t, uint64_t>> merged_;
+  std::set<std::tuple<std::string, uint32_t, uint64_t>> merged_;  // learner, fragment, learner_step
 };
 
 // How long the end may take after the last learner's last step: a merge interval of the slowest

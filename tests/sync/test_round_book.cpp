@@ -351,6 +351,32 @@ TEST_CASE("round book: a new incarnation forgets the old one, the same one does 
   CHECK(Ms(book.Round(1, At(50), kNoTimings).learners.at(0).last_heard) == 40);
 }
 
+TEST_CASE("round book: a learner's step is merged once per fragment, across its restarts",
+          "[unit][sync][round_book]") {
+  // dilococtl dst --seed 8359: a learner restarted into a lock-step fleet redid a step whose
+  // delta its earlier incarnation had sent and the syncer had merged.
+  RoundBook book(Options(2, 2), kStart);
+  book.OnHeard(0, 5, At(0));
+  REQUIRE(book.Admit(Delta(0, 0, 4, 1, 25), 4, At(10)));
+  REQUIRE(book.TakeForMerge(0, 4).size() == 1);
+
+  CHECK(book.OnHeard(0, 6, At(20)));  // a restart
+  CHECK_FALSE(book.Admit(Delta(0, 0, 4, 1, 25), 5, At(30)));
+  std::vector<DeltaDrop> drops = book.TakeDrops();
+  REQUIRE(drops.size() == 1);
+  CHECK(drops[0].why == "already_merged");
+  CHECK(drops[0].detail == "sent at step 25, its delta of step 25 is merged");
+  CHECK(drops[0].tell_learner);  // so it counts those steps as merged
+  CHECK_FALSE(drops[0].rejected);
+  CHECK(DropKeepsWork(drops[0].why));
+
+  // A later step, another fragment and another learner's same step are new work.
+  CHECK(book.Admit(Delta(0, 1, 4, 1, 25), 5, At(40)));
+  CHECK(book.Admit(Delta(1, 0, 4, 1, 25), 5, At(40)));
+  CHECK(book.Admit(Delta(0, 0, 4, 13, 26), 5, At(40)));  // dilococtl dst --seed 2083
+  CHECK(book.TakeDrops().empty());
+}
+
 TEST_CASE("round book: acks list heard learners, their highest seq and their pending deltas",
           "[unit][sync][round_book]") {
   RoundBook book(Options(3, 3), kStart);

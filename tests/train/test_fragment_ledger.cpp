@@ -154,6 +154,18 @@ TEST_CASE("ledger: a drop notice lets go only of the in-flight delta with that b
   CHECK(ledger[0].base_version == 10);
 }
 
+TEST_CASE("ledger: a delta dropped as already merged leaves only the steps since its send", "[unit][ledger]") {
+  FragmentLedger ledger(1, FoldRule::kOverwrite, 4);
+  ledger.OnSnapshot(0, 4);
+  ledger.OnStep(7);
+  ledger.OnSend(0, 24, 5);
+  ledger.OnStep(7);  // a step after the send
+  CHECK(ledger.OnDrop(0, 4, /*merged=*/true));
+  CHECK_FALSE(ledger[0].in_flight);
+  CHECK(ledger[0].c_steps == 1);
+  CHECK(ledger[0].c_tokens == 7);
+}
+
 struct Pending {
   uint32_t fragment;
   uint64_t base;
