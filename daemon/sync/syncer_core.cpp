@@ -145,6 +145,8 @@ void SyncerCore::NoteHeard(int learner, const ParsedMessage& m, SyncTime now) {
 void SyncerCore::HandleHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now) {
   LearnerStatusEntry& ls = learners_[learner];
   if (hb.step_time_ms > 0) timings_.step_ms.Add(hb.step_time_ms);
+  // A learner's last word waits for the ack in a status: the next one goes out now.
+  if (hb.state == LearnerState::kFinished || hb.state == LearnerState::kStopping) status_due_ = true;
   book_.OnHeartbeat(learner, hb, now);
   if (hb.step >= ls.step) {  // the liveness stream may deliver an older beat late
     ls.state = hb.state;

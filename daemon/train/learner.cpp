@@ -280,6 +280,8 @@ Status LearnerLoop::Finish(LearnerResult* result) {
     liveness_->Stop();  // the last beat is the core's final word
     liveness_bytes = liveness_->bytes_sent();
   }
+  DL_RETURN_IF_ERROR(core_.SendLastWord());
+  DL_RETURN_IF_ERROR(WaitUntil([&] { return core_.LastWordHeard(); }, "waiting for the syncer to hear our last word"));
   DL_RETURN_IF_ERROR(core_.Finish());
   if (!core_.result().crashed) DL_RETURN_IF_ERROR(Poll(0));
   *result = core_.result();

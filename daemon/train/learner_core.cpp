@@ -191,7 +191,25 @@ Status LearnerCore::SendRemaining() {
   return Status::Ok();
 }
 
-// The last word: a final heartbeat (finished or stopping), or, crashed, the work lost with it.
+Status LearnerCore::SendLastWord() {
+  if (res_.crashed) return Status::Ok();
+  last_word_ = res_.stopped ? LearnerState::kStopping : LearnerState::kFinished;
+  last_word_deadline_ = port_->Now() + std::chrono::milliseconds(sc_.heartbeat_timeout_ms);
+  return RepeatLastWord();
+}
+
+Status LearnerCore::RepeatLastWord() {
+  last_beat_ = port_->Now();
+  DL_RETURN_IF_ERROR(Heartbeat(*last_word_));
+  last_word_seq_ = seq_;
+  return Status::Ok();
+}
+
+bool LearnerCore::LastWordHeard() const {
+  return res_.crashed || !last_word_ || last_word_heard_ || port_->Now() > last_word_deadline_;
+}
+
+// The end: crashed, the work lost with it; else the last word's state.
 Status LearnerCore::Finish() {
   if (flushing_)
     for (int p = 0; p < P_; p++)
@@ -203,9 +221,8 @@ Status LearnerCore::Finish() {
     res_ = CrashedResult();
     return Status::Ok();
   }
-  const LearnerState final_state = res_.stopped ? LearnerState::kStopping : LearnerState::kFinished;
-  DL_RETURN_IF_ERROR(Heartbeat(final_state));
-  Report(final_state);
+  if (!last_word_) DL_RETURN_IF_ERROR(SendLastWord());
+  Report(*last_word_);
   res_.end_unix_ms = port_->UnixMs();
   return Status::Ok();
 }
@@ -364,6 +381,10 @@ Status LearnerCore::ResendLost() {
 }
 
 Status LearnerCore::OnTimer() {
+  if (last_word_) {  // said: only the last word again, until it is heard
+    if (!LastWordHeard() && Elapsed(last_beat_, port_->Now(), o_.heartbeat_interval_ms)) return RepeatLastWord();
+    return Status::Ok();
+  }
   if (flushing_) DL_RETURN_IF_ERROR(SendRemaining());  // what a merged or lost delta left
   if (started_) DL_RETURN_IF_ERROR(BeatIfDue());
   DL_RETURN_IF_ERROR(RequestSnapshotIfDue());
@@ -474,6 +495,8 @@ Status LearnerCore::DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g,
 //  - an in-flight delta the syncer has heard past and does not hold: lost; sent again at once
 //    (lost_deltas_), so a lock-step round is not left waiting for it.
 void LearnerCore::HandleStatus(const SyncerStatusMsg& st) {
+  const LearnerAck* ack = AckOf(st);
+  if (last_word_ && ack && ack->heard_seq >= last_word_seq_) last_word_heard_ = true;
   HandleDropNotices(st.recent_drops);
   bool others_progress = false;
   for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++) {
@@ -504,11 +527,15 @@ void LearnerCore::HandleDropNotices(const std::vector<DroppedDelta>& drops) {
   }
 }
 
-void LearnerCore::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
-  const LearnerAck* ack = nullptr;
+// This incarnation's ack in a status (nullptr: none).
+const LearnerAck* LearnerCore::AckOf(const SyncerStatusMsg& st) const {
   for (const LearnerAck& a : st.acks)
-    if (a.learner == me_ && a.incarnation == incarnation_) ack = &a;
-  const StatusVerdict v = ledger_.OnStatus(st.versions, ack);
+    if (a.learner == me_ && a.incarnation == incarnation_) return &a;
+  return nullptr;
+}
+
+void LearnerCore::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
+  const StatusVerdict v = ledger_.OnStatus(st.versions, AckOf(st));
   if (!v.missed.empty()) {
     res_.globals_missed += v.missed.size();
     const int p = v.missed.front();
@@ -774,6 +801,7 @@ LearnerProgress LearnerCore::progress() const {
 // Flushing at its end, a learner is stopping: the syncer's rounds stop waiting for it (it may
 // have nothing more for a fragment), while its remaining deltas are still merged.
 LearnerState LearnerCore::StateNow() const {
+  if (last_word_) return *last_word_;
   if (clone_.awaiting_snapshot()) return LearnerState::kResyncing;
   return flushing_ ? LearnerState::kStopping : LearnerState::kTraining;
 }

@@ -19,7 +19,7 @@
 //   per step: BeforeStep(at, &control); while (!control.stop && Blocked()) { deliver messages,
 //             OnTimer(); BeforeStep(at, &control) }; the step; AfterStep(result, step_s);
 //   BeginFlush(); wait until Flushed() (messages, OnTimer); SendRemaining(); wait until Flushed();
-//   Finish().
+//   SendLastWord(); wait until LastWordHeard() (messages, OnTimer); Finish().
 // A crash or a stop the runtime sees (its flags) ends training through MarkCrashed / MarkStopped.
 #pragma once
 
@@ -115,7 +115,14 @@ class LearnerCore {
   Status BeginFlush();
   bool Flushed() const;
   Status SendRemaining();
-  Status Finish();
+  // The last word: a final heartbeat (finished, or stopping when stopped), sent again every
+  // heartbeat interval (OnTimer) until a SyncerStatus acks it or sync.heartbeat_timeout_ms passes
+  // (the syncer stops waiting for the learner then anyway). Lost on a lossy link, it left the
+  // syncer waiting a heartbeat timeout for a learner that was gone (dilococtl dst --seeds 8667,
+  // 9586). Crashed: nothing is sent.
+  Status SendLastWord();
+  bool LastWordHeard() const;
+  Status Finish();  // the result: the crash's tally, or the last word's state reported
 
   bool AwaitingSnapshot() const { return clone_.awaiting_snapshot(); }
   LearnerState StateNow() const;
@@ -134,6 +141,7 @@ class LearnerCore {
   Status SendToDealer(const MessageBody& body);
   HelloMsg Hello() const;
   Status Heartbeat(LearnerState state);
+  Status RepeatLastWord();
   Status BeatIfDue();
   Status SendDelta(int p, long at_step);
   Status EncodeUplink(int p, std::vector<uint8_t>* payload, std::vector<uint64_t>* tensor_bytes, bool* encoded);
@@ -146,6 +154,7 @@ class LearnerCore {
   Status DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g, const ParsedMessage& m);
   void HandleStatus(const SyncerStatusMsg& st);
   void HandleDropNotices(const std::vector<DroppedDelta>& drops);
+  const LearnerAck* AckOf(const SyncerStatusMsg& st) const;
   void CheckVersionsAndAcks(const SyncerStatusMsg& st);
   // Snapshots (Clone pattern).
   void NeedSnapshot(const std::string& why);
@@ -222,6 +231,12 @@ class LearnerCore {
   bool started_ = false;   // Start decided how to leave the initial "awaiting snapshot"
   bool training_ = false;  // BeginTraining ran
   bool flushing_ = false;  // BeginFlush ran
+  // SendLastWord: the final state, the seq of its latest copy, whether an ack covers it, and when
+  // the learner stops waiting for one.
+  std::optional<LearnerState> last_word_;
+  uint64_t last_word_seq_ = 0;
+  bool last_word_heard_ = false;
+  SyncTime last_word_deadline_{};
   SyncTime train_start_{}, flush_deadline_{};
   // A lock-step wait in progress (BeforeStep found a fragment blocking): since when.
   bool waiting_ = false;

@@ -183,13 +183,14 @@ Status TimedLearner::StepEnd() {
 
 // ---- The end ----
 
-// phase -1: begin the flush; 0: until Flushed, then the work left; 1: until Flushed, then Finish.
+// phase -1: begin the flush; 0: until Flushed, then the work left; 1: until Flushed, then the
+// last word; 2: until it is heard, then Finish.
 Status TimedLearner::FlushStep(int phase) {
   if (phase < 0) {
     DL_RETURN_IF_ERROR(core_->BeginFlush());
     phase = 0;
   }
-  if (!core_->Flushed()) {
+  if (phase < 2 ? !core_->Flushed() : !core_->LastWordHeard()) {
     WaitThen(MsToNs(cfg_.timing.heartbeat_ms), [this, phase] {
       DL_RETURN_IF_ERROR(DrainInbox());
       DL_RETURN_IF_ERROR(core_->OnTimer());
@@ -201,8 +202,12 @@ Status TimedLearner::FlushStep(int phase) {
     DL_RETURN_IF_ERROR(core_->SendRemaining());
     return FlushStep(1);
   }
-  if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
-  liveness_timer_ = 0;
+  if (phase == 1) {
+    if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
+    liveness_timer_ = 0;
+    DL_RETURN_IF_ERROR(core_->SendLastWord());
+    return FlushStep(2);
+  }
   DL_RETURN_IF_ERROR(core_->Finish());
   result_ = core_->result();
   End();

@@ -212,6 +212,12 @@ Status VirtualLearner::FlushAndFinish() {
   }
   if (liveness_timer_) scheduler_.Cancel(liveness_timer_);
   liveness_timer_ = 0;
+  DL_RETURN_IF_ERROR(core_->SendLastWord());
+  while (!core_->LastWordHeard()) {
+    DL_RETURN_IF_ERROR(WaitForMessage(MsToNs(cfg_.timing.heartbeat_ms)));
+    DL_RETURN_IF_ERROR(ProcessInbox());
+    DL_RETURN_IF_ERROR(core_->OnTimer());
+  }
   DL_RETURN_IF_ERROR(core_->Finish());
   result_ = core_->result();
   return Status::Ok();

@@ -17,6 +17,7 @@
 #include "daemon/sync/merge.h"
 #include "daemon/sync/protocol.h"
 #include "daemon/train/learner_core.h"
+#include "daemon/sync/drop_reasons.h"
 #include "daemon/train/local_ring.h"
 #include "daemon/train/outer_state.h"
 #include "daemon/train/trainer.h"
@@ -378,6 +379,89 @@ TEST_CASE("LearnerCore: the firing fragment's delta goes out with the ledger's c
   StepControl control;
   REQUIRE(fx.core->BeforeStep(10, &control).ok());
   CHECK(control.changed.size() == fx.frags[1].ranges.size());
+}
+
+// A status that acks this learner's main stream up to heard_seq.
+SyncerStatusMsg AckStatus(const Fixture& fx, uint64_t heard_seq, uint64_t incarnation = 0xC0DE) {
+  SyncerStatusMsg st;
+  st.versions.assign(fx.frags.size(), 0);
+  st.live_learners = {LearnerName(0)};
+  LearnerAck a;
+  a.learner = LearnerName(0);
+  a.incarnation = incarnation;
+  a.heard_seq = heard_seq;
+  st.acks = {a};
+  return st;
+}
+
+TEST_CASE("LearnerCore: the last word is said again until a status acks it, or the heartbeat timeout",
+          "[unit]") {
+  RunConfig cfg = TinyConfig(SyncMode::kDecoupled, 1, 10);
+  cfg.train.steps = 2;
+  cfg.sync.heartbeat_timeout_ms = 3000;
+  Fixture fx(cfg);
+  fx.JoinAndStart();
+  fx.Steps(0, 2);
+  REQUIRE(fx.core->BeginFlush().ok());
+  auto last_beat = [&] { return *fx.Uplink().back().get<HeartbeatMsg>(); };
+  auto last_seq = [&] { return fx.Uplink().back().header.seq; };
+
+  SECTION("acked") {
+    const ParsedMessage delta = fx.Deltas().back();  // the work left at the end
+    REQUIRE(fx.PublishGlobalOf(delta, 1).ok());
+    REQUIRE(fx.core->Flushed());
+    REQUIRE(fx.core->SendLastWord().ok());
+    CHECK(last_beat().state == LearnerState::kFinished);
+    CHECK_FALSE(fx.core->LastWordHeard());
+    const uint64_t first = last_seq();
+    // Lost: said again after a heartbeat interval (and nothing else is said meanwhile).
+    fx.port.Advance(fx.o.heartbeat_interval_ms / 2);
+    REQUIRE(fx.core->OnTimer().ok());
+    CHECK(last_seq() == first);
+    fx.port.Advance(fx.o.heartbeat_interval_ms);
+    REQUIRE(fx.core->OnTimer().ok());
+    CHECK(last_seq() > first);
+    CHECK(last_beat().state == LearnerState::kFinished);
+    // An ack of the first copy only, or of another incarnation, is not enough.
+    REQUIRE(fx.Downlink(AckStatus(fx, first)).ok());
+    CHECK_FALSE(fx.core->LastWordHeard());
+    REQUIRE(fx.Downlink(AckStatus(fx, last_seq(), 0xBEEF)).ok());
+    CHECK_FALSE(fx.core->LastWordHeard());
+    REQUIRE(fx.Downlink(AckStatus(fx, last_seq())).ok());
+    CHECK(fx.core->LastWordHeard());
+    const size_t sent = fx.port.uplink.size();
+    fx.port.Advance(fx.o.heartbeat_interval_ms * 2);
+    REQUIRE(fx.core->OnTimer().ok());
+    CHECK(fx.port.uplink.size() == sent);  // heard: quiet
+    REQUIRE(fx.core->Finish().ok());
+    CHECK(fx.core->progress().state == LearnerState::kFinished);
+  }
+  SECTION("never acked: given up after the heartbeat timeout") {
+    REQUIRE(fx.core->SendLastWord().ok());
+    fx.port.Advance(2900);
+    CHECK_FALSE(fx.core->LastWordHeard());
+    fx.port.Advance(200);
+    CHECK(fx.core->LastWordHeard());
+  }
+}
+
+TEST_CASE("LearnerCore: a delta dropped as already merged leaves nothing to send at the end", "[unit]") {
+  // dilococtl dst --seed 8359: a restarted learner redid a step its earlier incarnation's delta
+  // had brought in; the syncer drops it as already merged, and the learner must not send the
+  // same steps again at its flush.
+  RunConfig cfg = TinyConfig(SyncMode::kDecoupled, 1, 10);
+  cfg.train.steps = 1;
+  Fixture fx(cfg);
+  fx.JoinAndStart();
+  fx.Steps(0, 1);
+  REQUIRE(fx.core->BeginFlush().ok());
+  REQUIRE(fx.Deltas().size() == 1);
+  SyncerStatusMsg st = AckStatus(fx, fx.Deltas().back().header.seq);
+  st.recent_drops = {{LearnerName(0), 0, 0, std::string(kAlreadyMerged)}};
+  REQUIRE(fx.Downlink(st).ok());
+  CHECK(fx.core->Flushed());
+  REQUIRE(fx.core->SendRemaining().ok());
+  CHECK(fx.Deltas().size() == 1);  // nothing sent again
 }
 
 TEST_CASE("LearnerCore: in diloco mode the step after a send blocks until its Global arrives", "[unit]") {
