@@ -53,6 +53,8 @@ class SoloComm final : public LocalComm {
   CommStatus all_reduce_host(double*, int, ReduceOp) override { return CommStatus::Ok(); }
   CommStatus reduce_scatter(float*, const std::vector<size_t>&, ReduceOp) override { return CommStatus::Ok(); }
   CommStatus all_gather(float*, const std::vector<size_t>&) override { return CommStatus::Ok(); }
+  CommStatus broadcast_host(float*, size_t, int) override { return CommStatus::Ok(); }
+  CommStatus all_gather_host(float*, const std::vector<size_t>&) override { return CommStatus::Ok(); }
 
  private:
   MemorySpace memory_;

@@ -31,8 +31,22 @@
 #      ZeroMQ with both ends off the 2 shared cores of the project's machines (issue 32)
 # Logs go to a folder (default build-gpu/gpu-check-logs/<time>/, one file per
 # step, summary.txt); a short table is printed last.
-# Budget: the build takes a few minutes on a 16-core machine; the checks
-# themselves took 50 s on one H200 (2026-12-04, README "On a GPU").
+# Budget: the build takes a few minutes on a 16-core machine. With --prebuilt every row
+# runs within BUDGET_S (default 480 s: a 15-minute device lease leaves room to rerun); each
+# step's limit is clamped to what is left, and a row that gets no time says "not run" and
+# FAILS. Phases, estimated from the 2026-12-04 H200 run (README "On a GPU"; an H100 is slower
+# by its memory bandwidth, ~1.4x on the memory-bound rows): unpack ~5 s; ops ~25 s (15
+# processes, most of it CUDA context start); step + NCCL rings ~20 s (the deadline case waits
+# its 2 s); sharded / recompute / memory / outer rows ~60 s; benchmarks ~60 s; dilococtl train
+# 300 steps ~40 s; 1.3B memory rows ~60 s; 2 learners ~40 s; transport ~60 s: ~6.5 min.
+#
+# Rows that can fail: a Catch2 row PASSES only when the run exited 0 AND ran at least one test
+# case AND one assertion (a filter matching nothing prints "No tests ran" and exits 0; a [cuda]
+# case without a device runs no assertion); a figure row FAILS when its figure is missing or not a
+# number. Without a GPU the script says so at once and exits 1, printing no row.
+#   scripts/gpu-check.sh --catch-row BIN FILTER   # one Catch2 row against any binary (CPU test)
+#   scripts/gpu-check.sh --catch-name BIN NAME    # the same for one test case, its name escaped
+#   scripts/gpu-check.sh --figure VALUE           # PASS when VALUE is a number (CPU test)
 #
 #   scripts/gpu-check.sh                   # everything
 #   scripts/gpu-check.sh --prebuilt .gpu-bundle/bundle.tar.xz
@@ -48,9 +62,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 prebuilt=
-if [[ ${1:-} == --prebuilt ]]; then
-  prebuilt=$(realpath "${2:?--prebuilt needs a bundle from scripts/gpu-bundle.sh}") || exit 2
-fi
+selftest=
+case ${1:-} in
+  --prebuilt) prebuilt=$(realpath "${2:?--prebuilt needs a bundle from scripts/gpu-bundle.sh}") || exit 2 ;;
+  --catch-row | --catch-name | --figure) selftest=$1 ;;
+esac
 
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 LOG_DIR=${LOG_DIR:-$BUILD_DIR/gpu-check-logs/$(date +%Y%m%d-%H%M%S)}
@@ -59,20 +75,27 @@ GPT2_BATCH=${GPT2_BATCH:-32}
 GPT2_STEPS=${GPT2_STEPS:-10}
 TRAIN_STEPS=${TRAIN_STEPS:-300}
 OP_TIMEOUT=${OP_TIMEOUT:-60}
-mkdir -p "$LOG_DIR"
-LOG_DIR=$(cd "$LOG_DIR" && pwd)
+BUDGET_S=${BUDGET_S:-480}
 t0=$(date +%s)
 failed=0
 rows=()  # "check|result|target|status"
 
 row() { rows+=("$1|$2|$3|$4"); }
 
-# run NAME TIMEOUT_S CMD...: runs CMD with its output in $LOG_DIR/NAME.log;
-# returns its exit status (124 on timeout).
+# run NAME TIMEOUT_S CMD...: runs CMD with its output in $LOG_DIR/NAME.log; returns its exit
+# status (124 on timeout). The limit is clamped to what is left of BUDGET_S; with none left the
+# command does not run (status 125, and the log says so).
 run() {
-  local name=$1 limit=$2 start
+  local name=$1 limit=$2 start left
   shift 2
   start=$(date +%s)
+  left=$((BUDGET_S - (start - t0)))
+  ((limit > left)) && limit=$left
+  if ((limit < 5)); then
+    echo "not run: the check's budget (BUDGET_S=$BUDGET_S) is spent" >"$LOG_DIR/$name.log"
+    echo "== $name: not run (budget spent)"
+    return 125
+  fi
   echo "== $name: $* (log: $LOG_DIR/$name.log)"
   timeout --kill-after=10 "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1
   local rc=$?
@@ -80,17 +103,85 @@ run() {
   return $rc
 }
 
-# Catch2 v2 summary of a log: "N passed" / failures / skips.
-catch_summary() {
-  local log=$1
-  if grep -q "no CUDA device on this machine" "$log"; then
-    echo "SKIPPED (no device)"
-  elif grep -q "^All tests passed" "$log"; then
-    grep "^All tests passed" "$log" | sed 's/All tests passed //'
-  else
-    grep -E "^test cases:" "$log" | tail -1
+# is_number VALUE: whether VALUE is a decimal number (a missing figure is not).
+is_number() { [[ ${1:-} =~ ^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]]; }
+
+# catch_counts LOG: "CASES ASSERTIONS" from Catch2 v2's console summary ("0 0" when none ran).
+catch_counts() {
+  local line c a
+  line=$(sed -nE 's/^All tests passed \(([0-9]+) assertions? in ([0-9]+) test cases?\).*/\2 \1/p' "$1" | tail -1)
+  if [[ -z $line ]]; then
+    c=$(sed -nE 's/^test cases: *([0-9]+).*/\1/p' "$1" | tail -1)
+    a=$(sed -nE 's/^assertions: *([0-9]+).*/\1/p' "$1" | tail -1)
+    line="${c:-0} ${a:-0}"
   fi
+  echo "$line"
 }
+
+# catch_verdict LOG RC: "PASS|summary" or "FAIL|why" for one Catch2 run.
+catch_verdict() {
+  local log=$1 rc=$2 cases asserts worst
+  read -r cases asserts <<<"$(catch_counts "$log")"
+  worst=$(awk '/^max-error/ { n++; if ($NF + 0 > m) m = $NF + 0 } END { if (n) printf ", max err %.2g", m }' "$log")
+  if grep -q "^not run:" "$log"; then echo "FAIL|not run (budget)"
+  elif grep -q "no CUDA device on this machine" "$log"; then echo "FAIL|skipped: no device"
+  elif ((cases == 0)); then echo "FAIL|no test case ran (exit $rc): the filter matched nothing"
+  elif ((asserts == 0)); then echo "FAIL|$cases case(s), no assertion ran (exit $rc)"
+  elif ((rc != 0)); then echo "FAIL|$(grep -E '^test cases:' "$log" | tail -1) (exit $rc)"
+  else echo "PASS|$cases case(s), $asserts assertions$worst"; fi
+}
+
+# catch_filter NAME: a test case name as a Catch2 test spec that matches it alone (a comma
+# would split it in two names, brackets would make tags).
+catch_filter() {
+  local f=${1//\\/\\\\}
+  f=${f//,/\\,}
+  f=${f//[/\\[}
+  f=${f//]/\\]}
+  echo "$f"
+}
+
+# catch_row NAME LIMIT LABEL TARGET BIN FILTER...: one row from a Catch2 run (FAIL fails the script).
+catch_row() {
+  local name=$1 limit=$2 label=$3 target=$4 verdict
+  shift 4
+  run "$name" "$limit" "$@"
+  verdict=$(catch_verdict "$LOG_DIR/$name.log" $?)
+  row "$label" "${verdict#*|}" "$target" "${verdict%%|*}"
+  [[ ${verdict%%|*} == PASS ]] || failed=1
+}
+
+# figure_status VALUE...: PASS when every VALUE is a number, else FAIL (the figure is missing).
+figure_status() {
+  local v
+  for v in "$@"; do is_number "$v" || { echo FAIL; return; }; done
+  echo PASS
+}
+
+# The CPU self-tests of the row rules (tests/CMakeLists.txt gpu_check_rows).
+if [[ $selftest == --catch-row || $selftest == --catch-name ]]; then
+  LOG_DIR=$(mktemp -d)
+  filter=${3:?$selftest BIN FILTER_OR_NAME}
+  [[ $selftest == --catch-name ]] && filter=$(catch_filter "$filter")
+  catch_row selftest 120 "$3" - "${2:?$selftest BIN FILTER_OR_NAME}" "$filter"
+  IFS='|' read -r _ v _ st <<<"${rows[0]}"
+  echo "$st $v"
+  rm -rf "$LOG_DIR"
+  exit $failed
+elif [[ $selftest == --figure ]]; then
+  st=$(figure_status "${2:-}")
+  echo "$st"
+  [[ $st == PASS ]]
+  exit
+fi
+
+# Nothing here runs without a GPU: say so before anything else, and print no row.
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no GPU visible (nvidia-smi -L failed): nothing was checked" >&2
+  exit 1
+fi
+mkdir -p "$LOG_DIR"
+LOG_DIR=$(cd "$LOG_DIR" && pwd)
 
 {
   echo "gpu-check $(date -u +%FT%TZ) on $(hostname)"
@@ -98,9 +189,6 @@ catch_summary() {
   nvidia-smi 2>&1 || echo "nvidia-smi not found"
   nvcc --version 2>&1 || /usr/local/cuda/bin/nvcc --version 2>&1
 } >"$LOG_DIR/environment.log"
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu-check: no GPU visible (nvidia-smi -L failed); see $LOG_DIR/environment.log" >&2
-fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 
 # ---- 1. configure + build (or unpack a bundle) ----
@@ -164,47 +252,23 @@ if ((failed == 0)); then
   i=0
   for c in "${cases[@]}"; do
     i=$((i + 1))
-    run "op$i" "$OP_TIMEOUT" "$bin/cuda_tests" --durations yes "$c"
-    rc=$?
+    # The name escaped: Catch2 reads a comma in a test spec as "or" (issue 44).
+    catch_row "op$i" "$OP_TIMEOUT" "${c#cuda: }" "pass" "$bin/cuda_tests" --durations yes "$(catch_filter "$c")"
     cat "$LOG_DIR/op$i.log" >>"$LOG_DIR/cuda_ops.log"
-    summary=$(catch_summary "$LOG_DIR/op$i.log")
-    worst=$(awk '/^max-error/ { n++; if ($NF + 0 > m) m = $NF + 0 } END { if (n) printf "max err %.2g", m }' "$LOG_DIR/op$i.log")
-    if ((rc == 0)) && [[ $summary != SKIPPED* ]]; then row "${c#cuda: }" "ok${worst:+, $worst}" "pass" PASS
-    else row "${c#cuda: }" "${summary:-exit $rc}" "pass" FAIL; failed=1; fi
   done
 
   # ---- 3. a full step vs the CPU engine; NCCL rings (1 rank, across hosts) ----
-  run train_step 90 "$bin/cuda_tests" "[step]"
-  rc=$?
-  summary=$(catch_summary "$LOG_DIR/train_step.log")
-  if ((rc == 0)) && [[ $summary != SKIPPED* ]]; then row "training step vs CPU" "$summary" "bf16 tol" PASS
-  else row "training step vs CPU" "${summary:-exit $rc}" "bf16 tol" FAIL; failed=1; fi
+  catch_row train_step 90 "training step vs CPU" "bf16 tol" "$bin/cuda_tests" "[step]"
 
   if ldd "$bin/cuda_tests" | grep -q libnccl; then
-    run nccl 40 "$bin/cuda_tests" "[nccl]~[zero]"
-    rc=$?
-    summary=$(catch_summary "$LOG_DIR/nccl.log")
-    if ((rc == 0)) && grep -q "assertions" "$LOG_DIR/nccl.log" && [[ $summary != SKIPPED* ]]; then
-      row "NCCL rings: 1 rank; across hosts (1 process, deadline)" "$summary" "pass" PASS
-    else row "NCCL rings: 1 rank; across hosts (1 process, deadline)" "${summary:-exit $rc}" "pass" FAIL; failed=1; fi
+    catch_row nccl 40 "NCCL rings: 1 rank; across hosts (1 process, deadline)" "pass" "$bin/cuda_tests" "[nccl]~[zero]"
   else
     row "NCCL rings: 1 rank; across hosts (1 process, deadline)" "cuda_tests built without NCCL" "pass" FAIL
     failed=1
   fi
   # ---- 3b. sharded state, recompute, allocated() (issue 29) ----
   # check_case NAME TIMEOUT LABEL TARGET FILTER: one row from a cuda_tests run (FAIL fails the script).
-  check_case() {
-    local name=$1 limit=$2 label=$3 target=$4 filter=$5 summary
-    run "$name" "$limit" "$bin/cuda_tests" "$filter"
-    local rc=$?
-    summary=$(catch_summary "$LOG_DIR/$name.log")
-    if ((rc == 0)) && grep -q "assertions" "$LOG_DIR/$name.log" && [[ $summary != SKIPPED* ]]; then
-      row "$label" "$summary" "$target" PASS
-    else
-      row "$label" "${summary:-exit $rc}" "$target" FAIL
-      failed=1
-    fi
-  }
+  check_case() { catch_row "$1" "$2" "$3" "$4" "$bin/cuda_tests" "$5"; }
   check_case zero 240 "shard vs none, 1/2/4 ranks on 1 GPU" "bitwise" "[zero]~[nccl]~[recompute]"
   ngpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
   if ((ngpus >= 2)); then zero_ranks=2; else
@@ -229,6 +293,7 @@ if ((failed == 0)); then
   # RESULT <name> <value> <unit> <target>
   while read -r _ name value unit target; do
     status="-"
+    if ! is_number "$value"; then row "$name" "${value:-missing} $unit" "$target" FAIL; failed=1; continue; fi
     case $target in
       ">="*)
         if awk -v v="$value" -v t="${target#>=}" 'BEGIN { exit !(v >= t) }'; then status=PASS; else status=BELOW; fi ;;
@@ -272,6 +337,7 @@ PY
         --set train.device=cuda --set train.batch_size=8 2>/dev/null |
         python3 -c 'import json,sys; print(round(json.loads(sys.stdin.read().strip().splitlines()[-1])["total_bytes"] / 2**20))')
       ok=$(awk -v p="${plan_mib:-0}" -v m="${peak_mib:-0}" 'BEGIN { print (m > 0 && p > 0.85 * m && p < 1.05 * m) ? "PASS" : "BELOW" }')
+      [[ $(figure_status "$plan_mib" "$peak_mib") == PASS ]] || { ok=FAIL; failed=1; }
       row "plan vs nvidia-smi peak (gpt2, B=8)" "plan ${plan_mib:-?} MiB, used ${peak_mib:-?} MiB" "-15%..+5%" "$ok"
       # A 1B-class model (1.3B: L24 C2048 NH16, T 1024, GPT-2 vocab, B=4): the plan against the device
       # memory one backend of that shape takes through a step (cudaMemGetInfo, context excluded).
@@ -284,12 +350,15 @@ PY
           --set train.batch_size=4 --set train.recompute="$recompute" 2>"$LOG_DIR/plan_1b_$recompute.log" |
           python3 -c 'import json,sys; print(round(json.loads(sys.stdin.read().strip().splitlines()[-1])["total_bytes"] / 2**20))')
         ok=$(awk -v p="${plan_mib:-0}" -v m="${taken_mib:-0}" 'BEGIN { print (m > 0 && p > 0.95 * m && p < 1.05 * m) ? "PASS" : "BELOW" }')
+        [[ $(figure_status "$plan_mib" "$taken_mib") == PASS ]] || { ok=FAIL; failed=1; }
         row "plan vs cudaMemGetInfo (1.3B, B=4$([[ $recompute == true ]] && echo ", recompute"))" \
           "plan ${plan_mib:-?} MiB, taken ${taken_mib:-?} MiB" "+-5%" "$ok"
       done
       read -r _ val tps train_loss <<<"$(summary_of "$LOG_DIR/train_gpt2.log")"
       mfu=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 100 * t * 6 * 124.4e6 / 989e12 }')
       ok=$(awk -v l="$train_loss" 'BEGIN { print (l < 10.0 - 2) ? "PASS" : "FAIL" }')  # ln 50257 = 10.8
+      # No JSON summary: empty strings compare true in awk, so the figures are checked first.
+      [[ $(figure_status "$train_loss" "$tps") == PASS ]] || ok=FAIL
       row "dilococtl train gpt2-124m cuda" "train loss $train_loss, $tps tok/s (~$mfu% MFU)" "loss < 8" "$ok"
       [[ $ok == PASS ]] || failed=1
     else
@@ -304,6 +373,7 @@ PY
         --set sync.fragments=4 --set sync.inner_steps=20; then
       read -r init val tps _ <<<"$(summary_of "$LOG_DIR/train_2learners.log")"
       ok=$(awk -v i="$init" -v v="$val" 'BEGIN { print (v < i - 1) ? "PASS" : "FAIL" }')
+      [[ $(figure_status "$init" "$val" "$tps") == PASS ]] || ok=FAIL
       row "2 learners on one GPU (decoupled)" "val $init -> $val, $tps tok/s" "val falls" "$ok"
       [[ $ok == PASS ]] || failed=1
     else
@@ -330,6 +400,7 @@ if [[ -x $bin/dilococtl ]]; then
     ratio=$(python3 -c "import json,statistics,sys; r=[json.loads(l)['$path']['ratio'] for l in open(sys.argv[1]) if l.startswith('{')]; print('%.3f' % statistics.median(r) if r else 'none')" \
       "$LOG_DIR/transport.jsonl" 2>/dev/null || echo none)
     ok=$(awk -v r="$ratio" 'BEGIN { print (r != "none" && r + 0 >= 0.9) ? "PASS" : "BELOW" }')
+    [[ $(figure_status "$ratio") == PASS ]] || { ok=FAIL; failed=1; }
     row "transport $path vs raw ZeroMQ ($(nproc) cores)" "ratio $ratio (median of 3)" ">= 0.9" "$ok"
   done
 fi

@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "daemon/util/crc32c.h"
+#include "kernels/comm/device_check.h"
+#include "kernels/comm/device_stand_in.h"
 
 namespace diloco {
 
@@ -28,12 +30,17 @@ Status LocalRing::MakeBackends(const LocalRingOptions& options, int world, int f
   bo.outer_state = options.outer_state;
   bo.shard = options.shard;
   bo.world = world;
+  if (options.check_device_memory) {
+    if (options.device != "cpu") return Status::Error(what + "check_device_memory is a test of cpu rings");
+    ring->device_check_ = std::make_shared<DeviceAllocations>();
+  }
   for (int r = 0; r < options.ranks; r++) {
     bo.rank = first_rank + r;
     std::unique_ptr<TrainingBackend> backend;
     if (std::string err = CreateBackend(RankDevice(options.device, r), bo, &backend); !err.empty())
       return Status::Error(what + "train.device " + options.device + " (rank " + std::to_string(bo.rank) + " of " +
                            std::to_string(world) + "): " + err);
+    if (ring->device_check_) backend = StandInForDevice(std::move(backend), ring->device_check_);
     ring->backends_.push_back(std::move(backend));
   }
   *out = std::move(ring);
@@ -49,7 +56,9 @@ Status LocalRing::Create(const LocalRingOptions& options, std::unique_ptr<LocalR
                          "train.ranks)");
   std::unique_ptr<LocalRing> ring;
   DL_RETURN_IF_ERROR(MakeBackends(options, options.ranks, 0, "", &ring));
-  if (std::string err = CreateLocalCommGroup(options.device, options.ranks, &ring->group_); !err.empty())
+  if (ring->device_check_) {
+    ring->group_ = std::make_unique<ThreadCommGroup>(options.ranks, ring->device_check_);
+  } else if (std::string err = CreateLocalCommGroup(options.device, options.ranks, &ring->group_); !err.empty())
     return Status::Error("train.device " + options.device + ", train.ranks " + std::to_string(options.ranks) + ": " +
                          err);
   for (int r = 0; r < options.ranks; r++) ring->comms_.push_back(ring->group_->comm(r));

@@ -15,6 +15,7 @@
 namespace diloco {
 
 class CommStore;  // kernels/comm/gloo_comm.h
+class DeviceAllocations;  // kernels/comm/device_check.h
 
 // This host's part of a ring across the hosts of a site (LocalRing::CreateAcrossHosts).
 struct RingAcrossHosts {
@@ -36,6 +37,10 @@ struct LocalRingOptions {
   ShardMode shard = ShardMode::kNone;  // train.shard
   bool recompute = false;              // train.recompute
   OuterStatePlace outer_state = OuterStatePlace::kDevice;  // train.outer_state
+  // Tests (cpu only): the ring stands in for a GPU ring. Its comms say device memory and refuse
+  // any buffer of a device collective that is not a rank's parameters or gradients (what NCCL
+  // would fault on), so a host buffer handed to the ring fails on CPU (kernels/comm/device_check.h).
+  bool check_device_memory = false;
 };
 
 // CRC32C of a backend's parameters: the ranks of a ring must agree bit for bit.
@@ -90,6 +95,7 @@ class LocalRing {
   int threads_per_rank_ = 1;
   int world_ranks_ = 1;  // over every host
   int first_rank_ = 0;
+  std::shared_ptr<DeviceAllocations> device_check_;  // options_.check_device_memory
   std::unique_ptr<LocalCommGroup> group_;
   std::vector<std::unique_ptr<TrainingBackend>> backends_;
   std::vector<std::unique_ptr<LocalComm>> comms_;

@@ -84,6 +84,8 @@ enum OuterCommand {
 
 // One rank's side of the sharded state: every command's work and collectives, the same on rank 0
 // and on the followers (rank 0 passes its inputs and takes the outputs; the others pass nulls).
+// Packed fragments, payloads and bases are host vectors: they travel by the *_host collectives
+// (staged through a GPU ring's device scratch); only θ itself (Fold) is gathered in place.
 class OuterShard {
  public:
   OuterShard(TrainingBackend& backend, LocalComm& comm) : backend_(backend), comm_(comm) {}
@@ -119,7 +121,7 @@ class OuterShard {
   Status Install(int p, const float* packed) {
     std::vector<float> whole(Numel(p));
     if (leader()) std::copy_n(packed, whole.size(), whole.data());
-    DL_RETURN_IF_ERROR(FromComm(comm_.broadcast(whole.data(), whole.size(), 0), "install"));
+    DL_RETURN_IF_ERROR(FromComm(comm_.broadcast_host(whole.data(), whole.size(), 0), "install"));
     // Every rank's θ_p is the packed fragment; each keeps its pieces' base.
     size_t at = 0;
     for (const ParamRange& r : fragments_[p]) {
@@ -150,7 +152,7 @@ class OuterShard {
              mine.size(), bytes[comm_.rank()]);
     std::vector<float> all(PartOffset(floats, R), 0.0f);
     std::memcpy(all.data() + PartOffset(floats, comm_.rank()), mine.data(), mine.size());
-    DL_RETURN_IF_ERROR(FromComm(comm_.all_gather(all.data(), floats), "gathering the encoded pieces"));
+    DL_RETURN_IF_ERROR(FromComm(comm_.all_gather_host(all.data(), floats), "gathering the encoded pieces"));
     if (!leader()) return Status::Ok();
     // Rank 0 lays every piece back where the whole range's encoding has it.
     range_bytes->clear();
@@ -181,7 +183,7 @@ class OuterShard {
     CheckBlock(kind, block);
     std::vector<float> whole((bytes + 3) / 4, 0.0f);
     if (leader()) std::memcpy(whole.data(), payload, bytes);
-    DL_RETURN_IF_ERROR(FromComm(comm_.broadcast(whole.data(), whole.size(), 0), "sending the update"));
+    DL_RETURN_IF_ERROR(FromComm(comm_.broadcast_host(whole.data(), whole.size(), 0), "sending the update"));
     const uint8_t* at = reinterpret_cast<const uint8_t*>(whole.data());
     size_t expected = 0;
     for (const ParamRange& r : fragments_[p]) expected += sync_payload_bytes(kind, r.count, block);
@@ -223,7 +225,7 @@ class OuterShard {
       const Piece piece = PieceOf(i, p);
       std::copy_n(mine.data() + from, piece.count, whole.data() + at + piece.lo);
       from += piece.count;
-      DL_RETURN_IF_ERROR(FromComm(comm_.all_gather(whole.data() + at, Counts(i, p)), "reading the base"));
+      DL_RETURN_IF_ERROR(FromComm(comm_.all_gather_host(whole.data() + at, Counts(i, p)), "reading the base"));
       at += fragments_[p][i].count;
     }
     if (leader()) std::copy(whole.begin(), whole.end(), packed);

@@ -7,7 +7,8 @@ namespace diloco {
 CommStatus ExchangeRingHeader(LocalComm& comm, RingHeader* h) {
   if (comm.world_size() == 1) return CommStatus::Ok();
   if (comm.rank() != 0) *h = RingHeader{};
-  return comm.all_reduce_host(h->slot, kRingSlots, ReduceOp::kSum);
+  // The followers wait here for rank 0's next step or command, however long its hook takes.
+  return comm.wait_command_host(h->slot, kRingSlots);
 }
 
 Status ServeRing(LocalComm& comm, RingCommandHandler& handler) {

@@ -2,7 +2,8 @@
 // step rank 0 sends a header: stop, or the step to take and which parameters it changed. Between
 // steps, and after the last one until it releases them, it may also send commands that the other
 // ranks carry out together with it (outer_state.h: the outer-sync state sharded over the ring).
-// A header travels as an all_reduce_host to which every other rank adds zeros, so every rank
+// A header travels as a wait_command_host (an all_reduce_host sum without a collective's deadline:
+// the followers wait as long as rank 0 takes) to which every other rank adds zeros, so every rank
 // reads rank 0's doubles exactly (steps, offsets and flags are exact below 2^53).
 #pragma once
 

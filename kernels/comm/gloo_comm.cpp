@@ -250,8 +250,17 @@ class GlooComm final : public LocalComm {
   }
 
   CommStatus all_reduce_host(double* values, int count, ReduceOp op) override {
-    const char* what = "all_reduce_host";
-    const Clock::time_point deadline = start();
+    return reduce_host("all_reduce_host", values, count, op, start());
+  }
+
+  CommStatus wait_command_host(double* values, int count) override {
+    // "No deadline" is a week: far past any checkpoint, and still a finite wait for Gloo's clock.
+    const int64_t ms = s_->options.command_timeout_ms > 0 ? s_->options.command_timeout_ms : int64_t{7} * 24 * 3600 * 1000;
+    return reduce_host("waiting for rank 0's command", values, count, ReduceOp::kSum, Clock::now() + milliseconds(ms));
+  }
+
+ private:
+  CommStatus reduce_host(const char* what, double* values, int count, ReduceOp op, Clock::time_point deadline) {
     if (CommStatus st = usable(what); !st.ok()) return st;
     if (count < 0)
       return CommStatus::Error(s_->label(rank_) + ": all_reduce_host of " + std::to_string(count) + " values");
@@ -282,7 +291,6 @@ class GlooComm final : public LocalComm {
     return CommStatus::Ok();
   }
 
- private:
   Clock::time_point start() const { return Clock::now() + milliseconds(s_->options.timeout_ms); }
 
   static size_t total(const std::vector<size_t>& counts) {

@@ -60,6 +60,9 @@ struct GlooCommOptions {
   std::string hostname = "127.0.0.1";
   std::string interface;
   int64_t timeout_ms = 30000;             // per collective: a stalled peer fails it after this
+  // A follower waiting for rank 0's next command (LocalComm::wait_command_host) while rank 0 saves
+  // a checkpoint or runs the outer sync; 0: no deadline (abort() or a peer's closed socket ends it).
+  int64_t command_timeout_ms = 0;
   int64_t rendezvous_timeout_ms = 60000;  // Create: waiting for every process to show up and connect
   std::shared_ptr<CommStore> store;       // required
 };

@@ -56,6 +56,13 @@ class LocalComm {
   // values (count doubles in host memory: losses, token counts) = the sum or
   // mean over ranks, the same bits on every rank.
   virtual CommStatus all_reduce_host(double* values, int count, ReduceOp op) = 0;
+  // all_reduce_host's sum, for a header from rank 0 that the other ranks wait for between
+  // commands (daemon/train/ring_control.h): they wait as long as rank 0 takes to send it (a
+  // checkpoint, the outer sync), so a ring whose collectives have a deadline gives this wait its
+  // own, long or none (NCCL, Gloo: command_timeout_ms); abort() still ends it.
+  virtual CommStatus wait_command_host(double* values, int count) {
+    return all_reduce_host(values, count, ReduceOp::kSum);
+  }
 
   // The two halves of an all-reduce, for state sharded over the ranks (ZeRO).
   // buf (memory()) holds parts laid back to back in rank order, part q of
@@ -67,6 +74,13 @@ class LocalComm {
   virtual CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) = 0;
   // all_gather: every part of buf = its owner's part, on every rank.
   virtual CommStatus all_gather(float* buf, const std::vector<size_t>& counts) = 0;
+
+  // broadcast and all_gather of float buffers in host memory whatever memory() is: for callers
+  // whose values are on the host (the sharded outer state's packed fragments and payloads). A
+  // device ring stages them through its own device scratch, as all_reduce_host does; a host ring
+  // runs its collective in place (the default here).
+  virtual CommStatus broadcast_host(float* values, size_t count, int root);
+  virtual CommStatus all_gather_host(float* values, const std::vector<size_t>& counts);
 };
 
 // Where part `rank` of buffers split by counts begins (the sum of the counts before it).
@@ -84,10 +98,16 @@ class LocalCommGroup {
   virtual void abort(const std::string& reason) = 0;
 };
 
+class DeviceAllocations;  // kernels/comm/device_check.h
+
 // Threads as ranks.
 class ThreadCommGroup final : public LocalCommGroup {
  public:
   explicit ThreadCommGroup(int world_size);
+  // A ring that stands in for a device ring in CPU tests: its comms say MemorySpace::kDevice and
+  // refuse (failing the whole group) any float buffer of a device collective that `device` does
+  // not admit, as NCCL would fault on a host buffer; the *_host collectives take host memory.
+  ThreadCommGroup(int world_size, std::shared_ptr<DeviceAllocations> device);
   ~ThreadCommGroup() override;
   ThreadCommGroup(const ThreadCommGroup&) = delete;
   ThreadCommGroup& operator=(const ThreadCommGroup&) = delete;

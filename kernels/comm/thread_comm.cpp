@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/comm/device_check.h"
 #include "kernels/comm/local_comm.h"
 
 namespace diloco {
@@ -31,6 +32,8 @@ struct ThreadCommGroup::State {
   std::vector<const std::vector<size_t>*> parts;  // reduce_scatter / all_gather splits
   std::string phase_error;  // set by a completion step, read by every rank
   std::vector<float> scratch;
+  // Set in the checking mode (ThreadCommGroup's second constructor): what counts as device memory.
+  std::shared_ptr<DeviceAllocations> device;
 
   // Waits for every rank; completion (under the lock) runs once, by the
   // last to arrive. False when the group was aborted.
@@ -64,10 +67,11 @@ class ThreadComm final : public LocalComm {
 
   int rank() const override { return rank_; }
   int world_size() const override { return s_->world; }
-  MemorySpace memory() const override { return MemorySpace::kHost; }
-  std::string name() const override { return "threads"; }
+  MemorySpace memory() const override { return s_->device ? MemorySpace::kDevice : MemorySpace::kHost; }
+  std::string name() const override { return s_->device ? "threads (device memory checked)" : "threads"; }
 
   CommStatus all_reduce(float* buf, size_t count, ReduceOp op) override {
+    if (CommStatus st = admit("all_reduce", buf, count); !st.ok()) return st;
     s_->ptrs[rank_] = buf;
     s_->counts[rank_] = count;
     s_->roots[rank_] = -1;
@@ -92,6 +96,11 @@ class ThreadComm final : public LocalComm {
   }
 
   CommStatus broadcast(float* buf, size_t count, int root) override {
+    if (CommStatus st = admit("broadcast", buf, count); !st.ok()) return st;
+    return broadcast_host(buf, count, root);
+  }
+
+  CommStatus broadcast_host(float* buf, size_t count, int root) override {
     s_->ptrs[rank_] = buf;
     s_->counts[rank_] = count;
     s_->roots[rank_] = root;
@@ -104,6 +113,7 @@ class ThreadComm final : public LocalComm {
   }
 
   CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    if (CommStatus st = admit("reduce_scatter", buf, Total(counts)); !st.ok()) return st;
     if (CommStatus st = post_parts("reduce_scatter", buf, counts); !st.ok()) return st;
     // This rank's part, summed in rank order in place: no other rank reads it (each reads its own
     // part of every buffer), and every value is read before it is written.
@@ -121,6 +131,11 @@ class ThreadComm final : public LocalComm {
   }
 
   CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
+    if (CommStatus st = admit("all_gather", buf, Total(counts)); !st.ok()) return st;
+    return all_gather_host(buf, counts);
+  }
+
+  CommStatus all_gather_host(float* buf, const std::vector<size_t>& counts) override {
     if (CommStatus st = post_parts("all_gather", buf, counts); !st.ok()) return st;
     size_t at = 0;
     for (int q = 0; q < s_->world; q++) {
@@ -155,6 +170,30 @@ class ThreadComm final : public LocalComm {
   }
 
  private:
+  static size_t Total(const std::vector<size_t>& counts) {
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    return n;
+  }
+
+  // In the checking mode, a device collective's buffer must be declared device memory; a refused
+  // one fails the whole group at once, so the other ranks do not wait for this one.
+  CommStatus admit(const char* what, const float* buf, size_t count) {
+    if (!s_->device || count == 0 || s_->device->Admits(buf, count * sizeof(float))) return CommStatus::Ok();
+    const std::string error = std::string(what) + " on rank " + std::to_string(rank_) +
+                              " got a buffer that is not device memory (a host buffer on a GPU ring: NCCL "
+                              "would fault); stage host values through the *_host collectives";
+    {
+      std::lock_guard<std::mutex> lk(s_->mu);
+      if (!s_->aborted) {
+        s_->aborted = true;
+        s_->abort_reason = error;
+      }
+      s_->cv.notify_all();
+    }
+    return CommStatus::Error(error);
+  }
+
   // Posts buf and its split, waits for every rank and checks that all passed the same split.
   CommStatus post_parts(const char* what, float* buf, const std::vector<size_t>& counts) {
     if ((int)counts.size() != s_->world)
@@ -199,6 +238,17 @@ class ThreadComm final : public LocalComm {
 
 }  // namespace
 
+// A host ring's collectives take host buffers as they are.
+CommStatus LocalComm::broadcast_host(float* values, size_t count, int root) {
+  if (memory() == MemorySpace::kHost) return broadcast(values, count, root);
+  return CommStatus::Error(name() + " keeps device buffers and does not stage host ones: this is a bug");
+}
+
+CommStatus LocalComm::all_gather_host(float* values, const std::vector<size_t>& counts) {
+  if (memory() == MemorySpace::kHost) return all_gather(values, counts);
+  return CommStatus::Error(name() + " keeps device buffers and does not stage host ones: this is a bug");
+}
+
 size_t PartOffset(const std::vector<size_t>& counts, int rank) {
   size_t at = 0;
   for (int q = 0; q < rank; q++) at += counts[q];
@@ -208,6 +258,12 @@ size_t PartOffset(const std::vector<size_t>& counts, int rank) {
 ThreadCommGroup::ThreadCommGroup(int world_size) {
   DL_CHECK(world_size >= 1, "a ring needs at least one rank, not %d", world_size);
   state_ = std::make_unique<State>(world_size);
+}
+
+ThreadCommGroup::ThreadCommGroup(int world_size, std::shared_ptr<DeviceAllocations> device)
+    : ThreadCommGroup(world_size) {
+  DL_CHECK(device != nullptr, "a checking thread ring needs its device allocations");
+  state_->device = std::move(device);
 }
 
 ThreadCommGroup::~ThreadCommGroup() = default;

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -19,6 +20,7 @@ struct NcclCommGroup::State {
   int world = 0;             // ranks of the whole ring
   int first_rank = 0;        // global rank of devices[0]
   int64_t timeout_ms = 0;    // per collective; 0: none (a ring in one process)
+  int64_t command_timeout_ms = 0;  // a follower waiting for rank 0's next command; 0: none
   std::string ring_name;     // a ring across hosts: for errors
   NcclOptions options;
   std::vector<ncclComm_t> comms;
@@ -62,9 +64,15 @@ class NcclComm final : public LocalComm {
     // bf16 on the wire: convert, reduce, convert back (all on this stream).
     bf16* half = static_cast<bf16*>(scratch(count * sizeof(bf16)));
     float_to_bf16(half, buf, count, reinterpret_cast<Stream>(stream_));
-    const ncclResult_t r = ncclAllReduce(half, half, count, ncclBfloat16, to_nccl(op), comm(), stream_);
-    if (r == ncclSuccess) bf16_to_float(buf, half, count, reinterpret_cast<Stream>(stream_));
-    return finish(r, "ncclAllReduce (bf16)");
+    const char* what = "ncclAllReduce (bf16)";
+    // A non-blocking communicator (a ring across hosts) may return ncclInProgress: the reduce is
+    // on the stream only once NCCL says so, and the conversion back must follow it there.
+    if (CommStatus st = enqueued(ncclAllReduce(half, half, count, ncclBfloat16, to_nccl(op), comm(), stream_), what,
+                                 s_->timeout_ms);
+        !st.ok())
+      return st;
+    bf16_to_float(buf, half, count, reinterpret_cast<Stream>(stream_));
+    return finish(ncclSuccess, what);
   }
 
   CommStatus broadcast(float* buf, size_t count, int root) override {
@@ -115,16 +123,26 @@ class NcclComm final : public LocalComm {
   }
 
   CommStatus all_reduce_host(double* values, int count, ReduceOp op) override {
-    if (CommStatus st = enter(); !st.ok()) return st;
-    double* dev = static_cast<double*>(scratch(count * sizeof(double)));
-    if (cudaMemcpyAsync(dev, values, count * sizeof(double), cudaMemcpyHostToDevice, stream_) != cudaSuccess)
-      return CommStatus::Error("cudaMemcpy to the ring's scratch failed");
-    CommStatus st = finish(ncclAllReduce(dev, dev, count, ncclFloat64, to_nccl(op), comm(), stream_),
-                           "ncclAllReduce (host values)");
-    if (!st.ok()) return st;
-    if (cudaMemcpy(values, dev, count * sizeof(double), cudaMemcpyDeviceToHost) != cudaSuccess)
-      return CommStatus::Error("cudaMemcpy from the ring's scratch failed");
-    return CommStatus::Ok();
+    return reduce_host(values, count, op, s_->timeout_ms);
+  }
+
+  // A follower waiting here waits for rank 0's next command, however long rank 0 takes to give it
+  // (a checkpoint, an outer sync): the deadline is command_timeout_ms, not a collective's.
+  CommStatus wait_command_host(double* values, int count) override {
+    return reduce_host(values, count, ReduceOp::kSum, s_->command_timeout_ms);
+  }
+
+  CommStatus broadcast_host(float* values, size_t count, int root) override {
+    return staged(values, count, [&](float* dev) {
+      return finish(ncclBroadcast(dev, dev, count, ncclFloat32, root, comm(), stream_), "ncclBroadcast (host values)");
+    });
+  }
+
+  CommStatus all_gather_host(float* values, const std::vector<size_t>& counts) override {
+    if (CommStatus st = check_parts("all_gather_host", counts); !st.ok()) return st;
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return staged(values, total, [&](float* dev) { return all_gather(dev, counts); });
   }
 
  private:
@@ -141,6 +159,34 @@ class NcclComm final : public LocalComm {
     return counts[0] > 0;
   }
   ncclComm_t comm() const { return s_->comms[local_]; }
+
+  // values (host) through the ring's device scratch, an all-reduce with deadline timeout_ms (0: none).
+  CommStatus reduce_host(double* values, int count, ReduceOp op, int64_t timeout_ms) {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    double* dev = static_cast<double*>(scratch(count * sizeof(double)));
+    if (cudaMemcpyAsync(dev, values, count * sizeof(double), cudaMemcpyHostToDevice, stream_) != cudaSuccess)
+      return CommStatus::Error("cudaMemcpy to the ring's scratch failed");
+    CommStatus st = finish(ncclAllReduce(dev, dev, count, ncclFloat64, to_nccl(op), comm(), stream_),
+                           "ncclAllReduce (host values)", timeout_ms);
+    if (!st.ok()) return st;
+    if (cudaMemcpy(values, dev, count * sizeof(double), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return CommStatus::Error("cudaMemcpy from the ring's scratch failed");
+    return CommStatus::Ok();
+  }
+
+  // count host floats copied into the ring's scratch, collective(scratch) run there (it finishes
+  // its own collective), and copied back: NCCL reads device memory only.
+  template <typename Collective>
+  CommStatus staged(float* values, size_t count, Collective&& collective) {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    float* dev = static_cast<float*>(scratch(std::max<size_t>(count, 1) * sizeof(float)));
+    if (count && cudaMemcpyAsync(dev, values, count * sizeof(float), cudaMemcpyHostToDevice, stream_) != cudaSuccess)
+      return CommStatus::Error("cudaMemcpy to the ring's scratch failed");
+    if (CommStatus st = collective(dev); !st.ok()) return st;
+    if (count && cudaMemcpy(values, dev, count * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return CommStatus::Error("cudaMemcpy from the ring's scratch failed");
+    return CommStatus::Ok();
+  }
 
   CommStatus enter() {
     cudaSetDevice(device());
@@ -165,9 +211,10 @@ class NcclComm final : public LocalComm {
   // deadline (a peer stalled). A non-blocking communicator (a ring across
   // hosts) may still be enqueuing (ncclInProgress): the stream is only
   // queried once NCCL says the call is done.
-  CommStatus finish(ncclResult_t launched, const char* what) {
+  CommStatus finish(ncclResult_t launched, const char* what) { return finish(launched, what, s_->timeout_ms); }
+  CommStatus finish(ncclResult_t launched, const char* what, int64_t timeout_ms) {
     if (launched != ncclSuccess && launched != ncclInProgress) return CommStatus::Error(nccl_error(what, launched));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s_->timeout_ms);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm(), &async);
@@ -178,9 +225,27 @@ class NcclComm final : public LocalComm {
         if (q != cudaErrorNotReady) return CommStatus::Error(std::string(what) + ": " + cudaGetErrorString(q));
       }
       if (s_->aborted.load()) return abort_here();
-      if (s_->timeout_ms > 0 && std::chrono::steady_clock::now() > deadline)
-        return fail(std::string(what) + " did not complete within " + std::to_string(s_->timeout_ms) +
+      if (timeout_ms > 0 && std::chrono::steady_clock::now() > deadline)
+        return fail(std::string(what) + " did not complete within " + std::to_string(timeout_ms) +
                     " ms (a host of the ring stalled or died; raise ring_timeout_ms if its steps are that slow)");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // Waits until a launched call is on the stream (a non-blocking communicator's ncclInProgress
+  // ends), so that work enqueued after it follows it; abort and the deadline as finish.
+  CommStatus enqueued(ncclResult_t launched, const char* what, int64_t timeout_ms) {
+    if (launched == ncclSuccess) return CommStatus::Ok();
+    if (launched != ncclInProgress) return CommStatus::Error(nccl_error(what, launched));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      ncclResult_t async = ncclInProgress;
+      ncclCommGetAsyncError(comm(), &async);
+      if (async == ncclSuccess) return CommStatus::Ok();
+      if (async != ncclInProgress) return fail(nccl_error(what, async));
+      if (s_->aborted.load()) return abort_here();
+      if (timeout_ms > 0 && std::chrono::steady_clock::now() > deadline)
+        return fail(std::string(what) + " was not enqueued within " + std::to_string(timeout_ms) + " ms");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
@@ -215,13 +280,14 @@ class NcclComm final : public LocalComm {
 // A group's state over this process's devices, global ranks first_rank.. of world; timeout_ms 0: no
 // deadline (a ring in one process).
 std::unique_ptr<NcclCommGroup::State> new_state(const std::vector<int>& devices, int world, int first_rank,
-                                                int64_t timeout_ms, const std::string& ring_name,
-                                                const NcclOptions& options) {
+                                                int64_t timeout_ms, int64_t command_timeout_ms,
+                                                const std::string& ring_name, const NcclOptions& options) {
   auto s = std::make_unique<NcclCommGroup::State>();
   s->devices = devices;
   s->world = world;
   s->first_rank = first_rank;
   s->timeout_ms = timeout_ms;
+  s->command_timeout_ms = command_timeout_ms;
   s->ring_name = ring_name;
   s->options = options;
   s->comms.assign(devices.size(), nullptr);
@@ -302,7 +368,8 @@ std::string NcclCommGroup::CreateAcrossHosts(const NcclAcrossHostsOptions& o, co
   if (std::string err = exchange_unique_id(o, &id); !err.empty()) return ring + ": " + err;
 
   std::unique_ptr<NcclCommGroup> g(new NcclCommGroup());
-  g->state_ = new_state(o.devices, o.world_size, o.first_rank, o.timeout_ms, o.ring_name, options);
+  g->state_ =
+      new_state(o.devices, o.world_size, o.first_rank, o.timeout_ms, o.command_timeout_ms, o.ring_name, options);
   State& s = *g->state_;
   // Non-blocking: the init returns at once and is polled below against the deadline; one group
   // call for this process's ranks (one thread inits them all).
@@ -346,10 +413,24 @@ std::string NcclCommGroup::Create(const std::vector<int>& devices, const NcclOpt
                                   std::unique_ptr<NcclCommGroup>* out) {
   if (std::string err = check_devices(devices); !err.empty()) return err;
   std::unique_ptr<NcclCommGroup> g(new NcclCommGroup());
-  g->state_ = new_state(devices, (int)devices.size(), 0, 0, "", options);
+  g->state_ = new_state(devices, (int)devices.size(), 0, 0, 0, "", options);
   State& s = *g->state_;
-  const ncclResult_t r = ncclCommInitAll(s.comms.data(), (int)devices.size(), devices.data());
-  if (r != ncclSuccess) return nccl_error("ncclCommInitAll", r);
+  // ncclCommInitAll's own group, written out: its failure inside the group would return with the
+  // group still open on this thread, and leave us unable to tell which communicators it made.
+  // Here the group is always closed, and what was made is aborted (the destructor) on failure.
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return nccl_error("ncclGetUniqueId", r);
+  r = ncclGroupStart();
+  for (int i = 0; i < (int)devices.size() && r == ncclSuccess; i++) {
+    cudaSetDevice(devices[i]);
+    r = ncclCommInitRank(&s.comms[i], (int)devices.size(), id, i);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r != ncclSuccess || end != ncclSuccess) {
+    s.aborted.store(true);
+    return nccl_error("ncclCommInitRank (ring of one process)", r != ncclSuccess ? r : end);
+  }
   *out = std::move(g);
   return "";
 }

@@ -51,6 +51,11 @@ struct NcclAcrossHostsOptions {
   int world_size = 1;        // ranks of the whole ring, over every host
   int first_rank = 0;        // global rank of devices[0]
   int64_t timeout_ms = 60000;  // forming the ring, and each collective
+  // A follower waiting for rank 0's next command (LocalComm::wait_command_host) waits while rank 0
+  // saves a checkpoint or runs the outer sync, which may take far longer than a collective: 0
+  // waits until abort() or NCCL reports a peer's failure (the control plane aborts a ring whose
+  // host died), a positive value bounds the wait.
+  int64_t command_timeout_ms = 0;
   std::shared_ptr<CommStore> store;  // required
 };
 

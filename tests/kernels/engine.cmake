@@ -23,3 +23,7 @@ if(DILOCO_HAVE_CUDA)
   # diloco_cuda defines DILOCO_HAVE_NCCL for its users when NCCL was found.
   target_link_libraries(cuda_tests PRIVATE diloco_backend diloco_cuda)
 endif()
+
+# scripts/gpu-check.sh's row rules against a CPU Catch2 binary (no GPU needed).
+add_test(NAME gpu_check_rows
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_check_rows.sh ${PROJECT_SOURCE_DIR} $<TARGET_FILE:kernel_engine_tests>)

@@ -41,6 +41,12 @@ class StagedComm final : public LocalComm {
   CommStatus broadcast(float* buf, size_t count, int root) override {
     return staged(buf, count, [&](float* h) { return inner_->broadcast(h, count, root); });
   }
+  CommStatus broadcast_host(float* values, size_t count, int root) override {
+    return inner_->broadcast(values, count, root);
+  }
+  CommStatus all_gather_host(float* values, const std::vector<size_t>& counts) override {
+    return inner_->all_gather(values, counts);
+  }
   CommStatus barrier() override { return inner_->barrier(); }
   CommStatus all_reduce_host(double* values, int count, ReduceOp op) override {
     return inner_->all_reduce_host(values, count, op);
@@ -233,7 +239,9 @@ TEST_CASE("cuda: recompute gives the stored-activation path's loss and gradients
     REQUIRE(CreateBackend("cuda", o, &stored).empty());
     o.recompute = true;
     REQUIRE(CreateBackend("cuda", o, &again).empty());
-    CHECK(again->activation_bytes() < stored->activation_bytes());
+    // Recompute keeps one block's activations instead of L: with one layer it saves nothing (the
+    // 1-layer shape is here for the bits, not the memory).
+    if (sh.L > 1) CHECK(again->activation_bytes() < stored->activation_bytes());
     stored->init_weights(7);
     again->init_weights(7);
     std::vector<int> in, tg;

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/comm/device_check.h"
+#include "kernels/comm/device_stand_in.h"
 #include "kernels/shard.h"
 #include "tests/kernels/op_testing.h"
 
@@ -225,6 +227,53 @@ TEST_CASE("thread ring: reduce_scatter gives each part all_reduce's bits; all_ga
   }
 }
 
+// The stand-in for a GPU ring (kernels/comm/device_check.h): what makes issue 44's item 1 (host
+// vectors handed to NCCL) fail on CPU.
+TEST_CASE("a thread ring checking device memory refuses host buffers, stages them on the *_host collectives",
+          "[unit][kernels]") {
+  auto device = std::make_shared<DeviceAllocations>();
+  const int R = 3;
+  std::vector<std::vector<float>> owned(R, std::vector<float>(8, 0.0f));
+  for (auto& v : owned) device->Add(v.data(), v.size() * sizeof(float));
+  {
+    ThreadCommGroup group(R, device);
+    std::vector<std::vector<float>> host(R);
+    std::atomic<int> failures{0};
+    run_ranks(group, [&](int r, LocalComm& comm) {
+      CHECK(comm.memory() == MemorySpace::kDevice);
+      std::fill(owned[r].begin(), owned[r].end(), (float)r);
+      if (!comm.all_reduce(owned[r].data(), 8, ReduceOp::kSum).ok()) failures++;
+      host[r].assign(6, (float)(10 + r));
+      if (!comm.broadcast_host(host[r].data(), 6, 1).ok()) failures++;
+      if (!comm.all_gather_host(host[r].data(), {2, 2, 2}).ok()) failures++;
+      std::vector<size_t> parts = {2, 3, 3};  // a device all_gather on part of an allocation
+      if (!comm.all_gather(owned[r].data(), parts).ok()) failures++;
+    });
+    REQUIRE(failures == 0);
+    for (int r = 0; r < R; r++) {
+      CHECK(owned[r] == std::vector<float>(8, 3.0f));
+      CHECK(host[r] == std::vector<float>(6, 11.0f));
+    }
+  }
+  // A host vector on a device collective fails every rank, not only the one that passed it.
+  for (const char* op : {"broadcast", "all_gather", "all_reduce", "reduce_scatter"}) {
+    CAPTURE(op);
+    ThreadCommGroup group(R, device);
+    std::vector<std::string> errors(R);
+    run_ranks(group, [&](int r, LocalComm& comm) {
+      std::vector<float> mine(6, 1.0f);
+      float* buf = r == 1 ? mine.data() : owned[r].data();  // rank 1 slips
+      const std::vector<size_t> parts = {2, 2, 2};
+      CommStatus st = std::string(op) == "broadcast"    ? comm.broadcast(buf, 6, 0)
+                      : std::string(op) == "all_gather" ? comm.all_gather(buf, parts)
+                      : std::string(op) == "all_reduce" ? comm.all_reduce(buf, 6, ReduceOp::kSum)
+                                                        : comm.reduce_scatter(buf, parts, ReduceOp::kSum);
+      errors[r] = st.error;
+    });
+    for (int r = 0; r < R; r++) CHECK(errors[r].find("not device memory") != std::string::npos);
+  }
+}
+
 TEST_CASE("thread ring: a split that differs between ranks is an error on every rank", "[unit][kernels]") {
   ThreadCommGroup group(2);
   std::vector<std::string> errors(2);
@@ -277,7 +326,9 @@ RingRun run_ring(const GptConfig& c, int R, ShardMode shard, int steps, double c
   run.params.resize(R);
   run.last.resize(R);
   std::vector<AdamWState> parts(R);
-  ThreadCommGroup group(R);
+  // The ring stands in for a GPU ring: every buffer of a device collective must be a backend's.
+  auto device = std::make_shared<DeviceAllocations>();
+  ThreadCommGroup group(R, device);
   std::atomic<int> failures{0};
   run_ranks(group, [&](int r, LocalComm& comm) {
     std::unique_ptr<TrainingBackend> backend;
@@ -289,6 +340,7 @@ RingRun run_ring(const GptConfig& c, int R, ShardMode shard, int steps, double c
       failures++;
       return;
     }
+    backend = StandInForDevice(std::move(backend), device);
     if (start_params) {
       backend->upload_params(start_params->data());
     } else {
@@ -393,7 +445,8 @@ TEST_CASE("a ZeRO-2 rank keeps its shard of the gradients and two buckets, ZeRO-
   for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kGradients}) {
     CAPTURE(kShardModeNames[(int)mode]);
     std::vector<TrainingBackend::Allocated> used(R);
-    ThreadCommGroup group(R);
+    auto device = std::make_shared<DeviceAllocations>();
+    ThreadCommGroup group(R, device);
     run_ranks(group, [&](int r, LocalComm& comm) {
       std::unique_ptr<TrainingBackend> backend;
       BackendOptions o{c, B};
@@ -401,6 +454,7 @@ TEST_CASE("a ZeRO-2 rank keeps its shard of the gradients and two buckets, ZeRO-
       o.rank = r;
       o.world = R;
       REQUIRE(CreateBackend("cpu", o, &backend).empty());
+      backend = StandInForDevice(std::move(backend), device);
       backend->init_weights(3);
       std::vector<int> in, tg;
       ring_batch(0, r * B, B, T, &in, &tg);

@@ -45,6 +45,8 @@ struct TestRing {
     REQUIRE(Corpus::Load(cfg.data.corpus, CorpusOptionsOf(cfg, 0, 1), &corpus).ok());
     LocalRingOptions ro = LocalRingOptionsOf(cfg, 2);
     ro.ranks = ranks;
+    // Stands in for a GPU ring: the step headers and rewrites must not hand host buffers to it.
+    ro.check_device_memory = true;
     REQUIRE(LocalRing::Create(ro, &ring).ok());
     std::vector<float> init(ring->backend(0).num_params());
     gpt_init_params(ro.model, cfg.train.seed, init.data());
