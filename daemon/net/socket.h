@@ -113,6 +113,10 @@ struct CurveOptions {
   std::string server_public_key_z85;
 };
 
+// The uplink's queues (learner PUB, syncer SUB), in messages: a delta of n 4 MiB chunks is n + 1
+// messages, and PUB drops what does not fit, so they hold many deltas of the largest models.
+inline constexpr int kUplinkHwmMsgs = 100000;
+
 struct SocketOptions {
   std::string name = "socket";  // in log lines and errors, e.g. "syncer.uplink"
   int linger_ms = 1000;         // at close, unsent messages are kept at most this long

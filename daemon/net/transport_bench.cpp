@@ -76,7 +76,8 @@ class PathBench {
     SocketOptions recv_opts, send_opts;
     recv_opts.name = "bench.syncer";
     send_opts.name = "bench.learner";
-    recv_opts.recv_hwm_msgs = send_opts.send_hwm_msgs = 64;
+    // The daemon's uplink queues: a stream of chunked deltas must not be dropped by PUB.
+    recv_opts.recv_hwm_msgs = send_opts.send_hwm_msgs = kUplinkHwmMsgs;
     recv_opts.linger_ms = send_opts.linger_ms = 0;
     recv_opts.max_frame_bytes = kChunkBytes + (1 << 20);
     if (keys) {
@@ -489,7 +490,7 @@ Status RunTransportBench(const TransportBenchOptions& o, std::vector<TransportBe
   if (o.transfers < 1 || o.warmup < 0 || o.stream_depth < 0) {
     return Status::Error("transfers must be >= 1, warmup and stream_depth >= 0");
   }
-  if (o.stream_depth > 64) return Status::Error("stream_depth must be <= 64 (the sockets' high-water mark)");
+  if (o.stream_depth > 64) return Status::Error("stream_depth must be <= 64");
   if (o.senders < 1 || o.senders > 64) return Status::Error("senders must be in [1, 64]");
   if (o.io_threads < 0 || o.io_threads > 64) {
     return Status::Error("io_threads must be in [0, 64] (0: as the daemon, DefaultIoThreads())");

@@ -137,7 +137,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   ro.validator = net::EnvelopeValidatorInPlace(expect, im.parsed);
   ro.sequence_per_topic = true;  // the main and the liveness stream are numbered apart (protocol.h)
   net::SocketOptions up = SyncerSocket(options, "syncer.uplink");
-  up.recv_hwm_msgs = 100000;
+  up.recv_hwm_msgs = net::kUplinkHwmMsgs;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context, up, ro, &im.uplink));
   DL_RETURN_IF_ERROR(im.uplink->Subscribe(""));
   DL_RETURN_IF_ERROR(im.uplink->Bind(options.uplink_endpoint).WithContext("syncer uplink"));

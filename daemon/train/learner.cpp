@@ -180,7 +180,7 @@ Status LearnerLoop::OpenDownlink() {
 
 Status LearnerLoop::OpenUplink() {
   net::SocketOptions po = LearnerSocket(o_, me_ + ".uplink");
-  po.send_hwm_msgs = 100000;
+  po.send_hwm_msgs = net::kUplinkHwmMsgs;
   DL_RETURN_IF_ERROR(net::PubChannel::Create(context_, po, &up_));
   DL_RETURN_IF_ERROR(up_->Connect(o_.uplink_endpoint).WithContext(me_ + " uplink"));
   return Status::Ok();
