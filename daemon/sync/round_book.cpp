@@ -275,9 +275,7 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
     if (c.accepted()) {
       const uint64_t fired =
           (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments);
-      merged_step_[p] = std::max(merged_step_[p], fired);
-      uint64_t& counted = counted_through_[pd.learner][p];
-      counted = std::max(counted, pd.learner_step);
+      RecallMerged(pd.learner, p, pd.learner_step);
       ok.push_back(std::move(pd));
     } else {
       Drop(pd.learner, p, pd.base_version, pd.counts.tokens, ToString(c.verdict),
@@ -287,6 +285,15 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
   pending_[p].clear();
   std::sort(ok.begin(), ok.end(), [](const PendingDelta& a, const PendingDelta& b) { return a.learner < b.learner; });
   return ok;
+}
+
+void RoundBook::RecallMerged(int learner, uint32_t p, uint64_t learner_step) {
+  if (learner < 0 || learner >= options_.learners || p >= (uint32_t)options_.fragments) return;
+  learner_step = std::min(learner_step, kMaxCadenceStep);
+  const uint64_t fired = (uint64_t)LastFiring((int)p, (long)learner_step, options_.inner_steps, options_.fragments);
+  merged_step_[p] = std::max(merged_step_[p], fired);
+  uint64_t& counted = counted_through_[learner][p];
+  counted = std::max(counted, learner_step);
 }
 
 uint64_t RoundBook::CadenceStep() const {

@@ -124,6 +124,11 @@ class RoundBook {
   // The fragment's pending deltas that are still fresh at current_version, in learner order (a
   // merge must not depend on arrival order); the stale ones become drops. The round is emptied.
   std::vector<PendingDelta> TakeForMerge(uint32_t fragment, uint64_t current_version);
+  // A merge of an earlier syncer incarnation (events.log, on resume): learner's delta of fragment
+  // sent at learner_step is in the global model. Restores what TakeForMerge remembers of it (the
+  // cadence, and the steps merged: dilococtl dst --seed 26, a learner rejoining a restarted
+  // syncer's lock-step fleet at step 4 redid 42 steps already merged).
+  void RecallMerged(int learner, uint32_t fragment, uint64_t learner_step);
   std::vector<DeltaDrop> TakeDrops();
 
   // What each heard learner's SyncerStatus ack says (LearnerName, incarnation, heard seq, pending).

@@ -184,6 +184,12 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   // The decisions (syncer_core.h), on this runtime's clock and sockets; a new incarnation per start.
   const uint64_t incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   im.core = std::make_unique<SyncerCore>(options, s->fragments_, &s->state_, table, incarnation, &im);
+  if (options.resume) {
+    std::vector<MergeEvent> merges;
+    DL_RETURN_IF_ERROR(ReadEventLog((std::filesystem::path(options.run_dir) / "events.log").string(),
+                                    /*missing_ok=*/true, &merges));
+    im.core->RecallMerges(merges);
+  }
   s->result_.versions.assign(P, 0);
   for (size_t p = 0; p < P; p++) s->result_.versions[p] = s->state_.fragments[p].version;
   s->RefreshStatus(false);

@@ -52,6 +52,13 @@ SyncerCore::SyncerCore(const SyncerOptions& options, const std::vector<Fragment>
 
 SyncerCore::~SyncerCore() = default;
 
+void SyncerCore::RecallMerges(const std::vector<MergeEvent>& merges) {
+  for (const MergeEvent& e : merges) {
+    if (e.fragment < 0 || (size_t)e.fragment >= P_ || e.version > state_.fragments[e.fragment].version) continue;
+    for (const MergeContributor& c : e.contributors) book_.RecallMerged(c.learner, (uint32_t)e.fragment, c.learner_step);
+  }
+}
+
 // ---- Timers ----
 
 Status SyncerCore::OnTimer(SyncTime* next_wake) {

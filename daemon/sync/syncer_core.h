@@ -96,6 +96,10 @@ class SyncerCore {
   const SyncerCounters& counters() const { return counters_; }
   const std::vector<LearnerStatusEntry>& learners() const { return learners_; }  // index = learner
   const RoundBook& book() const { return book_; }
+  // Resuming: the merges an earlier incarnation logged (events.log), so a delta whose steps are
+  // in the global model is not merged again and a rejoining lock-step learner gets the fleet's
+  // cadence. Merges past the resumed state's versions are skipped.
+  void RecallMerges(const std::vector<MergeEvent>& merges);
   const RoundTimings& timings() const { return timings_; }
   uint64_t incarnation() const { return incarnation_; }
 

@@ -65,6 +65,12 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
   }
   const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1 + start);
   s->core_ = std::make_unique<SyncerCore>(s->options_, s->fragments_, &s->state_, table, incarnation, s.get());
+  if (options.resume) {
+    std::vector<MergeEvent> merges;
+    DL_RETURN_IF_ERROR(ReadEventLog((std::filesystem::path(options.run_dir) / "events.log").string(),
+                                    /*missing_ok=*/true, &merges));
+    s->core_->RecallMerges(merges);
+  }
   *out = std::move(s);
   return Status::Ok();
 }

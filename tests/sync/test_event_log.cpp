@@ -23,7 +23,7 @@ MergeEvent SomeMerge() {
   e.grace_ms = 412.5;
   e.delta_norm = 0.25;
   e.update_norm = 0.5;
-  e.contributors = {{0, 0.75, 0, 16, 9216, 12}, {1, 0.25, 2, 14, 3072, 12}};
+  e.contributors = {{0, 0.75, 0, 16, 9216, 12, 60}, {1, 0.25, 2, 14, 3072, 12, 48}};
   e.skipped = {{3, "too_stale", "base 11, current 16"}};
   return e;
 }
@@ -45,7 +45,8 @@ TEST_CASE("sync: a merge event is one JSON object with contributors and skipped 
                                                {"staleness", 2},
                                                {"base_version", 14},
                                                {"tokens", 3072.0},
-                                               {"steps", 12.0}});
+                                               {"steps", 12.0},
+                                               {"learner_step", 48}});
   CHECK(j["skipped"][0] ==
         nlohmann::json{{"learner", 3}, {"why", "too_stale"}, {"detail", "base 11, current 16"}, {"tokens", 0.0}});
   CHECK(MergeEventToJson(MergeEvent{})["contributors"].is_array());

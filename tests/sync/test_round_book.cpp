@@ -377,6 +377,21 @@ TEST_CASE("round book: a learner's step is merged once per fragment, across its 
   CHECK(book.TakeDrops().empty());
 }
 
+TEST_CASE("round book: merges recalled on resume restore the merged steps and the cadence",
+          "[unit][sync][round_book]") {
+  // dilococtl dst --seed 26: a restarted syncer forgot both, and a learner rejoining its lock-step
+  // fleet started at step 4 and had 42 steps merged again.
+  RoundBook book(Options(2, 2), kStart);
+  CHECK(book.CadenceStep() == 0);
+  book.RecallMerged(0, 0, 20);
+  book.RecallMerged(1, 1, 15);
+  book.RecallMerged(7, 0, 99);  // no such learner: ignored
+  CHECK(book.CadenceStep() > 0);
+  CHECK_FALSE(book.Admit(Delta(0, 0, 4, 10, 20), 4, At(10)));
+  CHECK(book.TakeDrops().at(0).why == "already_merged");
+  CHECK(book.Admit(Delta(1, 0, 4, 10, 20), 4, At(10)));  // learner 1's fragment 0: not merged
+}
+
 TEST_CASE("round book: acks list heard learners, their highest seq and their pending deltas",
           "[unit][sync][round_book]") {
   RoundBook book(Options(3, 3), kStart);

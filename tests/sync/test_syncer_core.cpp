@@ -144,8 +144,9 @@ struct Fixture {
     Send(learner, hb);
   }
 
-  // A delta of fragment p on base_version: small values drawn from the learner's own seed.
-  void Delta(int learner, uint32_t p, uint64_t base_version, uint64_t steps) {
+  // A delta of fragment p on base_version, sent at learner_step (default: steps): small values
+  // drawn from the learner's own seed.
+  void Delta(int learner, uint32_t p, uint64_t base_version, uint64_t steps, uint64_t learner_step = 0) {
     const Fragment& f = fragments[p];
     std::vector<float> delta(f.numel);
     Rng rng(100 + learner * 17 + p);
@@ -159,7 +160,7 @@ struct Fixture {
     d.base_version = base_version;
     d.c_steps = steps;
     d.c_tokens = steps * 64;
-    d.learner_step = steps;
+    d.learner_step = learner_step > 0 ? learner_step : steps;
     d.payload = FragmentPayloadInfo(f, codec, tensor_bytes);
     Send(learner, d, payload);
   }
@@ -385,7 +386,7 @@ std::vector<uint8_t> Scenario() {
   for (int l = 0; l < 3; l++) fx.Heartbeat(l, 20, 100);
   fx.Timer();  // fragment 1: grace expired
   fx.Delta(0, 0, 0, 20);  // base 0, current 1: too stale (max_staleness 0)
-  fx.Delta(1, 0, 1, 10);
+  fx.Delta(1, 0, 1, 10, 20);
   fx.port.Advance(11);
   fx.Timer();  // the drop goes out in a status
   REQUIRE(fx.core->Flush().ok());
