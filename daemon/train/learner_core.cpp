@@ -195,14 +195,16 @@ Status LearnerCore::SendLastWord() {
   if (res_.crashed) return Status::Ok();
   last_word_ = res_.stopped ? LearnerState::kStopping : LearnerState::kFinished;
   last_word_deadline_ = port_->Now() + std::chrono::milliseconds(sc_.heartbeat_timeout_ms);
-  return RepeatLastWord();
+  DL_RETURN_IF_ERROR(RepeatLastWord());
+  // Every message from here on is a copy of the last word: an ack of any of them will do (one
+  // that waited for the latest copy chased it on a link slower than the repeats: dst --seed 1963).
+  last_word_seq_ = seq_;
+  return Status::Ok();
 }
 
 Status LearnerCore::RepeatLastWord() {
   last_beat_ = port_->Now();
-  DL_RETURN_IF_ERROR(Heartbeat(*last_word_));
-  last_word_seq_ = seq_;
-  return Status::Ok();
+  return Heartbeat(*last_word_);
 }
 
 bool LearnerCore::LastWordHeard() const {

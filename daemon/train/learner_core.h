@@ -231,7 +231,7 @@ class LearnerCore {
   bool started_ = false;   // Start decided how to leave the initial "awaiting snapshot"
   bool training_ = false;  // BeginTraining ran
   bool flushing_ = false;  // BeginFlush ran
-  // SendLastWord: the final state, the seq of its latest copy, whether an ack covers it, and when
+  // SendLastWord: the final state, the seq of its first copy, whether an ack covers it, and when
   // the learner stops waiting for one.
   std::optional<LearnerState> last_word_;
   uint64_t last_word_seq_ = 0;
