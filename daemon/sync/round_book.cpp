@@ -273,8 +273,6 @@ std::vector<PendingDelta> RoundBook::TakeForMerge(uint32_t p, uint64_t current_v
   for (PendingDelta& pd : pending_[p]) {
     const StalenessCheck c = CheckStaleness(current_version, pd.base_version, options_.max_staleness);
     if (c.accepted()) {
-      const uint64_t fired =
-          (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments);
       RecallMerged(pd.learner, p, pd.learner_step);
       ok.push_back(std::move(pd));
     } else {

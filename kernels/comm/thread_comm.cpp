@@ -113,7 +113,7 @@ class ThreadComm final : public LocalComm {
   }
 
   CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
-    if (CommStatus st = admit("reduce_scatter", buf, Total(counts)); !st.ok()) return st;
+    if (CommStatus st = admit("reduce_scatter", buf, PartOffset(counts, (int)counts.size())); !st.ok()) return st;
     if (CommStatus st = post_parts("reduce_scatter", buf, counts); !st.ok()) return st;
     // This rank's part, summed in rank order in place: no other rank reads it (each reads its own
     // part of every buffer), and every value is read before it is written.
@@ -131,7 +131,7 @@ class ThreadComm final : public LocalComm {
   }
 
   CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
-    if (CommStatus st = admit("all_gather", buf, Total(counts)); !st.ok()) return st;
+    if (CommStatus st = admit("all_gather", buf, PartOffset(counts, (int)counts.size())); !st.ok()) return st;
     return all_gather_host(buf, counts);
   }
 
@@ -170,12 +170,6 @@ class ThreadComm final : public LocalComm {
   }
 
  private:
-  static size_t Total(const std::vector<size_t>& counts) {
-    size_t n = 0;
-    for (size_t c : counts) n += c;
-    return n;
-  }
-
   // In the checking mode, a device collective's buffer must be declared device memory; a refused
   // one fails the whole group at once, so the other ranks do not wait for this one.
   CommStatus admit(const char* what, const float* buf, size_t count) {
