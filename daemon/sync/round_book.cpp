@@ -217,16 +217,19 @@ std::optional<SyncTime> RoundBook::ExpectedDeltaAt(int learner, uint32_t p) cons
 bool RoundBook::PassedRound(const LearnerBook& lb, uint32_t p) const {
   if (!options_.lock_step || pending_[p].empty() || !lb.beat.have || p >= lb.beat.in_flight.size()) return false;
   if (lb.beat.state != LearnerState::kTraining || lb.beat.in_flight[p]) return false;
-  // The round's step: the last firing at or before its deltas' steps. Deltas sent at a learner's
-  // last step (its flush) do not count: a learner still training its last steps has nothing in
-  // flight for that round and must not be passed over (streaming lost its end merges to that).
+  // The round's step: the earliest of its deltas' cadence steps (the last firing at or before
+  // each one's step). The earliest, not the latest: a delta from a learner ahead of the fleet (a
+  // rejoiner) must not make the round wait for learners blocked on an older round that waits for
+  // them in turn (dilococtl dst --seed 28948). Deltas sent at a learner's last step (its flush) do
+  // not count: a learner still training its last steps has nothing in flight for that round and
+  // must not be passed over (streaming lost its end merges to that).
   const uint64_t last_step = options_.count_limits.max_steps;
-  uint64_t round_step = 0;
+  uint64_t round_step = std::numeric_limits<uint64_t>::max();
   for (const PendingDelta& pd : pending_[p])
     if (last_step == 0 || pd.learner_step < last_step)
-      round_step = std::max<uint64_t>(
+      round_step = std::min<uint64_t>(
           round_step, (uint64_t)LastFiring((int)p, (long)pd.learner_step, options_.inner_steps, options_.fragments));
-  return round_step > 0 && lb.beat.step > round_step;
+  return round_step != std::numeric_limits<uint64_t>::max() && round_step > 0 && lb.beat.step > round_step;
 }
 
 // Lock-step: a learner flushing at its end (kStopping) whose last heartbeat shows work for the

@@ -119,6 +119,7 @@ class RoundBook {
 
   bool HasPending(uint32_t fragment) const { return !pending_[fragment].empty(); }
   size_t PendingCount(uint32_t fragment) const { return pending_[fragment].size(); }
+  const std::vector<PendingDelta>& Pending(uint32_t fragment) const { return pending_[fragment]; }
   // Decide's input for fragment's open round.
   RoundState Round(uint32_t fragment, SyncTime now, const RoundTimings& timings) const;
   // The fragment's pending deltas that are still fresh at current_version, in learner order (a

@@ -242,9 +242,15 @@ Status VirtualSyncer::Finish() {
 
 std::string VirtualSyncer::Describe() {
   std::string out = "syncer:";
-  for (size_t p = 0; p < fragments_.size(); p++)
+  for (size_t p = 0; p < fragments_.size(); p++) {
     out += " fragment " + std::to_string(p) + " v" + std::to_string(state_.fragments[p].version) + " (" +
-           std::to_string(core_->book().PendingCount((uint32_t)p)) + " pending);";
+           std::to_string(core_->book().PendingCount((uint32_t)p)) + " pending";
+    // Whose deltas the open round holds: learner@step/base, to see whom it waits for.
+    for (const PendingDelta& pd : core_->book().Pending((uint32_t)p))
+      out += " " + std::to_string(pd.learner) + "@" + std::to_string(pd.learner_step) + "/" +
+             std::to_string(pd.base_version);
+    out += ");";
+  }
   for (int i = 0; i < options_.sync.learners; i++)
     out += " " + LearnerName(i) + (core_->book().Live(i, Now()) ? " live" : " not live") +
            (core_->learners()[i].heard ? "" : " (never heard)") + ";";

@@ -719,4 +719,25 @@ TEST_CASE("round book: lock-step: a learner past the round's step with nothing i
   CHECK(rs.learners[0].learner == 0);
 }
 
+
+TEST_CASE("round book: lock-step: a round holding deltas of two cadence steps is at the earlier one",
+          "[unit][sync][round_book]") {
+  RoundBookOptions o = Options(3, 2);  // H = 10, P = 2: fragment 0 fires at 10, 20, 30..
+  o.lock_step = true;
+  RoundBook book(o, kStart);
+  for (int l = 0; l < 3; l++) book.OnHeard(l, 1, At(0));
+  // Learner 0's resend of its step-10 delta (sent at 12) and learner 2, a rejoiner ahead of the
+  // fleet, firing at 20 share the open round.
+  REQUIRE(book.Admit(Delta(0, 0, 0, 12, 12), 0, At(1)));
+  REQUIRE(book.Admit(Delta(2, 0, 0, 10, 20), 0, At(2)));
+  // Learner 1 at step 15, nothing in flight for fragment 0 (blocked on another fragment's round
+  // that waits for learner 0): past the round of step 10, so not waited for. Judged by the
+  // rejoiner's step 20, the round would wait for learner 1 to reach 20, which it never would.
+  book.OnHeartbeat(1, Beat(15, 50, {Counters(0, 0, 5)}), At(3));
+  const RoundState rs = book.Round(0, At(4), kNoTimings);
+  REQUIRE(rs.learners.size() == 2);
+  CHECK(rs.learners[0].learner == 0);
+  CHECK(rs.learners[1].learner == 2);
+}
+
 }  // namespace diloco

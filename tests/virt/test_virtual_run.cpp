@@ -136,6 +136,9 @@ TEST_CASE("dst: drawn cases pass every invariant", "[virt][dst]") {
   // heartbeat timeout at the end (4043, 6834, 8475, 8667, 9586, 9903); the wait for its ack chased
   // the latest repeat on a slow link (1963).
   for (uint64_t seed : {26, 1963, 2083, 4043, 6834, 8359, 8475, 8667, 9586, 9903}) seeds.push_back(seed);
+  // A rejoiner ahead of the fleet put its delta in a round holding older ones; the round waited
+  // for learners blocked on a round that waited for them (28948: the round's step is its earliest).
+  seeds.push_back(28948);
   for (uint64_t seed : seeds) {
     const DstCase c = DrawDstCase(seed, base);
     DstCaseResult r;
