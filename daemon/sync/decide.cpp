@@ -104,15 +104,30 @@ std::optional<double> GraceStepMs(SyncTime now, const RoundState& state, const D
   return std::nullopt;
 }
 
+std::optional<double> FleetStepMs(SyncTime now, const RoundState& state, const DecideOptions& options) {
+  std::vector<double> steps;
+  for (const LearnerPresence& l : state.learners)
+    if (IsLive(now, l, options) && l.step_ms > 0) steps.push_back(l.step_ms);
+  if (steps.empty()) {
+    if (state.timings.step_ms.has_value()) return state.timings.step_ms.value();
+    return std::nullopt;
+  }
+  // The lower median: with two learners, the faster one's pace.
+  const size_t mid = (steps.size() - 1) / 2;
+  std::nth_element(steps.begin(), steps.begin() + (long)mid, steps.end());
+  return steps[mid];
+}
+
 double GraceCapMs(std::optional<double> step_ms, const DecideOptions& options) {
   double cap = std::max(0.0, options.grace_cap_ms);
   if (options.grace_cap_steps > 0 && step_ms) cap = std::min(cap, options.grace_cap_steps * *step_ms);
   return cap;
 }
 
-double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options, std::optional<double> step_ms) {
+double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options, std::optional<double> step_ms,
+                     std::optional<double> cap_step_ms) {
   if (!step_ms && timings.step_ms.has_value()) step_ms = timings.step_ms.value();
-  const double cap = GraceCapMs(step_ms, options);
+  const double cap = GraceCapMs(cap_step_ms ? cap_step_ms : step_ms, options);
   if (!step_ms) return cap;
   const double slack = options.overlap_steps * *step_ms - timings.quorum_ms.value() - timings.sync_ms.value();
   return std::clamp(options.grace_gamma * slack, 0.0, cap);
@@ -138,7 +153,8 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
       decoupled ? std::max(1, options.quorum) : static_cast<int>(state.learners.size());
   d.quorum = std::max(1, std::min(wanted, d.live));
   const std::optional<double> step_ms = decoupled ? GraceStepMs(now, state, options) : std::nullopt;
-  d.grace_ms = decoupled ? GraceWindowMs(state.timings, options, step_ms) : 0;
+  const std::optional<double> fleet_step_ms = decoupled ? FleetStepMs(now, state, options) : std::nullopt;
+  d.grace_ms = decoupled ? GraceWindowMs(state.timings, options, step_ms, fleet_step_ms) : 0;
 
   auto finish = [&](DecideAction action, DecideReason reason, SyncTime wait_until) {
     d.action = action;
@@ -161,7 +177,7 @@ Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& opti
   // (up to the cap) to the latest forecast arrival of a live learner.
   std::sort(arrivals.begin(), arrivals.end());
   const SyncTime quorum_at = arrivals[d.quorum - 1];
-  const SyncTime cap_end = Later(quorum_at, GraceCapMs(step_ms, options));
+  const SyncTime cap_end = Later(quorum_at, GraceCapMs(fleet_step_ms, options));
   SyncTime grace_end = Later(quorum_at, d.grace_ms);
   bool due_later = false;
   for (const LearnerPresence& l : state.learners) {

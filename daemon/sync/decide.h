@@ -64,7 +64,7 @@ struct DecideOptions {
   int overlap_steps = 2;     // τ
   double grace_gamma = 0.5;  // γ
   double grace_cap_ms = 2000;
-  double grace_cap_steps = 0;       // > 0: the cap is at most this many ξ_step
+  double grace_cap_steps = 0;       // > 0: the cap is at most this many of the fleet's steps
   bool grace_slowest_step = true;   // ξ_step: the slowest live learner's (else the heartbeats' EMA)
   bool grace_forecast = true;       // wait (up to the cap) for live learners whose delta is due
   int64_t heartbeat_timeout_ms = 3000;
@@ -123,15 +123,22 @@ DecideOptions DecideOptionsFor(const SyncConfig& sync);
 // while nothing is known.
 std::optional<double> GraceStepMs(SyncTime now, const RoundState& state, const DecideOptions& options);
 
-// The window's cap: grace_cap_ms, and at most grace_cap_steps × ξ_step when
-// both are known.
+// The fleet's pace: the median step time the live learners report (the lower one of an even
+// count), else the heartbeats' EMA; none while nothing is known. The cap's step: a cap meant to
+// bound the wait for learners slower than the fleet must not grow with the slowest of them
+// (counted in a 3x slow learner's steps, cap_steps would let every round wait 3x as long).
+std::optional<double> FleetStepMs(SyncTime now, const RoundState& state, const DecideOptions& options);
+
+// The window's cap: grace_cap_ms, and at most grace_cap_steps × step_ms (the
+// fleet's step, FleetStepMs) when both are known.
 double GraceCapMs(std::optional<double> step_ms, const DecideOptions& options);
 
 // clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap), ξ_step = step_ms or, when
-// not given, the timings' EMA; the cap while no step time is known yet
-// (nothing says the wait is too long).
+// not given, the timings' EMA; the cap's step cap_step_ms (else ξ_step); the cap
+// while no step time is known yet (nothing says the wait is too long).
 double GraceWindowMs(const RoundTimings& timings, const DecideOptions& options,
-                     std::optional<double> step_ms = std::nullopt);
+                     std::optional<double> step_ms = std::nullopt,
+                     std::optional<double> cap_step_ms = std::nullopt);
 
 Decision Decide(SyncTime now, const RoundState& state, const DecideOptions& options);
 

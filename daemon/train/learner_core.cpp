@@ -145,10 +145,18 @@ Status LearnerCore::Start(bool join_from_snapshot) {
 // put it out of step with every round, and the lock-step rounds then waited on each other (found
 // by `dilococtl dst --seed 444`). A snapshot without a cadence (no merge since the syncer
 // started) keeps the own step.
+//
+// A decoupled learner keeps its own progress but takes the fleet's phase: its step moves forward
+// (at most H - 1 steps, not trained) to the next step in step with the cadence modulo H, so its
+// fragments fire when the fleet's do. Rejoining half a cycle out of phase, each of its deltas
+// came H/2 steps after the fleet's: every round either waited for it (bunching the merges into
+// gaps of twice the merge interval: uptime 0.918 under chaos.sh's learner kills) or merged
+// without it.
 long LearnerCore::StartStep() const {
-  if (!o_.join_from_snapshot || block_after_ == std::numeric_limits<long>::max() || cadence_step_ == 0)
-    return o_.start_step;
-  return cadence_step_;  // at most train.steps (InstallSnapshot)
+  if (!o_.join_from_snapshot || cadence_step_ == 0) return o_.start_step;
+  if (block_after_ != std::numeric_limits<long>::max()) return cadence_step_;  // at most train.steps
+  const long ahead = ((cadence_step_ - o_.start_step) % H_ + H_) % H_;
+  return std::min<long>(o_.start_step + ahead, tc_.steps);
 }
 
 Status LearnerCore::BeginTraining() {

@@ -87,7 +87,8 @@ class LearnerCore {
   // calls it when the runtime has not.
   Status BeginTraining();
   // The step the inner loop starts at (after the join): options.start_step, or, rejoining a
-  // lock-step fleet from a snapshot, the fleet's step.
+  // lock-step fleet from a snapshot, the fleet's step; rejoining a decoupled fleet, its own step
+  // moved forward into the fleet's phase.
   long StartStep() const;
 
   // r: the frames (kept for buffering while a snapshot is awaited); m: their parse.

@@ -114,6 +114,35 @@ TEST_CASE("simulate: a lock-step learner blocked by the real ledger shows as blo
   CHECK(r.merges == Approx(900 / 1.1).epsilon(0.05));
 }
 
+// Learners killed and restarted 10 s later (88 steps of 0.113 s, 13 past a multiple of H = 25)
+// rejoin at their own step. Out of the fleet's phase, each of their deltas came half a cycle after
+// the fleet's, the rounds waited for them, and the merges bunched into gaps of more than twice the
+// merge interval: uptime 0.965. Rejoining in phase (LearnerCore::StartStep), the merges keep their
+// pace.
+TEST_CASE("simulate: a restarted decoupled learner rejoins in the fleet's phase", "[sim]") {
+  TempDir dir;
+  dir.Write("corpus.txt", "not read by the simulator\n");
+  dir.Write("run.yaml",
+            "model: {n_layer: 2, n_embd: 64, n_head: 4, block_size: 64}\n"
+            "data: {corpus: corpus.txt}\n"
+            "train: {batch_size: 8, steps: 1000}\n"
+            "sync: {learners: 4, fragments: 4, inner_steps: 25, quorum: 1, fold: replay,\n"
+            "       grace: {gamma: 0.5, cap_ms: 20000}}\n"
+            "chaos:\n"
+            "  events:\n"
+            "    - {at_s: 14, kill: {learner: 0, restart_after_s: 10}}\n"
+            "    - {at_s: 21.5, kill: {learner: 3, restart_after_s: 10}}\n"
+            "    - {at_s: 53.2, kill: {learner: 2, restart_after_s: 10}}\n"
+            "    - {at_s: 58.4, kill: {learner: 1, restart_after_s: 10}}\n");
+  const std::string path = dir.Write(
+      "sim.yaml", "run: run.yaml\nchips: 4\nhours: 0\nchip_mtbf_h: 0\nstep_s: 0.113\nstep_jitter: 0.05\nheartbeat_s: 0.2\n");
+  const SimResult r = Run(path, SimMode::kDecoupled);
+  INFO("uptime " << r.goodput.uptime << ", goodput " << r.goodput.goodput << ", contributors " << r.contributors_mean);
+  CHECK(r.failures == 4);
+  CHECK(r.goodput.uptime == Approx(1.0));
+  CHECK(r.contributors_mean > 3.5);
+}
+
 TEST_CASE("simulate: the same seed gives the same run", "[sim]") {
   TempDir dir;
   const std::string path = WriteScenario(dir, "learners: 4, fragments: 2, inner_steps: 10, quorum: 1",

@@ -423,6 +423,33 @@ TEST_CASE("sync: the grace cap in inner steps bounds the window and the forecast
   CHECK(d.grace_ms == Approx(500));
 }
 
+TEST_CASE("sync: the grace cap counts the fleet's steps, not the straggler's", "[unit][sync]") {
+  DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
+  o.grace_cap_ms = 20000;
+  o.grace_cap_steps = 4;
+  // Learners 0-2 step in 100 ms and learner 0's delta is in; learner 3, slowed to 300 ms a step,
+  // is due in 1200 ms: 4 of its own steps, 12 of the fleet's.
+  RoundState state = StateOf({{10, 0}, {10, kNever}, {10, kNever}, {10, kNever, 1200}}, {100.0, 0.0, 0.0});
+  for (LearnerPresence& l : state.learners) l.step_ms = 100;
+  state.learners[3].step_ms = 300;
+  CHECK(FleetStepMs(kNow, state, o) == Approx(100));
+  CHECK(GraceStepMs(kNow, state, o) == Approx(300));  // the window's ξ_step is still the slowest
+  Decision d = Decide(kNow, state, o);
+  CHECK(d.awaited == 0);  // due after 4 fleet steps: not waited for
+  CHECK(d.grace_ms == Approx(300));  // 0.5 · (2 · 300), within the 400 ms cap
+  // Due in 350 ms, within 4 fleet steps: waited for.
+  state.learners[3].expected_at = kNow + std::chrono::milliseconds(350);
+  d = Decide(kNow, state, o);
+  CHECK(d.reason == DecideReason::kAwaitingDue);
+  CHECK(d.awaited == 1);
+  // The lower median of an even count; nothing reported: the heartbeats' EMA.
+  state.learners[0].step_ms = 50;
+  CHECK(FleetStepMs(kNow, state, o) == Approx(100));
+  for (LearnerPresence& l : state.learners) l.step_ms = 0;
+  CHECK(FleetStepMs(kNow, state, o) == Approx(100));
+  CHECK_FALSE(FleetStepMs(kNow, StateOf({{10, 10}}, {}), o).has_value());
+}
+
 TEST_CASE("sync: Ema takes its first sample as is, then moves by its weight", "[unit][sync]") {
   Ema ema(0.2);
   CHECK_FALSE(ema.has_value());

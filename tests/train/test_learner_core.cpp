@@ -157,6 +157,32 @@ struct Fixture {
     return core->OnDownlink(r, parsed);
   }
 
+  // Part p of a snapshot (one fragment each) answering request_id: the syncer's Θ_p moved by 0.01,
+  // appended to *values.
+  Status SnapshotPart(int p, uint64_t request_id, const std::vector<uint64_t>& versions, uint64_t cadence_step,
+                      std::vector<std::vector<float>>* values) {
+    CodecOptions fp32;
+    fp32.kind = CodecKind::kFp32;
+    std::vector<float> v = global[p];
+    for (float& x : v) x += 0.01f;
+    std::vector<uint8_t> payload;
+    std::vector<uint64_t> tensor_bytes;
+    REQUIRE(EncodeTensors(fp32, v, FragmentNumels(frags[p]), &payload, &tensor_bytes).ok());
+    SnapshotMsg sm;
+    sm.request_id = request_id;
+    sm.snapshot_id = 1;
+    sm.part = (uint32_t)p;
+    sm.num_parts = (uint32_t)frags.size();
+    sm.fragment = (uint32_t)p;
+    sm.version = versions[p];
+    sm.versions = versions;
+    sm.cadence_step = cadence_step;
+    sm.fragment_crc32c = Crc32c(v.data(), v.size() * sizeof(float));
+    sm.payload = FragmentPayloadInfo(frags[p], fp32, tensor_bytes);
+    values->push_back(std::move(v));
+    return Dealer(sm, payload);
+  }
+
   // The syncer's ROUTER replies on the learner's DEALER.
   Status Dealer(const MessageBody& body, const std::vector<uint8_t>& payload = {}) {
     OutgoingMessage om;
@@ -545,27 +571,9 @@ TEST_CASE("LearnerCore: joining from a snapshot installs it before training", "[
   fx.port.Advance(fx.o.snapshot_retry_ms / 2);
 
   const std::vector<uint64_t> versions = {3, 5};
-  CodecOptions fp32;
-  fp32.kind = CodecKind::kFp32;
   std::vector<std::vector<float>> values;
   for (int p = 0; p < 2; p++) {
-    std::vector<float> v = fx.global[p];
-    for (float& x : v) x += 0.01f;
-    std::vector<uint8_t> payload;
-    std::vector<uint64_t> tensor_bytes;
-    REQUIRE(EncodeTensors(fp32, v, FragmentNumels(fx.frags[p]), &payload, &tensor_bytes).ok());
-    SnapshotMsg sm;
-    sm.request_id = request_id;
-    sm.snapshot_id = 1;
-    sm.part = (uint32_t)p;
-    sm.num_parts = 2;
-    sm.fragment = (uint32_t)p;
-    sm.version = versions[p];
-    sm.versions = versions;
-    sm.fragment_crc32c = Crc32c(v.data(), v.size() * sizeof(float));
-    sm.payload = FragmentPayloadInfo(fx.frags[p], fp32, tensor_bytes);
-    REQUIRE(fx.Dealer(sm, payload).ok());
-    values.push_back(std::move(v));
+    REQUIRE(fx.SnapshotPart(p, request_id, versions, 0, &values).ok());
     if (p == 0) {
       fx.port.Advance(fx.o.snapshot_retry_ms / 2 + fx.o.snapshot_retry_ms / 4);  // past the request's retry
       REQUIRE(fx.core->OnTimer().ok());
@@ -584,6 +592,52 @@ TEST_CASE("LearnerCore: joining from a snapshot installs it before training", "[
   StepControl control;
   REQUIRE(fx.core->BeforeStep(0, &control).ok());
   CHECK(control.changed.size() == fx.frags[0].ranges.size() + fx.frags[1].ranges.size());
+}
+
+TEST_CASE("LearnerCore: rejoining from a snapshot, a learner takes the fleet's cadence", "[unit]") {
+  // H = 10. The snapshot says the fleet's cadence is at step 52; the learner resumes at its step 37.
+  struct Row {
+    SyncMode mode;
+    long expect;
+  };
+  for (const Row& row : {Row{SyncMode::kDecoupled, 42},  // its own progress, moved into the phase of 52
+                         Row{SyncMode::kStreaming, 52},  // lock-step: the fleet's step
+                         Row{SyncMode::kDiloco, 52}}) {
+    RunConfig cfg = TinyConfig(row.mode, row.mode == SyncMode::kDiloco ? 1 : 2, 10);
+    Fixture fx(cfg);
+    fx.o.start_step = 37;
+    fx.o.join_from_snapshot = true;
+    fx.core = std::make_unique<LearnerCore>(fx.o, fx.ring->backend(0), *fx.outer, fx.frags, 0xC0DE, &fx.port);
+    REQUIRE(fx.core->SetUp().ok());
+    REQUIRE(fx.core->OnJoinTimer().ok());
+    REQUIRE(fx.Welcome().ok());
+    REQUIRE(fx.core->Start(true).ok());
+    const auto requests = fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
+    REQUIRE(requests.back().get<SnapshotRequestMsg>());
+    const uint64_t request_id = requests.back().get<SnapshotRequestMsg>()->request_id;
+    std::vector<std::vector<float>> values;
+    const std::vector<uint64_t> versions(fx.frags.size(), 4);
+    for (int p = 0; p < (int)fx.frags.size(); p++) REQUIRE(fx.SnapshotPart(p, request_id, versions, 52, &values).ok());
+    REQUIRE_FALSE(fx.core->AwaitingSnapshot());
+    INFO(ToString(row.mode));
+    CHECK(fx.core->StartStep() == row.expect);
+  }
+  // A cadence within H - 1 steps behind its own step moves it forward too (never back: its
+  // earlier incarnation's deltas up to its step may be merged already).
+  RunConfig cfg = TinyConfig(SyncMode::kDecoupled, 2, 10);
+  Fixture fx(cfg);
+  fx.o.start_step = 55;
+  fx.o.join_from_snapshot = true;
+  fx.core = std::make_unique<LearnerCore>(fx.o, fx.ring->backend(0), *fx.outer, fx.frags, 0xC0DE, &fx.port);
+  REQUIRE(fx.core->SetUp().ok());
+  REQUIRE(fx.core->OnJoinTimer().ok());
+  REQUIRE(fx.Welcome().ok());
+  REQUIRE(fx.core->Start(true).ok());
+  const auto requests = fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
+  const uint64_t request_id = requests.back().get<SnapshotRequestMsg>()->request_id;
+  std::vector<std::vector<float>> values;
+  for (int p = 0; p < 2; p++) REQUIRE(fx.SnapshotPart(p, request_id, {4, 4}, 52, &values).ok());
+  CHECK(fx.core->StartStep() == 62);
 }
 
 TEST_CASE("LearnerCore: the same events at the same times send the same bytes", "[unit]") {
