@@ -10,7 +10,8 @@
 //     overlap: 2               # tau: inner steps a delta may be in flight
 //     quorum: 1                # K (decoupled; the lock-step modes wait for every live learner)
 //     grace: {gamma: 0.5, cap_ms: 2000}   # also cap_steps: 0 (paper: ~1), step_time: slowest | mean,
-//                                         # forecast: true (wait for learners whose delta is due)
+//                                         # forecast: true (wait for learners whose delta is due),
+//                                         # straggler_ratio: 2 (not for learners 2x slower than the fleet)
 //     max_staleness: 4         # versions; older deltas are dropped
 //     weighting: tokens        # tokens (c_tok^2 / c_steps) | uniform
 //     merge: rda               # rda | mean
@@ -98,13 +99,16 @@ inline std::string_view ToString(GraceStepTime v) { return kGraceStepTimeNames[s
 struct GraceConfig {
   double gamma = 0.5;  // in [0, 1]: share of the slack the syncer may spend waiting
   int cap_ms = 2000;   // upper bound of the grace window
-  // > 0: the cap is also at most this many of ξ_step (the paper caps the window near one
-  // step); 0: cap_ms alone.
+  // > 0: the cap is also at most this many of the fleet's steps (the paper caps the window near
+  // one step); 0: cap_ms alone.
   double cap_steps = 0;
   GraceStepTime step_time = GraceStepTime::kSlowest;
   // Stretch the window (up to the cap) to the forecast arrival of live learners whose delta is
   // due (from their heartbeats).
   bool forecast = true;
+  // > 0: the forecast does not wait for a learner whose step time is more than this many times
+  // the fleet's (a straggler: the rounds would go at its pace); 0: it waits for every due learner.
+  double straggler_ratio = 2;
   bool operator==(const GraceConfig&) const = default;
 };
 

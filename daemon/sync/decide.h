@@ -67,6 +67,7 @@ struct DecideOptions {
   double grace_cap_steps = 0;       // > 0: the cap is at most this many of the fleet's steps
   bool grace_slowest_step = true;   // ξ_step: the slowest live learner's (else the heartbeats' EMA)
   bool grace_forecast = true;       // wait (up to the cap) for live learners whose delta is due
+  double grace_straggler_ratio = 0;  // > 0: not for learners this many times slower than the fleet
   int64_t heartbeat_timeout_ms = 3000;
 };
 

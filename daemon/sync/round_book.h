@@ -155,6 +155,12 @@ class RoundBook {
   // fires only H steps later (seeds 413, 955); what it fires into a round already merged is
   // dropped as late.
   uint64_t CadenceStep() const;
+  // Decoupled: where the fleet's steps stand now (0: no learner training), the snapshot's cadence
+  // for a rejoining learner, which takes its phase (LearnerCore::StartStep). The median over the
+  // live training learners of each one's last reported step plus the whole steps since, at its
+  // step time: the merged cadence lags the fleet by up to H / P steps, and so would the rejoiner.
+  uint64_t FleetStep(SyncTime now) const;
+  const RoundBookOptions& options() const { return options_; }
 
  private:
   struct Beat {

@@ -329,7 +329,7 @@ Status SyncerCore::HandleSnapshotRequest(const std::string& peer, const ParsedMe
     sm.version = fg.version;
     sm.fragment_crc32c = Crc32c(fg.theta.data(), fg.theta.size() * sizeof(float));
     sm.versions = versions;
-    sm.cadence_step = book_.CadenceStep();
+    sm.cadence_step = book_.options().lock_step ? book_.CadenceStep() : book_.FleetStep(port_.Now());
     sm.payload = FragmentPayloadInfo(fragments_[p], fp32, tensor_bytes);
     DL_RETURN_IF_ERROR(Reply(peer, sm, payload));
   }

@@ -224,7 +224,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
   const std::string head = std::string(kMinimal) + "sync:\n";  // sync's keys from line 4
   CHECK(ErrorOf(head + "  grace:\n    gama: 1\n") ==
         "run.yaml:5:5: unknown key 'sync.grace.gama'; known keys in 'sync.grace': gamma, "
-        "cap_ms, cap_steps, step_time, forecast; did you mean 'gamma'?");
+        "cap_ms, cap_steps, step_time, forecast, straggler_ratio; did you mean 'gamma'?");
   CHECK_THAT(ErrorOf(head + "  quorom: 2\n"),
              StartsWith("run.yaml:4:3: unknown key 'sync.quorom'; known keys in 'sync': mode, "
                         "learners, fragments, inner_steps, overlap, quorum, grace, "));

@@ -450,6 +450,26 @@ TEST_CASE("sync: the grace cap counts the fleet's steps, not the straggler's", "
   CHECK_FALSE(FleetStepMs(kNow, StateOf({{10, 10}}, {}), o).has_value());
 }
 
+TEST_CASE("sync: the forecast does not wait for a straggler", "[unit][sync]") {
+  DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
+  o.grace_cap_ms = 20000;
+  o.grace_straggler_ratio = 2;
+  // Learners 0-2 step in 100 ms, learner 0's delta is in; learner 3 is due in 900 ms.
+  RoundState state = StateOf({{10, 0}, {10, kNever}, {10, kNever}, {10, kNever, 900}}, {100.0, 0.0, 0.0});
+  for (LearnerPresence& l : state.learners) l.step_ms = 100;
+  state.learners[3].step_ms = 190;  // 1.9x the fleet's step: waited for
+  Decision d = Decide(kNow, state, o);
+  CHECK(d.reason == DecideReason::kAwaitingDue);
+  CHECK(d.awaited == 1);
+  state.learners[3].step_ms = 300;  // 3x: a straggler, the rounds do not go at its pace
+  d = Decide(kNow, state, o);
+  CHECK(d.awaited == 0);
+  CHECK(d.reason == DecideReason::kGraceRunning);
+  o.grace_straggler_ratio = 0;  // off: waited for
+  d = Decide(kNow, state, o);
+  CHECK(d.awaited == 1);
+}
+
 TEST_CASE("sync: Ema takes its first sample as is, then moves by its weight", "[unit][sync]") {
   Ema ema(0.2);
   CHECK_FALSE(ema.has_value());

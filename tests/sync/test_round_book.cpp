@@ -597,6 +597,20 @@ TEST_CASE("round book: the forecast follows the newest heartbeat and stops while
   CHECK(due(0) == 420 + (4 + 1) * 40);
   book.OnHeartbeat(0, Beat(107, 40, {Counters(1, 4, 2, /*in_flight=*/false)}), At(460));
   CHECK(due(1) == 460 + (8 + 1) * 40);  // fires next at step 115
+
+  // The run ends at step 110: at its last step a learner sends every fragment's work, so a
+  // fragment firing later is due then.
+  RoundBookOptions o = Options(1, 2);
+  o.count_limits.max_steps = 110;
+  RoundBook end(o, kStart);
+  end.OnHeard(0, 1, At(0));
+  end.OnHeartbeat(0, Beat(107, 40), At(460));
+  const std::optional<SyncTime> last = end.ExpectedDeltaAt(0, 0);  // fires next at 110: the same
+  REQUIRE(last);
+  CHECK(Ms(*last) == 460 + (3 + 1) * 40);
+  const std::optional<SyncTime> early = end.ExpectedDeltaAt(0, 1);  // fires next at 115: due at 110
+  REQUIRE(early);
+  CHECK(Ms(*early) == 460 + (3 + 1) * 40);
 }
 
 }  // namespace
