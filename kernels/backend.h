@@ -50,8 +50,8 @@ struct BackendOptions {
   GptConfig model;
   int max_batch = 1;  // sequences per forward_backward (activation memory scales with it)
   bool recompute = false;  // block-level activation recompute (GptOptions::recompute)
-  // A rank of a sharded ring keeps rank's part (ShardCounts(num_params, world)) of the state
-  // that shard says; ring_train_step then runs sharded_train_step.
+  // A rank of a sharded ring keeps rank's part (ShardCounts(num_params, world), kernels/shard.h)
+  // of the state that shard says; ring_train_step then runs sharded_train_step.
   ShardMode shard = ShardMode::kNone;
   int rank = 0;
   int world = 1;
@@ -83,6 +83,10 @@ class TrainingBackend {
   // params_written so any low-precision copy follows.
   virtual float* param_buffer() = 0;
   virtual void params_written(size_t offset, size_t count) = 0;
+  // The floats param_buffer() (and a whole grad_buffer()) hold: num_params, or on a sharded ring
+  // ShardPaddedFloats(num_params, world), the pads past the table zeros (kernels/shard.h) so that
+  // the sharded step's collectives move equal parts.
+  virtual size_t param_buffer_floats() const { return num_params(); }
 
   // AdamW moments and step (checkpoints, a learner that rejoins), in table layout. A rank of a
   // sharded ring keeps only optimizer_range(): download writes that range of out->m and out->v

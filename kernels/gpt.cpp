@@ -51,8 +51,9 @@ Gpt::Gpt(const GptConfig& config, int max_batch, const GptOptions& options)
     : config_(config), max_batch_(max_batch), options_(options), table_(gpt_tensor_table(config)) {
   DL_CHECK(config.n_embd % config.n_head == 0, "n_embd %d %% n_head %d", config.n_embd, config.n_head);
   DL_CHECK(max_batch > 0 && config.block_size > 0, "empty batch");
-  params_.assign(table_.total_numel(), 0.0f);
-  if (options.keep_grads) grads_.assign(table_.total_numel(), 0.0f);
+  const size_t buffer = std::max(table_.total_numel(), options.buffer_floats);
+  params_.assign(buffer, 0.0f);
+  if (options.keep_grads) grads_.assign(buffer, 0.0f);
 
   const size_t B = max_batch, T = config.block_size, C = config.n_embd;
   const size_t L = config.n_layer, NH = config.n_head, V = config.vocab_size;

@@ -40,6 +40,9 @@ struct GptOptions {
   // backward(sink) (sharded gradients) sets false to save num_params() floats; grads() is then
   // null and backward() without a sink fails.
   bool keep_grads = true;
+  // The floats params() and grads() hold, if more than num_params(): the tail past the table
+  // stays zero (a sharded ring's padded buffers, kernels/shard.h).
+  size_t buffer_floats = 0;
 };
 
 // Where backward() puts gradients when the caller takes them bucket by bucket (ZeRO-2, a ring

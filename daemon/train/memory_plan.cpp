@@ -29,8 +29,10 @@ struct PlanShape {
   bool cuda = false;
   int world = 1;
   uint64_t n = 0;           // parameters
-  uint64_t shard = 0;       // the largest rank's shard (ShardCounts)
-  uint64_t bucket = 0;      // the largest gradient bucket (ZeRO-2)
+  uint64_t shard = 0;       // rank 0's shard, the largest (ShardCounts)
+  uint64_t padded = 0;      // a sharded ring's padded parameter buffer (ShardPaddedFloats)
+  uint64_t bucket = 0;      // the gradient buckets open at once on the cpu (ZeRO-2)
+  uint64_t cuda_bucket = 0;  // and on cuda (the blocks' bucket double-buffered)
   uint64_t tensor_chunks = 0;  // AdamW chunks on cuda
   bool outer_sync = false;
   uint64_t largest_fragment = 0;   // values
@@ -55,6 +57,7 @@ Status MakeShape(const RunConfig& cfg, PlanShape* s) {
   const TensorTable table = gpt_tensor_table(GptConfigOf(cfg.model));
   s->n = table.total_numel();
   for (size_t c : ShardCounts(s->n, s->world)) s->shard = std::max<uint64_t>(s->shard, c);
+  s->padded = ShardPaddedFloats(s->n, s->world);
   // Buckets: one block's tensors (contiguous), wte + wpe, ln_f.
   uint64_t embed = 0, lnf = 0;
   std::vector<uint64_t> blocks(cfg.model.n_layer, 0);
@@ -74,6 +77,7 @@ Status MakeShape(const RunConfig& cfg, PlanShape* s) {
   uint64_t largest = lnf;
   for (uint64_t b : blocks) largest = std::max(largest, b);
   s->bucket = embed + largest;
+  s->cuda_bucket = embed + 2 * largest;
 
   const SyncConfig& sc = cfg.sync;
   s->outer_sync = sc.mode != SyncMode::kDdp && sc.learners > 1;
@@ -136,17 +140,26 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
   c.clear();
   host.clear();
   const std::string shard_of = "the rank's shard (" + std::to_string(shard) + " of " + std::to_string(n) + ")";
+  const uint64_t bucket = s.cuda ? s.cuda_bucket : s.bucket;
   const std::string grads_of =
-      "its shard + the buckets open at once (" + std::to_string(shard) + " + " + std::to_string(s.bucket) + ")";
-  const uint64_t grad_values = zero2 ? shard + s.bucket : n;
+      "its shard + the buckets open at once (" + std::to_string(shard) + " + " + std::to_string(bucket) + ")";
+  // A sharded ring's parameters (and ZeRO-1's gradients) sit in a buffer of world equal shards.
+  const uint64_t buffer = sharded ? s.padded : n;
+  const std::string padded_of = "the padded buffer (" + std::to_string(s.world) + " equal shards: " +
+                                std::to_string(s.padded) + " for " + std::to_string(n) + " params)";
+  const uint64_t grad_values = zero2 ? shard + bucket : buffer;
   const bool sync_here = s.outer_sync && (s.cuda ? true : rank0);
   const uint64_t frag = s.largest_fragment;
 
   if (!s.cuda) {
-    c.push_back({"params", "parameters (fp32)", kF32 * n, PerParam(4, "params (Gpt::params)"), false});
+    c.push_back({"params", "parameters (fp32)", kF32 * buffer,
+                 PerParam(4, sharded ? padded_of.c_str() : "params (Gpt::params)"), false});
     c.push_back({"bf16_copy", "bf16 copy", 0, "none on the cpu", false});
     c.push_back({"grads", "gradients (fp32)", kF32 * grad_values,
-                 zero2 ? PerParam(4, grads_of.c_str()) : PerParam(4, "params (Gpt::grads)"), false});
+                 zero2     ? PerParam(4, grads_of.c_str())
+                 : sharded ? PerParam(4, padded_of.c_str())
+                           : PerParam(4, "params (Gpt::grads)"),
+                 false});
     c.push_back({"moments", "AdamW moments", 8 * (sharded ? shard : n),
                  sharded ? PerParam(8, shard_of.c_str()) : PerParam(8, "params (m, v)"), false});
     if (s.outer_sync && sharded) {
@@ -191,11 +204,16 @@ void Components(const PlanShape& s, uint64_t B, bool rank0, MemoryPlan* plan) {
   } else {
     // The CUDA backend keeps the whole fp32 θ on every rank, sharded or not: checkpoints, the
     // parameter CRC and the outer state's folds read it (the shard's moments are what shrink).
-    c.push_back({"params", "master parameters (fp32)", kF32 * n,
-                 PerParam(4, "params") + (sharded ? " (whole on every rank: all-gathered in fp32)" : ""), false});
+    c.push_back({"params", "master parameters (fp32)", kF32 * buffer,
+                 sharded ? PerParam(4, padded_of.c_str()) + " (whole on every rank: all-gathered in fp32)"
+                         : PerParam(4, "params"),
+                 false});
     c.push_back({"bf16_copy", "bf16 copy", kBf16 * n, PerParam(2, "params"), false});
     c.push_back({"grads", "gradients (fp32)", kF32 * grad_values,
-                 zero2 ? PerParam(4, grads_of.c_str()) : PerParam(4, "params"), zero2});
+                 zero2     ? PerParam(4, grads_of.c_str())
+                 : sharded ? PerParam(4, padded_of.c_str())
+                           : PerParam(4, "params"),
+                 zero2});
     c.push_back({"moments", "AdamW moments", 8 * (sharded ? shard : n),
                  sharded ? PerParam(8, shard_of.c_str()) : PerParam(8, "params (m, v)"), sharded});
     if (s.outer_sync) {

@@ -11,9 +11,12 @@
 //         backward scratch, cuBLASLt workspace, outer-sync state on the device).
 // Sharding (train.shard) and recompute (train.recompute) follow the design where the engine does
 // not run them yet; those components say so (modelled = true):
-//   optimizer  moments (and on cuda the fp32 master) of the rank's shard only (ShardCounts).
-//   gradients  as optimizer, and the gradient buffer holds the rank's shard plus one bucket (the
-//              largest of: one block's tensors, wte + wpe, ln_f).
+//   optimizer  moments of the rank's shard only (ShardCounts); the fp32 parameters (and the
+//              gradients) in a buffer padded to world equal shards (ShardPaddedFloats: the
+//              sharded step's collectives move equal parts, kernels/shard.h).
+//   gradients  as optimizer, and the gradient buffer holds the rank's shard plus the buckets open
+//              at once: wte + wpe and one of ln_f / a block on the cpu, two of them on cuda
+//              (kernels/cuda/grad_buckets.h double-buffers them to overlap the reduce-scatters).
 //   cuda       the bf16 copy stays whole (parameters are all-gathered in bf16), the outer-sync
 //              state is 16 B x shard (each rank keeps its part).
 //   recompute  per-layer activation slots for one layer only, plus each layer's input residual

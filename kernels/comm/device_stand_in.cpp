@@ -11,8 +11,8 @@ class DeviceStandIn final : public TrainingBackend {
     // The buffers the daemon may hand to the ring: on a GPU, the engine's device allocations.
     params_ = b_->param_buffer();
     grads_ = b_->grad_buffer();  // none on a ZeRO-2 rank
-    device_->Add(params_, num_params() * sizeof(float));
-    if (grads_) device_->Add(grads_, num_params() * sizeof(float));
+    device_->Add(params_, b_->param_buffer_floats() * sizeof(float));
+    if (grads_) device_->Add(grads_, b_->param_buffer_floats() * sizeof(float));
   }
   ~DeviceStandIn() override {
     device_->Remove(params_);
@@ -29,6 +29,7 @@ class DeviceStandIn final : public TrainingBackend {
     b_->download_params(host, offset, count);
   }
   float* param_buffer() override { return b_->param_buffer(); }
+  size_t param_buffer_floats() const override { return b_->param_buffer_floats(); }
   void params_written(size_t offset, size_t count) override { b_->params_written(offset, count); }
   void download_optimizer(AdamWState* out) const override { b_->download_optimizer(out); }
   void upload_optimizer(const AdamWState& state) override { b_->upload_optimizer(state); }

@@ -75,6 +75,30 @@ class LocalComm {
   // all_gather: every part of buf = its owner's part, on every rank.
   virtual CommStatus all_gather(float* buf, const std::vector<size_t>& counts) = 0;
 
+  // reduce_scatter and all_gather ordered on the caller's stream, for a device ring's overlap of
+  // its collectives with compute (CudaBackend's sharded step). `stream` is a cudaStream_t passed
+  // as void* (kernels/comm knows no CUDA). The collective is enqueued on `stream`, after the
+  // work already there, and the call returns without waiting for it: the caller orders its other
+  // streams with events, and calls wait_stream before the host relies on what it wrote. Every
+  // enqueued collective of the ring must be done (wait_stream) before the ring's blocking
+  // collectives run on its own stream. A host ring has no streams: it runs the blocking
+  // collective now (the defaults here).
+  virtual CommStatus reduce_scatter_on(void* stream, float* buf, const std::vector<size_t>& counts, ReduceOp op) {
+    (void)stream;
+    return reduce_scatter(buf, counts, op);
+  }
+  virtual CommStatus all_gather_on(void* stream, float* buf, const std::vector<size_t>& counts) {
+    (void)stream;
+    return all_gather(buf, counts);
+  }
+  // Waits on the host for the work enqueued on `stream`, watching abort(), the ring's errors and
+  // its deadline as a blocking collective does (a dead peer ends the wait with an error, not a
+  // hang). Nothing to wait for on a host ring.
+  virtual CommStatus wait_stream(void* stream) {
+    (void)stream;
+    return CommStatus::Ok();
+  }
+
   // broadcast and all_gather of float buffers in host memory whatever memory() is: for callers
   // whose values are on the host (the sharded outer state's packed fragments and payloads). A
   // device ring stages them through its own device scratch, as all_reduce_host does; a host ring

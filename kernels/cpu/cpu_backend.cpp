@@ -79,20 +79,30 @@ class CpuBackend::ShardedGrads final : public GradSink {
 
 namespace {
 
+// The floats of the model's params and grads: padded to world equal shards on a sharded ring.
+size_t BufferFloats(const BackendOptions& o) {
+  const size_t n = gpt_tensor_table(o.model).total_numel();
+  return o.shard == ShardMode::kNone ? n : ShardPaddedFloats(n, o.world);
+}
+
 GptOptions GptOptionsOf(const BackendOptions& o) {
   GptOptions g;
   g.recompute = o.recompute;
   g.keep_grads = o.shard != ShardMode::kGradients;
+  g.buffer_floats = BufferFloats(o);
   return g;
 }
 
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& options)
-    : model_(options.model, options.max_batch, GptOptionsOf(options)), shard_mode_(options.shard) {
+    : model_(options.model, options.max_batch, GptOptionsOf(options)),
+      shard_mode_(options.shard),
+      buffer_floats_(BufferFloats(options)) {
   shard_ = {0, num_params()};
   if (shard_mode_ != ShardMode::kNone) {
     shard_counts_ = ShardCounts(num_params(), options.world);
+    padded_counts_ = ShardPaddedCounts(num_params(), options.world);
     shard_ = {PartOffset(shard_counts_, options.rank), shard_counts_[options.rank]};
   }
   if (shard_mode_ == ShardMode::kGradients) sharded_grads_ = std::make_unique<ShardedGrads>(shard_counts_, shard_);
@@ -102,8 +112,8 @@ CpuBackend::~CpuBackend() = default;
 
 TrainingBackend::Allocated CpuBackend::allocated() const {
   Allocated a;
-  a.params = num_params() * sizeof(float);
-  a.grads = sharded_grads_ ? sharded_grads_->bytes() : num_params() * sizeof(float);
+  a.params = buffer_floats_ * sizeof(float);
+  a.grads = sharded_grads_ ? sharded_grads_->bytes() : buffer_floats_ * sizeof(float);
   a.moments = (optimizer_.m.size() + optimizer_.v.size()) * sizeof(float);
   size_t outer = scratch_.size() + scratch2_.size() + residual_scratch_.size();
   for (const SyncFragment& f : sync_)
@@ -164,7 +174,8 @@ CommStatus CpuBackend::sharded_train_step(LocalComm& comm, const int* inputs, co
   AdamWHyper clipped = hp;
   clipped.grad_scale = hp.grad_scale * clip_scale(s.grad_norm, grad_clip);
   adamw_step_range(model_.params(), grads, optimizer_, model_.table(), clipped, shard_.offset, shard_.count);
-  if (CommStatus st = comm.all_gather(model_.params(), shard_counts_); !st.ok()) return st;
+  // Equal parts of the padded buffer (kernels/shard.h): the pads are zeros on every rank.
+  if (CommStatus st = comm.all_gather(model_.params(), padded_counts_); !st.ok()) return st;
   stats->applied = true;
   return CommStatus::Ok();
 }
@@ -178,7 +189,7 @@ const float* CpuBackend::ReduceShardGradients(LocalComm& comm, CommStatus* statu
   }
   model_.zero_grad();
   model_.backward();
-  *status = comm.reduce_scatter(model_.grads(), shard_counts_, ReduceOp::kMean);
+  *status = comm.reduce_scatter(model_.grads(), padded_counts_, ReduceOp::kMean);
   return model_.grads() + shard_.offset;
 }
 

@@ -18,6 +18,7 @@ class CpuBackend final : public TrainingBackend {
   void upload_params(const float* host, size_t offset, size_t count) override;
   void download_params(float* host, size_t offset, size_t count) const override;
   float* param_buffer() override { return model_.params(); }
+  size_t param_buffer_floats() const override { return buffer_floats_; }
   void params_written(size_t, size_t) override {}  // no second copy on the CPU
   void download_optimizer(AdamWState* out) const override;
   void upload_optimizer(const AdamWState& state) override;
@@ -70,7 +71,9 @@ class CpuBackend final : public TrainingBackend {
   // Sharded rings: this rank keeps AdamW moments for shard_ only (the whole table unsharded), and
   // with kGradients the model keeps no gradient buffer: sharded_grads_ holds the shard's.
   ShardMode shard_mode_;
-  std::vector<size_t> shard_counts_;  // every rank's share, ShardCounts(num_params, world)
+  std::vector<size_t> shard_counts_;   // every rank's real values, ShardCounts(num_params, world)
+  std::vector<size_t> padded_counts_;  // ShardPaddedCounts: the parts of the padded buffers
+  size_t buffer_floats_ = 0;           // of the model's params and grads: num_params or padded
   ParamRange shard_;
   std::unique_ptr<ShardedGrads> sharded_grads_;
   AdamWState optimizer_;

@@ -8,7 +8,12 @@
 // (ZeRO-1: the whole buffer after backward; ZeRO-2: bucket by bucket as the
 // backward finishes them, grad_buckets.h), AdamW moments kept and updated for
 // this rank's shard only, the global norm from the ranks' chunk sums, and the
-// updated shard all-gathered. The fp32 parameters stay whole on every rank:
+// updated shard all-gathered. The parameter buffer (and ZeRO-1's gradient
+// buffer) is padded to world equal shards (kernels/shard.h), so those two
+// collectives are one ncclReduceScatter and one ncclAllGather. They run on
+// comm_stream_, ordered against the compute stream with events: the host
+// waits for the ring once after the backward and once after the gather, never
+// per bucket. The fp32 parameters stay whole on every rank:
 // param_buffer(), download_params and the outer-sync state's pieces
 // (daemon/train/outer_state.h) read and write fp32 θ anywhere in the table,
 // so the gather moves fp32 and each rank refreshes its bf16 copy from it.
@@ -58,6 +63,7 @@ class CudaBackend final : public TrainingBackend {
   void upload_params(const float* host, size_t offset, size_t count) override;
   void download_params(float* host, size_t offset, size_t count) const override;
   float* param_buffer() override { return params_.get(); }
+  size_t param_buffer_floats() const override { return params_.size(); }
   void params_written(size_t offset, size_t count) override;
   void download_optimizer(AdamWState* out) const override;
   void upload_optimizer(const AdamWState& state) override;
@@ -155,15 +161,22 @@ class CudaBackend final : public TrainingBackend {
   bool recompute_;
   Memory outer_memory_;  // where SyncFragment's arrays live (train.outer_state)
   ShardMode shard_mode_;
-  std::vector<size_t> shard_counts_;  // ShardCounts of the ring (sharded only)
+  std::vector<size_t> shard_counts_;   // ShardCounts of the ring: the real values (sharded only)
+  std::vector<size_t> padded_counts_;  // ShardPaddedCounts: the parts of the padded buffers
   ParamRange shard_;                   // the range whose AdamW state this rank keeps: all unsharded
   TensorTable table_;
   size_t off_wte_, off_wpe_, off_lnfw_, off_lnfb_;
   std::vector<size_t> block_offsets_;
 
   Stream stream_ = nullptr;
+  Stream comm_stream_ = nullptr;  // a sharded ring's collectives (sharded_train_step, grad_buckets.h)
+  // Order the two streams (sharded_train_step); made after set_device: an event is recorded on
+  // streams of the device it was created on.
+  std::unique_ptr<StreamEvent> compute_ready_, comm_done_;
   std::unique_ptr<Gemm> gemm_;
-  DeviceArray<float> params_, grads_, m_, v_;  // grads_: none with ZeRO-2; m_, v_: shard_ only
+  // params_ and (ZeRO-1) grads_: padded to ShardPaddedFloats on a sharded ring, the pads past the
+  // table zero; grads_: none with ZeRO-2; m_, v_: shard_ only.
+  DeviceArray<float> params_, grads_, m_, v_;
   DeviceArray<bf16> params16_;
   std::unique_ptr<GradBuckets> buckets_;  // ZeRO-2
   long step_ = 0;
@@ -199,6 +212,9 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
   DL_CHECK(g.n_embd / g.n_head <= kMaxAttentionHeadSize, "head size %d > %d: not supported by the CUDA attention",
            g.n_embd / g.n_head, kMaxAttentionHeadSize);
   stream_ = create_stream();
+  comm_stream_ = create_stream();
+  compute_ready_ = std::make_unique<StreamEvent>();
+  comm_done_ = std::make_unique<StreamEvent>();
   gemm_ = std::make_unique<Gemm>();
 
   const std::vector<TensorInfo>& ts = table_.tensors();
@@ -211,11 +227,14 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
 
   const size_t n = table_.total_numel();
   shard_ = {0, n};
+  size_t buffer = n;  // floats of params_ (and ZeRO-1's grads_)
   if (shard_mode_ != ShardMode::kNone) {
     shard_counts_ = ShardCounts(n, options.world);
+    padded_counts_ = ShardPaddedCounts(n, options.world);
     shard_ = {PartOffset(shard_counts_, options.rank), shard_counts_[options.rank]};
+    buffer = ShardPaddedFloats(n, options.world);
   }
-  params_ = DeviceArray<float>(n);
+  params_ = DeviceArray<float>(buffer);
   params16_ = DeviceArray<bf16>(n);
   m_ = DeviceArray<float>(shard_.count);
   v_ = DeviceArray<float>(shard_.count);
@@ -229,9 +248,10 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     for (int l = 0; l < g.n_layer; l++) other = std::max(other, block_numel(l));
     const TensorInfo *wte = table_.find("wte"), *wpe = table_.find("wpe");
     DL_CHECK(wte->offset == 0 && wpe->offset == wte->numel, "the embeddings must lead the table");
-    buckets_ = std::make_unique<GradBuckets>(shard_counts_, shard_, wte->numel + wpe->numel, other, stream_);
+    buckets_ =
+        std::make_unique<GradBuckets>(shard_counts_, shard_, wte->numel + wpe->numel, other, stream_, comm_stream_);
   } else {
-    grads_ = DeviceArray<float>(n);
+    grads_ = DeviceArray<float>(buffer);
     grads_.fill(0);
   }
   // AdamW's chunks: each tensor's part in the shard, from the shard's start.
@@ -305,7 +325,10 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
 CudaBackend::~CudaBackend() {
   set_device(device_);
   synchronize(stream_);
+  synchronize(comm_stream_);
+  buckets_.reset();
   gemm_.reset();
+  destroy_stream(comm_stream_);
   destroy_stream(stream_);
 }
 
@@ -547,11 +570,19 @@ CommStatus CudaBackend::sharded_train_step(LocalComm& comm, const int* inputs, c
   backward(B, T);
   const float* grads = nullptr;
   if (buckets_) {
-    if (!buckets_->status().ok()) return buckets_->status();
+    // Each bucket's reduce-scatter was enqueued as the backward closed it; one wait for them all.
+    if (CommStatus st = buckets_->Finish(); !st.ok()) return st;
     grads = buckets_->grads();
   } else {
-    synchronize(stream_);  // the ring's collectives run on their own stream
-    if (CommStatus st = comm.reduce_scatter(grads_.get(), shard_counts_, ReduceOp::kMean); !st.ok()) return st;
+    // The padded buffer in one ncclReduceScatter on the comm stream, after the backward (an
+    // event, not a host wait); the norm below waits for it.
+    compute_ready_->record(stream_);
+    compute_ready_->wait(comm_stream_);
+    if (CommStatus st = comm.reduce_scatter_on(comm_stream_, grads_.get(), padded_counts_, ReduceOp::kMean); !st.ok())
+      return st;
+    comm_done_->record(comm_stream_);
+    comm_done_->wait(stream_);
+    if (CommStatus st = comm.wait_stream(comm_stream_); !st.ok()) return st;
     grads = grads_.get() + shard_.offset;
   }
   if (CommStatus st = sharded_norm(comm, grads, &s.grad_norm); !st.ok()) return st;
@@ -565,12 +596,20 @@ CommStatus CudaBackend::sharded_train_step(LocalComm& comm, const int* inputs, c
                        step_};
   adamw_update_chunks(params_.get() + shard_.offset, params16_.get() + shard_.offset, m_.get(), v_.get(), grads,
                       chunks_.get(), (int)chunks_.size(), args, stream_);
-  synchronize(stream_);
-  if (CommStatus st = comm.all_gather(params_.get(), shard_counts_); !st.ok()) return st;
+  // The updated shards, gathered in one ncclAllGather of the padded buffer on the comm stream
+  // once AdamW is done with them; the bf16 refresh waits for the gather on the GPU.
+  compute_ready_->record(stream_);
+  compute_ready_->wait(comm_stream_);
+  if (CommStatus st = comm.all_gather_on(comm_stream_, params_.get(), padded_counts_); !st.ok()) return st;
+  comm_done_->record(comm_stream_);
+  comm_done_->wait(stream_);
   // The other ranks' parts of the bf16 copy: the same rounding AdamW applies to this rank's.
   if (shard_.offset > 0) float_to_bf16(params16_.get(), params_.get(), shard_.offset, stream_);
   const size_t end = shard_.offset + shard_.count;
   if (end < num_params()) float_to_bf16(params16_.get() + end, params_.get() + end, num_params() - end, stream_);
+  // The step returns with the parameters whole: the ring's wait first (a failed peer is an error
+  // there, where a plain stream wait would hang), then the compute stream's.
+  if (CommStatus st = comm.wait_stream(comm_stream_); !st.ok()) return st;
   synchronize(stream_);
   stats->applied = true;
   return CommStatus::Ok();

@@ -118,6 +118,20 @@ size_t device_memory_used_bytes() {
   return total - free_bytes;
 }
 
+StreamEvent::StreamEvent() {
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  event_ = e;
+}
+
+StreamEvent::~StreamEvent() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+
+void StreamEvent::record(Stream stream) { CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_cuda(stream))); }
+
+void StreamEvent::wait(Stream waiter) const {
+  CUDA_CHECK(cudaStreamWaitEvent(as_cuda(waiter), static_cast<cudaEvent_t>(event_), 0));
+}
+
 EventTimer::EventTimer(Stream stream) : stream_(stream) {
   cudaEvent_t b, e;
   CUDA_CHECK(cudaEventCreate(&b));

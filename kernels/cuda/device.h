@@ -58,6 +58,22 @@ class EventTimer {
   void* end_ = nullptr;
 };
 
+// An event for ordering work across streams without the host waiting (no timing): record marks
+// the work enqueued so far on a stream; wait makes the later work of another stream wait for
+// what the latest record marked (nothing, if never recorded). Created on the current device.
+class StreamEvent {
+ public:
+  StreamEvent();
+  ~StreamEvent();
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  void record(Stream stream);
+  void wait(Stream waiter) const;
+
+ private:
+  void* event_ = nullptr;
+};
+
 // Where a DeviceArray lives: device memory, or pinned host memory that
 // kernels use in place (pinned_host_malloc).
 enum class Memory { kDevice, kPinnedHost };

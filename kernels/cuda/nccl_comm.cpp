@@ -83,37 +83,33 @@ class NcclComm final : public LocalComm {
   CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
     if (CommStatus st = enter(); !st.ok()) return st;
     if (CommStatus st = check_parts("reduce_scatter", counts); !st.ok()) return st;
-    if (equal_parts(counts)) {
-      float* mine = buf + PartOffset(counts, rank_);
-      return finish(ncclReduceScatter(buf, mine, counts[0], ncclFloat32, to_nccl(op), comm(), stream_),
-                    "ncclReduceScatter");
-    }
-    // Uneven parts (a bucket that straddles shard edges): one reduce to each part's owner.
-    ncclResult_t r = ncclGroupStart();
-    size_t at = 0;
-    for (int q = 0; q < world_size() && r == ncclSuccess; q++) {
-      if (counts[q]) r = ncclReduce(buf + at, buf + at, counts[q], ncclFloat32, to_nccl(op), q, comm(), stream_);
-      at += counts[q];
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    return finish(r != ncclSuccess ? r : end, "ncclReduce (reduce_scatter)");
+    return finish(launch_reduce_scatter(buf, counts, op, stream_), reduce_scatter_name(counts));
   }
 
   CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
     if (CommStatus st = enter(); !st.ok()) return st;
     if (CommStatus st = check_parts("all_gather", counts); !st.ok()) return st;
-    if (equal_parts(counts)) {
-      const float* mine = buf + PartOffset(counts, rank_);
-      return finish(ncclAllGather(mine, buf, counts[0], ncclFloat32, comm(), stream_), "ncclAllGather");
-    }
-    ncclResult_t r = ncclGroupStart();
-    size_t at = 0;
-    for (int q = 0; q < world_size() && r == ncclSuccess; q++) {
-      if (counts[q]) r = ncclBroadcast(buf + at, buf + at, counts[q], ncclFloat32, q, comm(), stream_);
-      at += counts[q];
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    return finish(r != ncclSuccess ? r : end, "ncclBroadcast (all_gather)");
+    return finish(launch_all_gather(buf, counts, stream_), all_gather_name(counts));
+  }
+
+  // Enqueued on the caller's stream; no host wait here (wait_stream does it, once, for them all).
+  CommStatus reduce_scatter_on(void* stream, float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    if (CommStatus st = check_parts("reduce_scatter", counts); !st.ok()) return st;
+    cudaStream_t on = static_cast<cudaStream_t>(stream);
+    return enqueued(launch_reduce_scatter(buf, counts, op, on), reduce_scatter_name(counts), s_->timeout_ms);
+  }
+
+  CommStatus all_gather_on(void* stream, float* buf, const std::vector<size_t>& counts) override {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    if (CommStatus st = check_parts("all_gather", counts); !st.ok()) return st;
+    cudaStream_t on = static_cast<cudaStream_t>(stream);
+    return enqueued(launch_all_gather(buf, counts, on), all_gather_name(counts), s_->timeout_ms);
+  }
+
+  CommStatus wait_stream(void* stream) override {
+    if (CommStatus st = enter(); !st.ok()) return st;
+    return wait_for(static_cast<cudaStream_t>(stream), "the ring's enqueued collectives", s_->timeout_ms);
   }
 
   CommStatus barrier() override {
@@ -159,6 +155,46 @@ class NcclComm final : public LocalComm {
     return counts[0] > 0;
   }
   ncclComm_t comm() const { return s_->comms[local_]; }
+
+  // Equal parts (the padded shards of kernels/shard.h): one ncclReduceScatter. Uneven parts (a
+  // ZeRO-2 bucket, which meets the shards where the table puts it; the outer state's pieces): one
+  // ncclReduce to each part's owner, grouped; a bucket inside one shard is then a single Reduce.
+  ncclResult_t launch_reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op, cudaStream_t on) {
+    if (equal_parts(counts)) {
+      float* mine = buf + PartOffset(counts, rank_);
+      return ncclReduceScatter(buf, mine, counts[0], ncclFloat32, to_nccl(op), comm(), on);
+    }
+    ncclResult_t r = ncclGroupStart();
+    size_t at = 0;
+    for (int q = 0; q < world_size() && (r == ncclSuccess || r == ncclInProgress); q++) {
+      if (counts[q]) r = ncclReduce(buf + at, buf + at, counts[q], ncclFloat32, to_nccl(op), q, comm(), on);
+      at += counts[q];
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess && r != ncclInProgress ? r : end;
+  }
+  static const char* reduce_scatter_name(const std::vector<size_t>& counts) {
+    return equal_parts(counts) ? "ncclReduceScatter" : "ncclReduce (reduce_scatter)";
+  }
+
+  // Equal parts: one ncclAllGather; uneven: one ncclBroadcast from each part's owner, grouped.
+  ncclResult_t launch_all_gather(float* buf, const std::vector<size_t>& counts, cudaStream_t on) {
+    if (equal_parts(counts)) {
+      const float* mine = buf + PartOffset(counts, rank_);
+      return ncclAllGather(mine, buf, counts[0], ncclFloat32, comm(), on);
+    }
+    ncclResult_t r = ncclGroupStart();
+    size_t at = 0;
+    for (int q = 0; q < world_size() && (r == ncclSuccess || r == ncclInProgress); q++) {
+      if (counts[q]) r = ncclBroadcast(buf + at, buf + at, counts[q], ncclFloat32, q, comm(), on);
+      at += counts[q];
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess && r != ncclInProgress ? r : end;
+  }
+  static const char* all_gather_name(const std::vector<size_t>& counts) {
+    return equal_parts(counts) ? "ncclAllGather" : "ncclBroadcast (all_gather)";
+  }
 
   // values (host) through the ring's device scratch, an all-reduce with deadline timeout_ms (0: none).
   CommStatus reduce_host(double* values, int count, ReduceOp op, int64_t timeout_ms) {
@@ -214,13 +250,18 @@ class NcclComm final : public LocalComm {
   CommStatus finish(ncclResult_t launched, const char* what) { return finish(launched, what, s_->timeout_ms); }
   CommStatus finish(ncclResult_t launched, const char* what, int64_t timeout_ms) {
     if (launched != ncclSuccess && launched != ncclInProgress) return CommStatus::Error(nccl_error(what, launched));
+    return wait_for(stream_, what, timeout_ms);
+  }
+
+  // Waits for the work on `on` as finish does.
+  CommStatus wait_for(cudaStream_t on, const char* what, int64_t timeout_ms) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm(), &async);
       if (async != ncclSuccess && async != ncclInProgress) return fail(nccl_error(what, async));
       if (async == ncclSuccess) {
-        const cudaError_t q = cudaStreamQuery(stream_);
+        const cudaError_t q = cudaStreamQuery(on);
         if (q == cudaSuccess) return CommStatus::Ok();
         if (q != cudaErrorNotReady) return CommStatus::Error(std::string(what) + ": " + cudaGetErrorString(q));
       }

@@ -57,6 +57,20 @@ class StagedComm final : public LocalComm {
   CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
     return staged(buf, total(counts), [&](float* h) { return inner_->all_gather(h, counts); });
   }
+  // The stream-ordered collectives: the host waits for the caller's stream (which waits for the
+  // work that wrote buf), then runs the staged collective; what follows on the stream comes after.
+  CommStatus reduce_scatter_on(void* stream, float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    cuda::synchronize(static_cast<cuda::Stream>(stream));
+    return reduce_scatter(buf, counts, op);
+  }
+  CommStatus all_gather_on(void* stream, float* buf, const std::vector<size_t>& counts) override {
+    cuda::synchronize(static_cast<cuda::Stream>(stream));
+    return all_gather(buf, counts);
+  }
+  CommStatus wait_stream(void* stream) override {
+    cuda::synchronize(static_cast<cuda::Stream>(stream));
+    return CommStatus::Ok();
+  }
 
  private:
   static size_t total(const std::vector<size_t>& counts) {
@@ -185,9 +199,11 @@ void check_same_run(const RingRun& plain, const RingRun& other) {
 TEST_CASE("cuda: a sharded ring (ZeRO-1 and ZeRO-2) trains bit for bit as the unsharded ring", "[cuda][zero]") {
   REQUIRE_CUDA_DEVICE();
   // 64 wide: ~120k parameters, 8 norm chunks, so every rank of 2 and 4 owns a part and ZeRO-2's
-  // buckets straddle shard edges; 16 wide: ~11k parameters, one chunk, so ranks 1.. own nothing.
+  // buckets straddle shard edges (3 ranks: shards of 3 chunks, the last one's cut at the table's
+  // end, so the padded buffers' pads are real); 16 wide: ~11k parameters, one chunk, so ranks 1..
+  // own nothing.
   for (int width : {64, 16}) {
-    for (int R : {1, 2, 4}) {
+    for (int R : {1, 2, 3, 4}) {
       for (double clip : {1.0, 0.0}) {
         CAPTURE(width, R, clip);
         const GptConfig c = ring_config(width);
@@ -308,11 +324,14 @@ TEST_CASE("cuda: allocated() counts what the backend holds", "[cuda][memory]") {
       const size_t taken = cuda::device_memory_used_bytes() - before;
       const TrainingBackend::Allocated a = b->allocated();
       const size_t shard = mode == ShardMode::kNone ? n : counts[r];
-      CHECK(a.params == n * 4);
+      // Sharded, the fp32 parameters (and ZeRO-1's gradients) are padded to R equal shards.
+      const size_t buffer = mode == ShardMode::kNone ? n : ShardPaddedFloats(n, R);
+      CHECK(a.params == buffer * 4);
       CHECK(a.params_low == n * 2);
       CHECK(a.moments == 2 * shard * 4);
-      // ZeRO-2: the shard plus two buckets (each with up to 63 floats of alignment pad).
-      CHECK(a.grads == (mode == ShardMode::kGradients ? (shard + embed + block + 2 * 63) * 4 : n * 4));
+      // ZeRO-2: the shard plus three buckets, the embeddings' and two blocks' (double-buffered),
+      // each with up to 63 floats of alignment pad.
+      CHECK(a.grads == (mode == ShardMode::kGradients ? (shard + embed + 2 * block + 3 * 63) * 4 : buffer * 4));
       CHECK(a.activations == b->activation_bytes());
       const size_t sum = a.params + a.params_low + a.grads + a.moments + a.outer_state - a.outer_state_host + a.activations;
       INFO("device memory taken " << taken << " bytes, allocated() " << sum);

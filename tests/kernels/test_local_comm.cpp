@@ -285,21 +285,72 @@ TEST_CASE("thread ring: a split that differs between ranks is an error on every 
   for (const std::string& e : errors) CHECK(e.find("same counts") != std::string::npos);
 }
 
-TEST_CASE("shard counts: contiguous, aligned to the norm chunk, as even as that allows", "[unit][kernels]") {
-  for (size_t n : {size_t{1}, kShardAlign - 1, kShardAlign, 3 * kShardAlign + 5, 100 * kShardAlign + 7}) {
-    for (int R : {1, 2, 3, 8}) {
+TEST_CASE("shard partition: equal padded shards on norm chunks, every real value owned once", "[unit][kernels]") {
+  // Sizes that whole chunks per rank do and do not divide, partial last chunks, and tables smaller
+  // than a chunk (ranks that own nothing).
+  for (size_t n : {size_t{0}, size_t{1}, kShardAlign - 1, kShardAlign, kShardAlign + 1, 3 * kShardAlign + 5,
+                   12 * kShardAlign, 100 * kShardAlign + 7}) {
+    for (int R : {1, 2, 3, 4, 8}) {
+      CAPTURE(n, R);
+      const size_t padded = ShardPadded(n, R);
+      const size_t even = (n + R - 1) / R;  // ceil(n / R)
+      // ceil(n / R) rounded up to whole norm chunks: no more, no less.
+      CHECK(padded % kShardAlign == 0);
+      CHECK(padded >= even);
+      CHECK(padded < even + kShardAlign);
+      CHECK(ShardPaddedFloats(n, R) == R * padded);
+      CHECK(ShardPaddedCounts(n, R) == std::vector<size_t>(R, padded));
       const std::vector<size_t> counts = ShardCounts(n, R);
       REQUIRE((int)counts.size() == R);
-      size_t total = 0, most = 0, least = SIZE_MAX;
+      std::vector<int> owner(n, -1);
+      size_t total = 0;
       for (int q = 0; q < R; q++) {
+        CHECK(counts[q] <= padded);
+        // Rank q's values start where its part of the padded buffer does (or at n: it owns none),
+        // so the padded buffer's first n floats are the table, in place.
+        CHECK(PartOffset(counts, q) == std::min(n, q * padded));
+        // Every rank before one that owns anything owns a whole shard: the pads are at the end.
+        if (q + 1 < R && counts[q + 1] > 0) CHECK(counts[q] == padded);
+        for (size_t i = PartOffset(counts, q); i < PartOffset(counts, q) + counts[q]; i++) {
+          CHECK(owner[i] == -1);
+          owner[i] = q;
+        }
         total += counts[q];
-        if (q + 1 < R && total < n) CHECK(total % kShardAlign == 0);
-        most = std::max(most, counts[q]);
-        least = std::min(least, counts[q]);
       }
       CHECK(total == n);
-      CHECK(most - least < 2 * kShardAlign);  // whole chunks differ by one, plus a partial last one
+      CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+      if (n % (R * kShardAlign) == 0) CHECK(std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == padded; }));
     }
+  }
+  CHECK(ShardPadded(3 * kShardAlign + 5, 2) == 2 * kShardAlign);
+  CHECK(ShardCounts(3 * kShardAlign + 5, 2) == std::vector<size_t>{2 * kShardAlign, kShardAlign + 5});
+  CHECK(ShardCounts(kShardAlign + 1, 4) == std::vector<size_t>{kShardAlign, 1, 0, 0});
+}
+
+TEST_CASE("padded shards: a reduce-scatter and all-gather of equal parts keep the pads zero", "[unit][kernels]") {
+  const int R = 3;
+  const size_t n = 2 * kShardAlign + 5;  // 3 chunks over 3 ranks, the last one's nearly all pad
+  const size_t padded = ShardPadded(n, R);
+  const std::vector<size_t> counts = ShardCounts(n, R), parts = ShardPaddedCounts(n, R);
+  REQUIRE(counts[2] == 5);
+  std::vector<std::vector<float>> bufs(R);
+  ThreadCommGroup group(R);
+  run_ranks(group, [&](int r, LocalComm& comm) {
+    std::vector<float>& buf = bufs[r];
+    buf.assign(ShardPaddedFloats(n, R), 0.0f);
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(r + 1) * (float)(i % 97);
+    REQUIRE(comm.reduce_scatter(buf.data(), parts, ReduceOp::kSum).ok());
+    // Only this rank's part: its values summed, its pads still zero.
+    for (size_t i = r * padded; i < (r + 1) * padded; i++) buf[i] = i < n ? buf[i] * 2.0f : buf[i];
+    REQUIRE(comm.all_gather(buf.data(), parts).ok());
+  });
+  for (int r = 0; r < R; r++) {
+    size_t bad = 0;
+    for (size_t i = 0; i < bufs[r].size(); i++) {
+      const float want = i < n ? 2.0f * 6.0f * (float)(i % 97) : 0.0f;  // 2 x (1 + 2 + 3) x v
+      bad += bufs[r][i] != want;
+    }
+    CHECK(bad == 0);
   }
 }
 
@@ -395,10 +446,11 @@ GptConfig shard_config(int n_embd) {
 // Bitwise, not only close: reduce_scatter sums each value in the rank order all_reduce uses, the
 // norm's chunks are whole on one rank each and added in chunk order, and AdamW is elementwise.
 TEST_CASE("a sharded ring (ZeRO-1 and ZeRO-2) trains bit for bit as the unsharded ring", "[unit][kernels]") {
-  // 64 wide: ~117k parameters, 8 norm chunks (a partial last one), so every rank of 2 and 4
-  // owns a part; 8 wide: ~3.9k parameters, one chunk, so ranks 1.. own nothing.
+  // 64 wide: ~117k parameters, 8 norm chunks (a partial last one), so every rank of 2, 3 and 4
+  // owns a part (3 ranks: shards of 3 chunks, the last one cut short, so its buffers hold pads);
+  // 8 wide: ~3.9k parameters, one chunk, so ranks 1.. own nothing.
   for (int width : {64, 8}) {
-    for (int R : {2, 4}) {
+    for (int R : {2, 3, 4}) {
       for (double clip : {1.0, 0.0}) {
         CAPTURE(width, R, clip);
         const GptConfig c = shard_config(width);
@@ -434,6 +486,102 @@ TEST_CASE("a sharded ring resumes from a gathered optimizer state as the unshard
   CHECK(same_bits(halves.params[0], whole2.params[0]));
 }
 
+namespace {
+
+// A ring's comm that records the parts of every reduce-scatter and all-gather it forwards.
+class RecordingComm final : public LocalComm {
+ public:
+  explicit RecordingComm(LocalComm& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  MemorySpace memory() const override { return inner_.memory(); }
+  std::string name() const override { return "recording " + inner_.name(); }
+  CommStatus all_reduce(float* buf, size_t count, ReduceOp op) override { return inner_.all_reduce(buf, count, op); }
+  CommStatus broadcast(float* buf, size_t count, int root) override { return inner_.broadcast(buf, count, root); }
+  CommStatus barrier() override { return inner_.barrier(); }
+  CommStatus all_reduce_host(double* values, int count, ReduceOp op) override {
+    return inner_.all_reduce_host(values, count, op);
+  }
+  CommStatus reduce_scatter(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    reduce_scatters.push_back(counts);
+    return inner_.reduce_scatter(buf, counts, op);
+  }
+  CommStatus all_gather(float* buf, const std::vector<size_t>& counts) override {
+    all_gathers.push_back(counts);
+    return inner_.all_gather(buf, counts);
+  }
+
+  std::vector<std::vector<size_t>> reduce_scatters, all_gathers;
+
+ private:
+  LocalComm& inner_;
+};
+
+bool equal_parts(const std::vector<size_t>& counts) {
+  return std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
+}
+
+}  // namespace
+
+// What lets NCCL run one ncclReduceScatter / ncclAllGather instead of a grouped Reduce /
+// Broadcast per rank (kernels/cuda/nccl_comm.cpp): the parts of the sharded step's whole-buffer
+// collectives are the padded shards, equal, on a ring whose sizes do not divide the table.
+TEST_CASE("a sharded step's whole-buffer collectives move equal padded parts", "[unit][kernels]") {
+  const GptConfig c = shard_config(64);
+  const int R = 3, B = 2, T = c.block_size;
+  const TensorTable table = gpt_tensor_table(c);
+  const size_t n = table.total_numel(), padded = ShardPadded(n, R);
+  REQUIRE(R * padded > n);  // the last rank's shard has pads
+  for (ShardMode mode : {ShardMode::kOptimizer, ShardMode::kGradients}) {
+    CAPTURE(kShardModeNames[(int)mode]);
+    std::vector<std::vector<std::vector<size_t>>> scatters(R), gathers(R);
+    auto device = std::make_shared<DeviceAllocations>();
+    ThreadCommGroup group(R, device);
+    run_ranks(group, [&](int r, LocalComm& inner) {
+      RecordingComm comm(inner);
+      std::unique_ptr<TrainingBackend> backend;
+      BackendOptions o{c, B};
+      o.shard = mode;
+      o.rank = r;
+      o.world = R;
+      REQUIRE(CreateBackend("cpu", o, &backend).empty());
+      backend = StandInForDevice(std::move(backend), device);
+      CHECK(backend->param_buffer_floats() == R * padded);
+      backend->init_weights(3);
+      std::vector<int> in, tg;
+      ring_batch(0, r * B, B, T, &in, &tg);
+      StepStats st;
+      CHECK(ring_train_step(*backend, comm, in.data(), tg.data(), B, T, AdamWHyper{}, 1.0, &st).ok());
+      CHECK(st.applied);
+      // The pads stayed zero and the parameters past the table are none of the model's.
+      std::vector<float> params(backend->param_buffer_floats());
+      std::copy_n(backend->param_buffer(), params.size(), params.begin());
+      CHECK(std::all_of(params.begin() + n, params.end(), [](float v) { return v == 0.0f; }));
+      scatters[r] = comm.reduce_scatters;
+      gathers[r] = comm.all_gathers;
+    });
+    for (int r = 0; r < R; r++) {
+      CAPTURE(r);
+      // The parameters: one all-gather of the padded buffer.
+      REQUIRE(gathers[r].size() == 1);
+      CHECK(gathers[r][0] == ShardPaddedCounts(n, R));
+      if (mode == ShardMode::kOptimizer) {
+        REQUIRE(scatters[r].size() == 1);
+        CHECK(equal_parts(scatters[r][0]));
+        CHECK(scatters[r][0] == ShardPaddedCounts(n, R));
+      } else {
+        // ZeRO-2's buckets (the embeddings, ln_f, each block) meet the shards where the table
+        // puts them: their parts tile the bucket by the real counts.
+        CHECK(scatters[r].size() == (size_t)c.n_layer + 2);
+        size_t total = 0;
+        for (const std::vector<size_t>& parts : scatters[r])
+          for (size_t p : parts) total += p;
+        CHECK(total == n);
+      }
+    }
+  }
+}
+
 TEST_CASE("a ZeRO-2 rank keeps its shard of the gradients and two buckets, ZeRO-1 its shard of the moments",
           "[unit][kernels]") {
   const GptConfig c = shard_config(64);
@@ -464,9 +612,11 @@ TEST_CASE("a ZeRO-2 rank keeps its shard of the gradients and two buckets, ZeRO-
     });
     for (int r = 0; r < R; r++) {
       const size_t shard = mode == ShardMode::kNone ? n : counts[r];
-      CHECK(used[r].params == n * 4);
+      // Sharded, the parameters (and ZeRO-1's gradients) sit in the padded buffer of R shards.
+      const size_t buffer = mode == ShardMode::kNone ? n : ShardPaddedFloats(n, R);
+      CHECK(used[r].params == buffer * 4);
       CHECK(used[r].moments == 2 * shard * 4);
-      CHECK(used[r].grads == (mode == ShardMode::kGradients ? (shard + embeddings + block) * 4 : n * 4));
+      CHECK(used[r].grads == (mode == ShardMode::kGradients ? (shard + embeddings + block) * 4 : buffer * 4));
     }
   }
 }

@@ -87,16 +87,19 @@ TEST_CASE("the plan shards, recomputes and adds the outer sync as the design say
   cfg.train.shard = ShardMode::kOptimizer;
   REQUIRE(PlanLearnerMemory(cfg, &zero1).ok());
   const uint64_t shard = ShardCounts(n, 8)[0];
+  const uint64_t padded = ShardPaddedFloats(n, 8);  // 8 equal shards: the table, then zero pads
+  CHECK(padded > n);
   CHECK(zero1.world == 8);
   CHECK(zero1.find("moments")->bytes == 8 * shard);
   CHECK_FALSE(zero1.find("moments")->modelled);  // built on the cpu
-  CHECK(zero1.find("grads")->bytes == 4 * n);
+  CHECK(zero1.find("grads")->bytes == 4 * padded);
+  CHECK(zero1.find("params")->bytes == 4 * padded);
   cfg.train.shard = ShardMode::kGradients;
   REQUIRE(PlanLearnerMemory(cfg, &zero2).ok());
   // The embeddings' bucket and one block's (the largest of ln_f and the blocks).
   const uint64_t block = 12 * 128 * 128 + 13 * 128, embeddings = (256 + 64) * 128;
   CHECK(zero2.find("grads")->bytes == 4 * (shard + embeddings + block));
-  CHECK(zero2.find("params")->bytes == 4 * n);  // the cpu keeps whole fp32 params
+  CHECK(zero2.find("params")->bytes == 4 * padded);  // the cpu keeps whole fp32 params, padded
   // The host's 4 CPU ranks share its memory: rank 0 and 3 others, which hold no checkpoint copy
   // and only their own batch buffers.
   const uint64_t other = zero2.find("params")->bytes + zero2.find("grads")->bytes + zero2.find("moments")->bytes +
@@ -131,6 +134,39 @@ TEST_CASE("the plan shards, recomputes and adds the outer sync as the design say
   CHECK_FALSE(synced.outer_sync);
 }
 
+// Rings whose sizes do not divide the table: the padded buffers and the shards the plan counts
+// are what a sharded CpuBackend of rank 0 holds.
+TEST_CASE("the sharded plan's parameters, gradients and shard are the sharded CPU engine's", "[unit][plan]") {
+  const ModelConfig m{2, 64, 4, 32, 256};
+  for (int ranks : {3, 5}) {
+    for (ShardMode mode : {ShardMode::kOptimizer, ShardMode::kGradients}) {
+      CAPTURE(ranks, kShardModeNames[(int)mode]);
+      RunConfig cfg = ConfigOf(m, 2);
+      cfg.train.ranks = ranks;
+      cfg.train.shard = mode;
+      MemoryPlan plan;
+      REQUIRE(PlanLearnerMemory(cfg, &plan).ok());
+      BackendOptions o{.model = {m.vocab_size, m.block_size, m.n_layer, m.n_embd, m.n_head}, .max_batch = 2};
+      o.shard = mode;
+      o.rank = 0;
+      o.world = ranks;
+      CpuBackend backend(o);
+      const uint64_t n = backend.num_params();
+      REQUIRE(ShardPaddedFloats(n, ranks) > n);  // the pads are real here
+      CHECK(plan.find("params")->bytes == backend.allocated().params);
+      CHECK(plan.find("params")->bytes == 4 * ShardPaddedFloats(n, ranks));
+      CHECK(plan.find("moments")->bytes == 8 * backend.optimizer_range().count);
+      if (mode == ShardMode::kOptimizer) {
+        CHECK(plan.find("grads")->bytes == backend.allocated().grads);
+      } else {
+        // The shard, and the buckets a step opens (the embeddings' and the largest block's).
+        const uint64_t C = 64, embeddings = (256 + 32) * C, block = 12 * C * C + 13 * C;
+        CHECK(plan.find("grads")->bytes == 4 * (backend.optimizer_range().count + embeddings + block));
+      }
+    }
+  }
+}
+
 TEST_CASE("the cuda plan: 18 B/param unsharded, the sharded rows modelled", "[unit][plan]") {
   RunConfig cfg = ConfigOf({40, 5120, 40, 2048, 50257}, 1);
   cfg.train.device = "cuda";
@@ -149,9 +185,13 @@ TEST_CASE("the cuda plan: 18 B/param unsharded, the sharded rows modelled", "[un
   cfg.train.shard = ShardMode::kGradients;
   REQUIRE(PlanLearnerMemory(cfg, &plan).ok());
   const uint64_t shard = ShardCounts(n, 8)[0];
-  CHECK(plan.find("params")->bytes == 4 * n);  // the whole fp32 master stays on every rank (the CUDA backend)
+  // The whole fp32 master stays on every rank (the CUDA backend), padded to 8 equal shards.
+  CHECK(plan.find("params")->bytes == 4 * ShardPaddedFloats(n, 8));
   CHECK(plan.find("bf16_copy")->bytes == 2 * n);
   CHECK(plan.find("moments")->bytes == 8 * shard);
+  // The shard, the embeddings' bucket and two blocks' (grad_buckets.h double-buffers them).
+  const uint64_t C = 5120, embeddings = (50257 + 2048) * C, block = 12 * C * C + 13 * C;
+  CHECK(plan.find("grads")->bytes == 4 * (shard + embeddings + 2 * block));
   CHECK(plan.find("moments")->modelled);
   CHECK(plan.find("outer_sync")->modelled);
   // A larger batch never fits in less memory.
