@@ -120,6 +120,7 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
   net::LocalServerOptions lo;
   lo.name = "control.local";
   lo.limits.max_message_bytes = uint64_t{2} << 20;
+  lo.max_connections = 32;  // x 2 MiB: the most that requests can hold at once (the idlest goes)
   lo.validator = net::EnvelopeValidator(ControlParseOptions(), im.local_parsed);
   DL_RETURN_IF_ERROR(net::LocalServer::Create(config.control_socket, lo, &im.local).WithContext("control_socket"));
   // Owner and group only, whatever the umask (the group is how operators grant the CLI).
