@@ -93,7 +93,7 @@ Status Echo(const std::string& path, const std::string& payload, int timeout_ms 
   return Status::Ok();
 }
 
-TEST_CASE("local socket: a request and its reply; one client, several requests", "[net]") {
+TEST_CASE("local socket: requests and their replies, one per connection or several on one", "[net]") {
   diloco::testing::TempDir dir;
   const std::string path = dir.file("ctl.sock");
   EchoServer server(path);
