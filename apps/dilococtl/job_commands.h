@@ -1,6 +1,6 @@
 // dilococtl's commands that drive dilocod: submit, list, status, stop, logs, export, eval, and the
 // 3-daemon demo (export and eval take a path too, and then need no daemon). They talk to the
-// local daemon over its ipc control socket (control/client.h).
+// local daemon over its control socket (control/client.h).
 // Each returns the exit code: 0 ok, 1 failed, 2 usage (bad flags, bad config, unknown job).
 #pragma once
 

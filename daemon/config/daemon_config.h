@@ -3,7 +3,7 @@
 //
 //   site: site-a                       # this site's name, as run configs' placement uses it
 //   state_dir: /var/lib/dilocod        # jobs/<id>/ (job.yaml, state.json, run/), the lock file
-//   control_socket: /run/dilocod/control.sock   # ipc, the local CLI; default <state_dir>/control.sock
+//   control_socket: /run/dilocod/control.sock   # the local CLI (AF_UNIX); default <state_dir>/control.sock
 //   listen:                            # tcp endpoints this daemon binds
 //     control: tcp://0.0.0.0:7100      # daemon <-> daemon (job forwarding, status), CURVE
 //     uplink: tcp://0.0.0.0:7101       # the next three only matter when this site hosts a syncer:
@@ -103,7 +103,7 @@ struct DaemonConfig {
   std::vector<SiteHost> site_hosts;  // empty: a site of one host
   int ring_timeout_ms = 60000;
   std::string state_dir;       // absolute
-  std::string control_socket;  // absolute file path (served as ipc://PATH)
+  std::string control_socket;  // absolute file path (an AF_UNIX stream socket, net/local_socket.h)
   DaemonEndpoints listen;
   std::vector<PeerConfig> peers;
   std::string keys_dir;        // absolute; empty only with allow_plaintext

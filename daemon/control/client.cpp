@@ -34,12 +34,7 @@ Status CallDaemon(const std::string& socket_path, const std::string& name, const
     return Status::Error("no dilocod control socket at " + socket_path +
                          ": is the daemon running? (start it with `dilocod --config FILE`)");
   }
-  std::unique_ptr<net::NetContext> context;
-  DL_RETURN_IF_ERROR(net::NetContext::Create({}, &context));
-  ControlTarget target;
-  target.endpoint = "ipc://" + socket_path;
-  target.timeout_ms = timeout_ms;
-  return CallControl(*context, target, name, job_id, args, reply);
+  return CallControlLocal(socket_path, "dilococtl", job_id, MessageBody(MakeControl(name, args)), timeout_ms, reply);
 }
 
 Status CallDaemonJson(const std::string& socket_path, const std::string& name, const std::string& job_id,

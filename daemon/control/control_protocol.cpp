@@ -4,6 +4,7 @@
 #include <random>
 
 #include "daemon/net/channel.h"
+#include "daemon/net/local_socket.h"
 #include "daemon/net/wire_transport.h"
 
 namespace diloco {
@@ -58,6 +59,51 @@ Status BuildControlReply(const std::string& sender, const std::string& job_id, c
   return Status::Ok();
 }
 
+Status BuildControlRequest(const std::string& sender, const std::string& job_id, const MessageBody& request,
+                           uint64_t request_id, net::Message* out, std::string* name) {
+  MessageBody body = request;
+  *name = "job_spec";
+  if (auto* c = std::get_if<ControlMsg>(&body)) {
+    c->request_id = request_id;
+    *name = c->name;
+  }
+  EnvelopeHeader h;
+  h.job_id = job_id.empty() ? kNoJob : job_id;
+  h.sender = sender;
+  h.seq = 1;
+  h.incarnation = request_id;
+  h.sent_unix_ms = NowUnixMs();
+  OutgoingMessage om;
+  DL_RETURN_IF_ERROR(BuildMessage(h, body, {}, &om));
+  *out = net::ToMessage(std::move(om), nullptr);
+  return Status::Ok();
+}
+
+Status CallControlLocal(const std::string& socket_path, const std::string& sender, const std::string& job_id,
+                        const MessageBody& request, int timeout_ms, ControlArgs* reply) {
+  const uint64_t request_id = RandomId();
+  std::string name;
+  net::Message m;
+  DL_RETURN_IF_ERROR(BuildControlRequest(sender, job_id, request, request_id, &m, &name));
+  net::Message answer;
+  if (Status st = net::LocalCall(socket_path, m, timeout_ms, &answer); !st.ok()) {
+    return Status::Error("no reply from the daemon at " + socket_path + " to '" + name + "': " + st.message());
+  }
+  // The reply passes the same checks as everything the daemon receives.
+  ParsedMessage parsed;
+  DL_RETURN_IF_ERROR(
+      ParseEnvelope(answer.spans(), ControlParseOptions(), &parsed).WithContext("the reply to '" + name + "' from " + socket_path));
+  const ControlMsg* c = parsed.get<ControlMsg>();
+  // A JobSpec is answered with request id 0 (the spec has none).
+  if (c == nullptr || (c->request_id != request_id && c->request_id != 0)) {
+    return Status::Error("the reply to '" + name + "' from " + socket_path + " answers another request");
+  }
+  *reply = ArgsOf(*c);
+  auto e = reply->find("error");
+  if (e != reply->end()) return Status::Error(e->second);
+  return Status::Ok();
+}
+
 Status CallControl(net::NetContext& context, const ControlTarget& target, const std::string& job_id,
                    const MessageBody& request, ControlArgs* reply) {
   auto parsed = std::make_shared<ParsedMessage>();
@@ -75,21 +121,9 @@ Status CallControl(net::NetContext& context, const ControlTarget& target, const 
   DL_RETURN_IF_ERROR(dealer->Connect(target.endpoint));
 
   const uint64_t request_id = RandomId();
-  MessageBody body = request;
-  std::string name = "job_spec";
-  if (auto* c = std::get_if<ControlMsg>(&body)) {
-    c->request_id = request_id;
-    name = c->name;
-  }
-  EnvelopeHeader h;
-  h.job_id = job_id.empty() ? kNoJob : job_id;
-  h.sender = target.sender;
-  h.seq = 1;
-  h.incarnation = request_id;
-  h.sent_unix_ms = NowUnixMs();
-  OutgoingMessage om;
-  DL_RETURN_IF_ERROR(BuildMessage(h, body, {}, &om));
-  net::Message m = net::ToMessage(std::move(om), nullptr);
+  std::string name;
+  net::Message m;
+  DL_RETURN_IF_ERROR(BuildControlRequest(target.sender, job_id, request, request_id, &m, &name));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(target.timeout_ms);
   auto timed_out = [&] {
     return Status::Error("no reply from " + target.endpoint + " to '" + name + "' within " +

@@ -1,8 +1,12 @@
 // The control protocol of dilocod (DESIGN.md §4): requests and replies are wire Envelopes whose
-// body is a ControlMsg {name, request_id, args} (a job spec travels as a JobSpec body). A client
-// (dilococtl, or a daemon calling a peer) uses a DEALER; a daemon serves a ROUTER on
-//   ipc://<control_socket>   the local CLI (plaintext: only local users reach the file), and
-//   tcp://...                other daemons, CURVE with the ZAP allowlist of the peers' keys.
+// body is a ControlMsg {name, request_id, args} (a job spec travels as a JobSpec body). A daemon
+// serves them on
+//   <control_socket>   the local CLI: an AF_UNIX stream socket (net/local_socket.h: a cap on a
+//                      whole request, checked from its length prefix; bounded connections), mode
+//                      0660, so only local users of the daemon's group reach it; and
+//   tcp://...          other daemons: a ZeroMQ ROUTER, CURVE with the ZAP allowlist of the peers'
+//                      keys (a daemon calling a peer uses a DEALER).
+// Both run every message through the same envelope checks (ControlParseOptions).
 // Replies carry args {"ok": "1"} or {"error": "what went wrong; what to do"}, plus e.g.
 // {"json": "<json text>"}.
 //
@@ -44,6 +48,16 @@ Status CallControl(net::NetContext& context, const ControlTarget& target, const 
 // The same for a ControlMsg named name with args.
 Status CallControl(net::NetContext& context, const ControlTarget& target, const std::string& name,
                    const std::string& job_id, const ControlArgs& args, ControlArgs* reply);
+
+// The same over the local control socket at socket_path (what dilococtl does): one connection,
+// one request, its reply within timeout_ms.
+Status CallControlLocal(const std::string& socket_path, const std::string& sender, const std::string& job_id,
+                        const MessageBody& request, int timeout_ms, ControlArgs* reply);
+
+// The request envelope for job_id (request_id goes into a ControlMsg body) and the request's name
+// ("job_spec" for a JobSpec), as CallControl sends it.
+Status BuildControlRequest(const std::string& sender, const std::string& job_id, const MessageBody& request,
+                           uint64_t request_id, net::Message* out, std::string* name);
 
 ControlMsg MakeControl(const std::string& name, const ControlArgs& args, uint64_t request_id = 0);
 ControlArgs ArgsOf(const ControlMsg& msg);

@@ -111,18 +111,18 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
       },
       PeerViews::Options{});
 
-  // The local control socket (a stale file from a crash is ours to remove: we hold the lock).
+  // The local control socket (a stale file from a crash is ours to remove: we hold the lock). Not
+  // ZeroMQ: its ipc:// bounds a frame, not a message, and holds an unfinished multipart message
+  // where nothing can bound it; this one caps a whole request (2 MiB) from its length prefix and
+  // what each connection holds (net/local_socket.h).
   fs::remove(config.control_socket, ec);
   fs::create_directories(fs::path(config.control_socket).parent_path(), ec);
-  net::ReceiveOptions ro;
-  ro.track_sequence = false;
-  ro.validator = net::EnvelopeValidator(ControlParseOptions(), im.local_parsed);
-  net::SocketOptions lo;
+  net::LocalServerOptions lo;
   lo.name = "control.local";
-  lo.allow_plaintext = true;
-  lo.max_frame_bytes = int64_t{2} << 20;
-  DL_RETURN_IF_ERROR(net::RouterChannel::Create(*im.context, lo, ro, &im.local));
-  DL_RETURN_IF_ERROR(im.local->Bind("ipc://" + config.control_socket).WithContext("control_socket"));
+  lo.limits.max_message_bytes = uint64_t{2} << 20;
+  lo.max_connections = 32;  // x 2 MiB: the most that requests can hold at once (the idlest goes)
+  lo.validator = net::EnvelopeValidator(ControlParseOptions(), im.local_parsed);
+  DL_RETURN_IF_ERROR(net::LocalServer::Create(config.control_socket, lo, &im.local).WithContext("control_socket"));
   // Owner and group only, whatever the umask (the group is how operators grant the CLI).
   fs::permissions(config.control_socket, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::group_write,
                   fs::perm_options::replace, ec);
@@ -146,7 +146,7 @@ Status Daemon::Create(const DaemonConfig& config, std::unique_ptr<Daemon>* out) 
     DL_RETURN_IF_ERROR(MetricsServer::Start(mo, &im.metrics, &im.metrics_server).WithContext(config.source + ": metrics_port"));
     im.Log("metrics on " + im.metrics_server->url());
   }
-  im.Log("listening on ipc://" + config.control_socket +
+  im.Log("listening on " + config.control_socket +
          (config.listen.control.empty() ? "" : " and " + config.listen.control) + (im.keys ? " (CURVE)" : " (plaintext)") +
          ", " + std::to_string(context_options.io_threads) + " ZeroMQ I/O threads");
   im.ResumeJobs();
@@ -171,10 +171,12 @@ Status Daemon::Run() {
   DaemonImpl& im = *impl_;
   (void)SdNotify("READY=1");
   im.UpdateSdStatus();
-  std::vector<net::Socket*> sockets = {&im.local->socket()};
+  std::vector<net::Socket*> sockets;
   if (im.peers) sockets.push_back(&im.peers->socket());
+  std::vector<net::PollFd> local_fds;
   std::vector<bool> ready;
   net::Received r;
+  net::LocalReceived lr;
   while (!g_shutdown) {
     im.Guarded("reaping ended roles", [&] { im.Reap(); });
     im.Guarded("chaos", [&] { im.ChaosTick(); });
@@ -188,19 +190,26 @@ Status Daemon::Run() {
     im.Guarded("writing job summaries", [&] { im.WriteDueSummaries(); });
     im.Guarded("metrics", [&] { im.UpdateMetrics(); });
     // Short polls while work off the loop may finish: its answers go out promptly.
-    if (!net::PollReadable(sockets, im.off_loop->in_flight() > 0 ? 5 : 100, &ready)) continue;
-    if (ready[0] && im.local->Receive(&r, 0) == net::RecvResult::kMessage) {
+    local_fds.clear();
+    im.local->AddPollFds(&local_fds);
+    const bool any = net::PollReadable(sockets, local_fds, im.off_loop->in_flight() > 0 ? 5 : 100, &ready);
+    im.local->Service(local_fds);  // also when nothing came: its timeouts
+    while (im.local->Receive(&lr)) {  // at most one request per connection
       const ParsedMessage& m = *im.local_parsed;
+      const DaemonImpl::ReplyTo to = DaemonImpl::ReplyToOf(*im.local, lr, m);
       if (const ControlMsg* c = m.get<ControlMsg>()) {
         const ControlArgs args = ArgsOf(*c);
         const std::string job = m.header.job_id;
-        const DaemonImpl::ReplyTo to = DaemonImpl::ReplyToOf(*im.local, r, m);
         std::optional<ControlArgs> reply = im.GuardedReply(c->name, [&] { return im.HandleLocal(c->name, job, args, to); });
         if (reply) im.Reply(to, *reply);
+      } else {
+        im.Reply(to, {{"error", "the local socket takes control commands; submit a job with `dilococtl submit`"}});
       }
+      im.KillProcessIfAsked();
     }
-    im.KillProcessIfAsked();
-    if (ready.size() > 1 && ready[1] && im.peers->Receive(&r, 0) == net::RecvResult::kMessage) {
+    im.KillProcessIfAsked();  // also when the job's chaos timeline asked
+    if (!any) continue;
+    if (!ready.empty() && ready[0] && im.peers->Receive(&r, 0) == net::RecvResult::kMessage) {
       const ParsedMessage& m = *im.peer_parsed;
       std::string sender = m.header.sender;
       // With CURVE the key says who it is; the envelope's sender must agree.

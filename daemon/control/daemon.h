@@ -3,7 +3,7 @@
 // job store, the control sockets, the roles of running jobs.
 //
 //   Create   locks <state_dir>/dilocod.lock (a second daemon on the same state dir refuses),
-//            loads keys, binds ipc://<control_socket> (local CLI) and listen.control (peers,
+//            loads keys, binds <control_socket> (local CLI, AF_UNIX) and listen.control (peers,
 //            CURVE), resumes the roles of jobs that were running (learners join from the
 //            syncer's snapshot at their recorded step; the syncer restores its checkpoint).
 //   Run      serves control requests and watches the roles until SIGTERM/SIGINT (or Shutdown):

@@ -33,6 +33,7 @@
 #include "daemon/net/channel.h"
 #include "daemon/net/curve.h"
 #include "daemon/net/envelope.h"
+#include "daemon/net/local_socket.h"
 #include "daemon/sync/protocol.h"
 #include "daemon/train/chaos_runner.h"
 #include "daemon/train/role_plan.h"
@@ -66,7 +67,7 @@ struct DaemonImpl {
   std::unique_ptr<PeerViews> peer_views;  // after context: its workers call peers through it
   std::unique_ptr<OffLoop> off_loop;      // after context: its workers call peers through it
   std::set<std::string> reserved_ids;     // jobs whose submit waits on other sites
-  std::unique_ptr<net::RouterChannel> local;  // ipc, the CLI
+  std::unique_ptr<net::LocalServer> local;     // AF_UNIX, the CLI (net/local_socket.h)
   std::unique_ptr<net::RouterChannel> peers;  // tcp, other daemons
   std::shared_ptr<ParsedMessage> local_parsed = std::make_shared<ParsedMessage>();
   std::shared_ptr<ParsedMessage> peer_parsed = std::make_shared<ParsedMessage>();
@@ -123,10 +124,13 @@ struct DaemonImpl {
     ControlArgs reply;
   };
   using PeerAnswers = std::vector<PeerAnswer>;
-  // Where a request's answer goes, kept for answering it later.
+  // Where a request's answer goes, kept for answering it later: a peer on the ROUTER, or a
+  // connection of the local socket.
   struct ReplyTo {
     net::RouterChannel* channel = nullptr;
     std::string peer;  // routing id
+    net::LocalServer* local = nullptr;
+    uint64_t connection = 0;
     std::string job_id, name;
     uint64_t request_id = 0;
   };
@@ -198,6 +202,7 @@ struct DaemonImpl {
   void InBackground(const std::string& what, std::function<PeerAnswers()> work, std::function<void(const PeerAnswers&)> then);
   ControlArgs Busy(const std::string& name) const;
   static ReplyTo ReplyToOf(net::RouterChannel& ch, const net::Received& r, const ParsedMessage& m);
+  static ReplyTo ReplyToOf(net::LocalServer& server, const net::LocalReceived& r, const ParsedMessage& m);
   void Reply(const ReplyTo& to, const ControlArgs& args);
 
   // ---- job_lifecycle.cpp ----

@@ -84,7 +84,13 @@ ControlArgs DaemonImpl::Busy(const std::string& name) const {
 
 DaemonImpl::ReplyTo DaemonImpl::ReplyToOf(net::RouterChannel& ch, const net::Received& r, const ParsedMessage& m) {
   const ControlMsg* c = m.get<ControlMsg>();
-  return {&ch, r.peer, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0};
+  return {&ch, r.peer, nullptr, 0, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0};
+}
+
+DaemonImpl::ReplyTo DaemonImpl::ReplyToOf(net::LocalServer& server, const net::LocalReceived& r, const ParsedMessage& m) {
+  const ControlMsg* c = m.get<ControlMsg>();
+  ReplyTo to{nullptr, "", &server, r.connection, m.header.job_id, c ? c->name : "job_spec", c ? c->request_id : 0};
+  return to;
 }
 
 void DaemonImpl::Reply(const ReplyTo& to, const ControlArgs& args) {
@@ -98,7 +104,11 @@ void DaemonImpl::Reply(const ReplyTo& to, const ControlArgs& args) {
              .ok())
       return;
   }
-  (void)to.channel->SendTo(to.peer, out, 100);
+  if (to.local) {
+    (void)to.local->SendTo(to.connection, out);  // false: the client is gone (or was closed)
+  } else {
+    (void)to.channel->SendTo(to.peer, out, 100);
+  }
 }
 
 }  // namespace diloco

@@ -448,16 +448,23 @@ void Socket::DrainEvents() {
 }
 
 bool PollReadable(std::span<Socket* const> sockets, int timeout_ms, std::vector<bool>* ready) {
+  return PollReadable(sockets, {}, timeout_ms, ready);
+}
+
+bool PollReadable(std::span<Socket* const> sockets, std::span<PollFd> fds, int timeout_ms, std::vector<bool>* ready) {
   std::vector<zmq::pollitem_t> items;
-  items.reserve(sockets.size());
+  items.reserve(sockets.size() + fds.size());
   for (Socket* s : sockets) items.push_back({s->ref().handle(), 0, ZMQ_POLLIN, 0});
+  for (const PollFd& f : fds) items.push_back({nullptr, f.fd, f.events, 0});
   ready->assign(sockets.size(), false);
+  for (PollFd& f : fds) f.revents = 0;
   try {
     if (zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms)) <= 0) return false;
   } catch (const zmq::error_t&) {
     return false;
   }
-  for (size_t i = 0; i < items.size(); ++i) (*ready)[i] = (items[i].revents & ZMQ_POLLIN) != 0;
+  for (size_t i = 0; i < sockets.size(); ++i) (*ready)[i] = (items[i].revents & ZMQ_POLLIN) != 0;
+  for (size_t i = 0; i < fds.size(); ++i) fds[i].revents = items[sockets.size() + i].revents;
   return true;
 }
 

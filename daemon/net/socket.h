@@ -213,4 +213,16 @@ class Socket {
 // which. Returns false on timeout or when the context is shutting down.
 bool PollReadable(std::span<Socket* const> sockets, int timeout_ms, std::vector<bool>* ready);
 
+// A plain file descriptor polled beside ZeroMQ sockets (local_socket.h's server): events is
+// ZMQ_POLLIN and/or ZMQ_POLLOUT; revents says which came, plus ZMQ_POLLERR for an error or a
+// hang-up.
+struct PollFd {
+  int fd = -1;
+  short events = 0;
+  short revents = 0;
+};
+// The same with fds: true when a socket is readable or an fd has an event (fds[i].revents; all
+// 0 on a timeout). One poll for both, so a loop serving both stays one loop.
+bool PollReadable(std::span<Socket* const> sockets, std::span<PollFd> fds, int timeout_ms, std::vector<bool>* ready);
+
 }  // namespace diloco::net

@@ -25,3 +25,8 @@ target_sources(diloco_net PRIVATE
 )
 target_include_directories(diloco_net PUBLIC ${CPPZMQ_INCLUDE_DIR})
 target_link_libraries(diloco_net PUBLIC PkgConfig::ZMQ PkgConfig::SODIUM Threads::Threads)
+# The local control socket's own transport (an AF_UNIX stream, bounded per message and connection).
+target_sources(diloco_net PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/local_socket.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stream_frames.cpp
+)

@@ -12,6 +12,7 @@
 #include "daemon/control/control_protocol.h"
 #include "daemon/net/channel.h"
 #include "daemon/net/envelope.h"
+#include "daemon/net/local_socket.h"
 #include "daemon/net/wire_transport.h"
 
 namespace diloco::testing {
@@ -146,5 +147,41 @@ inline void Flood(net::NetContext& context, const net::SocketOptions& so, const 
   }
 }
 
+// The same on a daemon's local control socket (net/local_socket.h): a connection the daemon
+// closed (after a request it refused) is replaced by a new one.
+inline void FloodLocal(const std::string& path, ControlFuzzer& fz, const std::string& sender, uint64_t n) {
+  std::unique_ptr<net::LocalClient> client;
+  for (uint64_t i = 0; i < n; i++) {
+    if (!client || i % 2 == 0) {
+      client.reset();
+      REQUIRE(net::LocalClient::Connect(path, 2000, &client).ok());
+    }
+    net::Message m = fz.Next(sender);
+    if (!client->Send(m, 200).ok()) {
+      client.reset();
+      continue;
+    }
+    net::Message reply;
+    const Status st = client->Receive(&reply, i % 50 == 0 ? 100 : 0);
+    if (!st.ok() && st.message().find("closed the connection") != std::string::npos) client.reset();
+  }
+}
+
+// A request that never ends, on a daemon's local control socket: a prefix announcing a request of
+// cap bytes (the daemon's cap: 2 MiB), then up to total_bytes more, 1 MiB at a time, until the
+// daemon cuts it off. Returns the bytes written (what the kernel's socket buffers took included;
+// 0: no connection). No Catch assertions: attackers run on threads of their own.
+inline uint64_t NeverEndingRequest(const std::string& path, uint64_t total_bytes, uint64_t cap = uint64_t{2} << 20) {
+  std::unique_ptr<net::LocalClient> c;
+  if (!net::LocalClient::Connect(path, 2000, &c).ok()) return 0;
+  std::vector<uint8_t> prefix(std::begin(net::kStreamMagic), std::end(net::kStreamMagic));
+  for (uint32_t v : {uint32_t{1}, (uint32_t)(cap - net::kStreamFixedPrefixBytes - 4)})
+    for (int i = 0; i < 4; i++) prefix.push_back((uint8_t)(v >> (8 * i)));
+  if (!c->WriteAll(prefix, 2000).ok()) return 0;
+  uint64_t written = prefix.size();
+  const std::vector<uint8_t> mib(1 << 20, 0xab);
+  while (written < total_bytes && c->WriteAll(mib, 5000).ok()) written += mib.size();
+  return written;
+}
 
 }  // namespace diloco::testing

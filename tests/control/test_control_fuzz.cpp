@@ -1,5 +1,5 @@
 // Fuzz of the control protocol against real daemons: random, mutated and hostile requests on a
-// daemon's local ipc socket (as any local user) and on its peer socket (as an allowlisted peer
+// daemon's local socket (as any local user) and on its peer socket (as an allowlisted peer
 // holding a real site key). Every daemon must stay up and keep answering, and the job that was
 // running must be unharmed unless a fuzzed request stopped it. DILOCO_FUZZ_ITERATIONS scales it
 // (default 3000 requests; CI runs it under ASan + UBSan too); DILOCO_FUZZ_SEED picks the inputs.
@@ -29,13 +29,9 @@ TEST_CASE("fuzz: hostile control requests on the local and peer sockets never ta
   std::unique_ptr<net::NetContext> context;
   REQUIRE(net::NetContext::Create({}, &context).ok());
 
-  // The local socket, as the CLI would (plaintext ipc).
-  net::SocketOptions local;
-  local.name = "fuzz.local";
-  local.allow_plaintext = true;
-  local.linger_ms = 0;
+  // The local socket, as the CLI would.
   const auto t0 = Clock::now();
-  Flood(*context, local, "ipc://" + c->SocketPath("site-a"), fz, "dilococtl", iterations / 2);
+  FloodLocal(c->SocketPath("site-a"), fz, "dilococtl", iterations / 2);
   // The peer socket of site-s, as site-b (its real key: past CURVE and the sender check).
   DaemonConfig s_cfg;
   REQUIRE(LoadDaemonConfig(c->ConfigPath("site-s"), &s_cfg).ok());

@@ -15,6 +15,7 @@
 #include "daemon/net/curve.h"
 #include "daemon/net/envelope.h"
 #include "daemon/net/wire_transport.h"
+#include "tests/control/control_fuzzer.h"
 #include "tests/control/daemon_testing.h"
 
 namespace diloco {
@@ -516,6 +517,57 @@ TEST_CASE("list answers with more jobs than one reply can hold", "[e2e]") {
   std::set<std::string> ids;
   for (const auto& j : jobs) ids.insert(j["id"].get<std::string>());
   CHECK(ids.size() == (size_t)n);
+}
+
+}  // namespace diloco
+
+namespace diloco {
+using namespace testing;
+
+// Issue 44 item 10: a local user's raw ZeroMQ client on the ipc control socket sent 128 frames of
+// 1 MiB with the MORE flag and never a last frame; libzmq held them all out of the daemon's sight
+// and the daemon grew ~120 MiB (205 -> 330 MiB), for good. The local socket is now the project's
+// own (net/local_socket.h): the same attack in its framing (a request announced at the 2 MiB cap,
+// then 128 MiB without an end) is cut off after the cap, and the ZeroMQ one no longer gets past
+// its greeting. Meanwhile and after, the daemon answers the CLI and keeps its memory.
+TEST_CASE("a request that never ends on the local socket costs the daemon at most its cap", "[e2e]") {
+  testing::TempDir dir;
+  auto c = StartCluster(dir);
+  const std::string path = c->SocketPath("site-a");
+  ControlArgs reply;
+  REQUIRE(CallDaemon(path, "ping", kNoJob, {}, &reply, 5000).ok());
+  const double before = RssMiB(c->pid("site-a"));
+
+  uint64_t written = 0;
+  std::thread attacker([&] { written = NeverEndingRequest(path, uint64_t{128} << 20); });
+  for (int i = 0; i < 10; i++) CHECK(CallDaemon(path, "ping", kNoJob, {}, &reply, 5000).ok());
+  attacker.join();
+  INFO("the attacker got " << (written >> 20) << " MiB in before it was cut off");
+  CHECK(written > 0);
+  CHECK(written < uint64_t{8} << 20);  // the cap (2 MiB) and the kernel's socket buffers
+
+  // The original attack, with libzmq: 128 frames of 1 MiB, MORE set, never a last frame.
+  {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect("ipc://" + path);
+    const std::string mib(1 << 20, 'z');
+    for (int i = 0; i < 128; i++) (void)s.send(zmq::buffer(mib), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // its reconnects, not a timing
+  }
+  REQUIRE(CallDaemon(path, "ping", kNoJob, {}, &reply, 5000).ok());
+  const double after = RssMiB(c->pid("site-a"));
+  INFO("site-a RSS " << before << " MiB -> " << after << " MiB");
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr double kGrowthMiB = 16 + 256;  // ASan's quarantine holds freed memory
+#else
+  constexpr double kGrowthMiB = 16;
+#endif
+  CHECK(after - before < kGrowthMiB);
+  const std::string log = ReadFile(c->LogPath("site-a"));
+  CHECK_THAT(log, Catch::Contains("control.local: closed the connection of pid " + std::to_string(getpid())));
+  CHECK(c->Running("site-a"));
 }
 
 }  // namespace diloco

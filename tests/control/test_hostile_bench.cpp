@@ -75,13 +75,11 @@ TEST_CASE("hostile: ten minutes of fuzz and floods at every socket of a training
   for (int round = 0; std::chrono::duration<double>(Clock::now() - t0).count() < seconds; round++) {
     const std::string& site = c->sites()[round % c->sites().size()];
     switch (round % 6) {
-      case 0: {  // fuzzed control requests on the local socket
-        net::SocketOptions local;
-        local.name = "hostile.local";
-        local.allow_plaintext = true;
-        local.linger_ms = 0;
-        Flood(*context, local, "ipc://" + c->SocketPath(site), fz, "dilococtl", 100);
+      case 0: {  // fuzzed control requests on the local socket, and one that never ends
+        FloodLocal(c->SocketPath(site), fz, "dilococtl", 100);
         sent["control, local socket"] += 100;
+        (void)NeverEndingRequest(c->SocketPath(site), uint64_t{16} << 20);
+        sent["control, local socket: a request that never ends (16 MiB)"] += 1;
         break;
       }
       case 1: {  // fuzzed control requests on the peer socket, as another site
