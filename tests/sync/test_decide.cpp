@@ -423,15 +423,21 @@ TEST_CASE("sync: the grace cap in inner steps bounds the window and the forecast
   CHECK(d.grace_ms == Approx(500));
 }
 
+// Learners 0-2 step in 100 ms and learner 0's delta is in; learner 3 steps in slow_step_ms and
+// its delta is due in due_in_ms.
+RoundState FleetAndOne(int due_in_ms, double slow_step_ms) {
+  RoundState state = StateOf({{10, 0}, {10, kNever}, {10, kNever}, {10, kNever, due_in_ms}}, {100.0, 0.0, 0.0});
+  for (LearnerPresence& l : state.learners) l.step_ms = 100;
+  state.learners[3].step_ms = slow_step_ms;
+  return state;
+}
+
 TEST_CASE("sync: the grace cap counts the fleet's steps, not the straggler's", "[unit][sync]") {
   DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
   o.grace_cap_ms = 20000;
   o.grace_cap_steps = 4;
-  // Learners 0-2 step in 100 ms and learner 0's delta is in; learner 3, slowed to 300 ms a step,
-  // is due in 1200 ms: 4 of its own steps, 12 of the fleet's.
-  RoundState state = StateOf({{10, 0}, {10, kNever}, {10, kNever}, {10, kNever, 1200}}, {100.0, 0.0, 0.0});
-  for (LearnerPresence& l : state.learners) l.step_ms = 100;
-  state.learners[3].step_ms = 300;
+  // Learner 3, slowed to 300 ms a step, is due in 1200 ms: 4 of its own steps, 12 of the fleet's.
+  RoundState state = FleetAndOne(1200, 300);
   CHECK(FleetStepMs(kNow, state, o) == Approx(100));
   CHECK(GraceStepMs(kNow, state, o) == Approx(300));  // the window's ξ_step is still the slowest
   Decision d = Decide(kNow, state, o);
@@ -454,10 +460,7 @@ TEST_CASE("sync: the forecast does not wait for a straggler", "[unit][sync]") {
   DecideOptions o = OptionsOf(SyncMode::kDecoupled, 1);
   o.grace_cap_ms = 20000;
   o.grace_straggler_ratio = 2;
-  // Learners 0-2 step in 100 ms, learner 0's delta is in; learner 3 is due in 900 ms.
-  RoundState state = StateOf({{10, 0}, {10, kNever}, {10, kNever}, {10, kNever, 900}}, {100.0, 0.0, 0.0});
-  for (LearnerPresence& l : state.learners) l.step_ms = 100;
-  state.learners[3].step_ms = 190;  // 1.9x the fleet's step: waited for
+  RoundState state = FleetAndOne(900, 190);  // 1.9x the fleet's step: waited for
   Decision d = Decide(kNow, state, o);
   CHECK(d.reason == DecideReason::kAwaitingDue);
   CHECK(d.awaited == 1);

@@ -594,50 +594,41 @@ TEST_CASE("LearnerCore: joining from a snapshot installs it before training", "[
   CHECK(control.changed.size() == fx.frags[0].ranges.size() + fx.frags[1].ranges.size());
 }
 
-TEST_CASE("LearnerCore: rejoining from a snapshot, a learner takes the fleet's cadence", "[unit]") {
-  // H = 10. The snapshot says the fleet's cadence is at step 52; the learner resumes at its step 37.
-  struct Row {
-    SyncMode mode;
-    long expect;
-  };
-  for (const Row& row : {Row{SyncMode::kDecoupled, 42},  // its own progress, moved into the phase of 52
-                         Row{SyncMode::kStreaming, 52},  // lock-step: the fleet's step
-                         Row{SyncMode::kDiloco, 52}}) {
-    RunConfig cfg = TinyConfig(row.mode, row.mode == SyncMode::kDiloco ? 1 : 2, 10);
-    Fixture fx(cfg);
-    fx.o.start_step = 37;
-    fx.o.join_from_snapshot = true;
-    fx.core = std::make_unique<LearnerCore>(fx.o, fx.ring->backend(0), *fx.outer, fx.frags, 0xC0DE, &fx.port);
-    REQUIRE(fx.core->SetUp().ok());
-    REQUIRE(fx.core->OnJoinTimer().ok());
-    REQUIRE(fx.Welcome().ok());
-    REQUIRE(fx.core->Start(true).ok());
-    const auto requests = fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
-    REQUIRE(requests.back().get<SnapshotRequestMsg>());
-    const uint64_t request_id = requests.back().get<SnapshotRequestMsg>()->request_id;
-    std::vector<std::vector<float>> values;
-    const std::vector<uint64_t> versions(fx.frags.size(), 4);
-    for (int p = 0; p < (int)fx.frags.size(); p++) REQUIRE(fx.SnapshotPart(p, request_id, versions, 52, &values).ok());
-    REQUIRE_FALSE(fx.core->AwaitingSnapshot());
-    INFO(ToString(row.mode));
-    CHECK(fx.core->StartStep() == row.expect);
-  }
-  // A cadence within H - 1 steps behind its own step moves it forward too (never back: its
-  // earlier incarnation's deltas up to its step may be merged already).
-  RunConfig cfg = TinyConfig(SyncMode::kDecoupled, 2, 10);
-  Fixture fx(cfg);
-  fx.o.start_step = 55;
+// The step a learner of this mode starts at when it rejoins at start_step from a snapshot whose
+// cadence is cadence_step (H = 10).
+long RejoinStartStep(SyncMode mode, long start_step, uint64_t cadence_step) {
+  Fixture fx(TinyConfig(mode, mode == SyncMode::kDiloco ? 1 : 2, 10));
+  fx.o.start_step = start_step;
   fx.o.join_from_snapshot = true;
   fx.core = std::make_unique<LearnerCore>(fx.o, fx.ring->backend(0), *fx.outer, fx.frags, 0xC0DE, &fx.port);
   REQUIRE(fx.core->SetUp().ok());
   REQUIRE(fx.core->OnJoinTimer().ok());
   REQUIRE(fx.Welcome().ok());
   REQUIRE(fx.core->Start(true).ok());
-  const auto requests = fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
+  const auto requests =
+      fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
+  REQUIRE(requests.back().get<SnapshotRequestMsg>());
   const uint64_t request_id = requests.back().get<SnapshotRequestMsg>()->request_id;
   std::vector<std::vector<float>> values;
-  for (int p = 0; p < 2; p++) REQUIRE(fx.SnapshotPart(p, request_id, {4, 4}, 52, &values).ok());
-  CHECK(fx.core->StartStep() == 62);
+  const std::vector<uint64_t> versions(fx.frags.size(), 4);
+  for (int p = 0; p < (int)fx.frags.size(); p++)
+    REQUIRE(fx.SnapshotPart(p, request_id, versions, cadence_step, &values).ok());
+  REQUIRE_FALSE(fx.core->AwaitingSnapshot());
+  return fx.core->StartStep();
+}
+
+TEST_CASE("LearnerCore: rejoining from a snapshot, a learner takes the fleet's cadence", "[unit]") {
+  // The fleet's cadence is at step 52 (H = 10); the learner resumes at its step 37. Lock-step: it
+  // starts at the fleet's step. Decoupled: its own progress, moved forward into the phase of 52.
+  CHECK(RejoinStartStep(SyncMode::kDiloco, 37, 52) == 52);
+  CHECK(RejoinStartStep(SyncMode::kStreaming, 37, 52) == 52);
+  CHECK(RejoinStartStep(SyncMode::kDecoupled, 37, 52) == 42);
+  // Ahead of the cadence it moves forward too, never back: its earlier incarnation's deltas up to
+  // its step may be merged already.
+  CHECK(RejoinStartStep(SyncMode::kDecoupled, 55, 52) == 62);
+  CHECK(RejoinStartStep(SyncMode::kDecoupled, 52, 52) == 52);
+  // No cadence (no merge yet): its own step.
+  CHECK(RejoinStartStep(SyncMode::kDecoupled, 37, 0) == 37);
 }
 
 TEST_CASE("LearnerCore: the same events at the same times send the same bytes", "[unit]") {
