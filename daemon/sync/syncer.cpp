@@ -10,13 +10,11 @@
 #include <random>
 
 #include "daemon/net/channel.h"
-#include "daemon/net/codec.h"
 #include "daemon/net/wire_transport.h"
 #include "daemon/sync/core_clock.h"
 #include "daemon/sync/event_log.h"
-#include "daemon/sync/state_writer.h"
 #include "daemon/sync/syncer_core.h"
-#include "daemon/sync/update_log.h"
+#include "daemon/sync/syncer_store.h"
 #include "daemon/util/log.h"
 
 namespace diloco {
@@ -34,11 +32,9 @@ struct Syncer::Impl final : public SyncerPort {
   std::vector<bool> ready;
   EventLog events;
   bool have_events = false;
-  std::string state_path;
   // Durability (see the header): every update is in the log before it is published; checkpoints
   // are written by a thread of their own.
-  std::unique_ptr<UpdateLog> update_log;
-  std::unique_ptr<AsyncStateWriter> state_writer;
+  std::unique_ptr<SyncerStore> store;
   std::unique_ptr<SyncerCore> core;
   Status port_error;  // the first failure of a port call that cannot return one (events.log)
   SyncTime last_refresh = SyncClock::now() - std::chrono::hours(1);  // refresh on the first turn
@@ -50,14 +46,14 @@ struct Syncer::Impl final : public SyncerPort {
   void Reply(const std::string& peer, net::Message&& m) override {
     if (router) (void)router->SendTo(peer, m, 0);  // a peer gone meanwhile: it will ask again
   }
-  Status LogUpdate(const UpdateRecord& record) override {
-    return update_log ? update_log->Append(record) : Status::Ok();
-  }
+  Status LogUpdate(const UpdateRecord& record) override { return store->LogUpdate(record); }
   void OnMerge(const MergeEvent& event) override {
     if (have_events && port_error.ok()) port_error = events.Append(event);
     if (options.on_merge) options.on_merge(event);
   }
-  void Checkpoint(const GlobalState& state) override;
+  void Checkpoint(const GlobalState& state) override {
+    (void)store->Checkpoint(state, [this](const std::string& line) { Note(line); });
+  }
   void Note(const std::string& line) override { LogToStderr(LogWho("syncer", options.job_id), line); }
 
   // Run's loop.
@@ -66,7 +62,6 @@ struct Syncer::Impl final : public SyncerPort {
   Status Receive(SyncTime wake, bool* closed);
   bool DrainUplink();
   Status DrainRouter();
-  Status SaveFinalState(const GlobalState& state);
 };
 
 namespace {
@@ -86,23 +81,6 @@ net::SocketOptions SyncerSocket(const SyncerOptions& o, const std::string& name)
 
 Syncer::~Syncer() = default;
 
-Status ResumeGlobalState(const std::string& run_dir, const TensorTable& table, const std::vector<Fragment>& fragments,
-                         GlobalState* state, uint64_t* replayed) {
-  const std::string path = (std::filesystem::path(run_dir) / "global_state.bin").string();
-  DL_RETURN_IF_ERROR(LoadGlobalState(path, state).WithContext("syncer: resuming"));
-  DL_RETURN_IF_ERROR(CheckGlobalStateFits(*state, table, fragments).WithContext("syncer: resuming from '" + path + "'"));
-  // The checkpoint may be older than what was published: the update log has the rest.
-  ReplayReport replay;
-  auto decode = [](const Fragment& frag, const UpdateRecord& r, std::span<float> update) {
-    return DecodeTensors(r.codec, r.payload, FragmentNumels(frag), r.tensor_bytes, update);
-  };
-  DL_RETURN_IF_ERROR(ReplayUpdateLogs(run_dir, fragments, decode, state, &replay)
-                         .WithContext("syncer: replaying the update log over '" + path + "'"));
-  *replayed = 0;
-  for (uint64_t n : replay.replayed) *replayed += n;
-  return Status::Ok();
-}
-
 Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
                       const float* init_params, std::unique_ptr<Syncer>* out) {
   if (!options.learner_keys.empty() && (int)options.learner_keys.size() != options.sync.learners)
@@ -115,17 +93,14 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   const SyncConfig& sc = options.sync;
   DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(sc), &s->fragments_));
   const size_t P = s->fragments_.size();
-  if (options.resume) {
-    if (options.run_dir.empty()) return Status::Error("syncer: resume needs a run directory");
-    uint64_t replayed = 0;
-    DL_RETURN_IF_ERROR(ResumeGlobalState(options.run_dir, table, s->fragments_, &s->state_, &replayed));
-    if (replayed > 0)
-      LogToStderr(LogWho("syncer", options.job_id),
-                  "replayed " + std::to_string(replayed) + " published updates from the update log after the checkpoint");
-  } else {
-    if (init_params == nullptr) return Status::Error("syncer: no initial parameters and not resuming");
-    s->state_ = InitialGlobalState(table, s->fragments_, init_params);
-  }
+  SyncerStoreOptions store;
+  store.run_dir = options.run_dir;
+  store.resume = options.resume;
+  uint64_t replayed = 0;
+  DL_RETURN_IF_ERROR(SyncerStore::Open(store, table, s->fragments_, init_params, &s->state_, &replayed, &im.store));
+  if (replayed > 0)
+    im.Note("replayed " + std::to_string(replayed) + " published updates from the update log after the checkpoint");
+  if (!im.store->open_note().empty()) im.Note(im.store->open_note());
 
   ParseOptions expect;
   expect.job_id = options.job_id;
@@ -166,30 +141,15 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   if (im.router) im.sockets.push_back(&im.router->socket());
 
   if (!options.run_dir.empty()) {
-    namespace fs = std::filesystem;
-    DL_RETURN_IF_ERROR(im.events.Open((fs::path(options.run_dir) / "events.log").string()));
+    DL_RETURN_IF_ERROR(im.events.Open((std::filesystem::path(options.run_dir) / "events.log").string()));
     im.have_events = true;
-    im.state_path = (fs::path(options.run_dir) / "global_state.bin").string();
-    if (!options.resume) {
-      // A new run: its version 0 is the base the update log replays over; no old log applies.
-      std::error_code ec;
-      fs::remove(UpdateLogPath(options.run_dir), ec);
-      fs::remove(PreviousUpdateLogPath(options.run_dir), ec);
-      DL_RETURN_IF_ERROR(SaveGlobalState(im.state_path, s->state_));
-    }
-    DL_RETURN_IF_ERROR(UpdateLog::Open(options.run_dir, {}, &im.update_log));
-    if (!im.update_log->note().empty()) im.Note(im.update_log->note());
-    im.state_writer = std::make_unique<AsyncStateWriter>(im.state_path);
   }
   // The decisions (syncer_core.h), on this runtime's clock and sockets; a new incarnation per start.
   const uint64_t incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   im.core = std::make_unique<SyncerCore>(options, s->fragments_, &s->state_, table, incarnation, &im);
-  if (options.resume) {
-    std::vector<MergeEvent> merges;
-    DL_RETURN_IF_ERROR(ReadEventLog((std::filesystem::path(options.run_dir) / "events.log").string(),
-                                    /*missing_ok=*/true, &merges));
-    im.core->RecallMerges(merges);
-  }
+  std::vector<MergeEvent> merges;
+  DL_RETURN_IF_ERROR(im.store->RecalledMerges(&merges));
+  im.core->RecallMerges(merges);
   s->result_.versions.assign(P, 0);
   for (size_t p = 0; p < P; p++) s->result_.versions[p] = s->state_.fragments[p].version;
   s->RefreshStatus(false);
@@ -264,7 +224,7 @@ Status Syncer::Impl::Loop(Syncer& syncer) {
   }
   DL_RETURN_IF_ERROR(core->Flush());
   DL_RETURN_IF_ERROR(port_error);
-  DL_RETURN_IF_ERROR(SaveFinalState(syncer.state_));
+  DL_RETURN_IF_ERROR(store->SaveFinal(syncer.state_));
   syncer.result_.merges = syncer.state_.merges;
   syncer.result_.dropped_deltas = syncer.state_.dropped_deltas;
   syncer.result_.rejected_deltas = syncer.state_.rejected_deltas;
@@ -310,34 +270,6 @@ Status Syncer::Impl::DrainRouter() {
     DL_RETURN_IF_ERROR(core->OnRequest(r, *router_parsed));
   }
   return Status::Ok();
-}
-
-// A checkpoint off the merge path: a copy of the state goes to the writer's thread (skipped
-// while the previous one is still being written); the log segment it covers is dropped once
-// the file is durable.
-void Syncer::Impl::Checkpoint(const GlobalState& state) {
-  if (!state_writer || state_writer->busy()) return;
-  if (!update_log->HasPrevious()) {
-    if (Status st = update_log->Rotate(); !st.ok()) {
-      Note("skipping a checkpoint: " + st.message());
-      return;
-    }
-  }
-  UpdateLog* log = update_log.get();
-  const std::string who = LogWho("syncer", options.job_id);
-  state_writer->Submit(state, [log, who](Status st) {
-    if (st.ok()) (void)log->DropPrevious();
-    else LogToStderr(who, "checkpoint failed (the update log keeps everything): " + st.message());
-  });
-}
-
-Status Syncer::Impl::SaveFinalState(const GlobalState& state) {
-  if (!state_writer) return Status::Ok();
-  (void)state_writer->Wait();
-  DL_RETURN_IF_ERROR(SaveGlobalState(state_path, state));
-  // The final state covers every logged update.
-  if (!update_log->HasPrevious()) DL_RETURN_IF_ERROR(update_log->Rotate());
-  return update_log->DropPrevious();
 }
 
 }  // namespace diloco

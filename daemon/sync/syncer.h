@@ -156,12 +156,6 @@ struct SyncerResult {
   std::vector<uint64_t> versions;
 };
 
-// What a restarted syncer resumes from (both runtimes: Syncer, VirtualSyncer): run_dir's
-// global_state.bin, checked against table and fragments, with the update log replayed over it
-// (update_log.h), so Θ_p and v_p are exactly the last published. *replayed: records applied.
-Status ResumeGlobalState(const std::string& run_dir, const TensorTable& table, const std::vector<Fragment>& fragments,
-                         GlobalState* state, uint64_t* replayed);
-
 class Syncer {
  public:
   // Partitions table into EffectiveFragments(sync) fragments, starts every fragment at

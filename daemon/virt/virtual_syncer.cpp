@@ -30,25 +30,13 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
   s->options_ = options;
   s->merge_bytes_per_ns_ = merge_gbps;  // GB/s = bytes/ns
   DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(options.sync), &s->fragments_));
-  if (options.resume) {
-    uint64_t replayed = 0;
-    DL_RETURN_IF_ERROR(ResumeGlobalState(options.run_dir, table, s->fragments_, &s->state_, &replayed));
-  } else {
-    s->state_ = InitialGlobalState(table, s->fragments_, init_params);
-  }
-  if (durable) {
-    namespace fs = std::filesystem;
-    if (!options.resume) {
-      // A new run: its version 0 is the base the update log replays over (as Syncer::Create).
-      std::error_code ec;
-      fs::remove(UpdateLogPath(options.run_dir), ec);
-      fs::remove(PreviousUpdateLogPath(options.run_dir), ec);
-      DL_RETURN_IF_ERROR(SaveGlobalState((fs::path(options.run_dir) / "global_state.bin").string(), s->state_));
-    }
-    UpdateLogOptions lo;
-    lo.sync = false;  // a simulated crash loses no page cache
-    DL_RETURN_IF_ERROR(UpdateLog::Open(options.run_dir, lo, &s->update_log_));
-  }
+  SyncerStoreOptions store;
+  if (durable) store.run_dir = options.run_dir;
+  store.resume = options.resume;
+  store.async_checkpoints = false;  // the virtual clock does not run while it writes
+  store.sync_log = false;           // a simulated crash loses no page cache
+  uint64_t replayed = 0;
+  DL_RETURN_IF_ERROR(SyncerStore::Open(store, table, s->fragments_, init_params, &s->state_, &replayed, &s->store_));
   const int M = options.sync.learners;
   s->uplink_expect_.job_id = options.job_id;
   s->uplink_expect_.accept = MessageBit(MessageType::kDelta) | MessageBit(MessageType::kHeartbeat);
@@ -65,12 +53,9 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
   }
   const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1 + start);
   s->core_ = std::make_unique<SyncerCore>(s->options_, s->fragments_, &s->state_, table, incarnation, s.get());
-  if (options.resume) {
-    std::vector<MergeEvent> merges;
-    DL_RETURN_IF_ERROR(ReadEventLog((std::filesystem::path(options.run_dir) / "events.log").string(),
-                                    /*missing_ok=*/true, &merges));
-    s->core_->RecallMerges(merges);
-  }
+  std::vector<MergeEvent> merges;
+  DL_RETURN_IF_ERROR(s->store_->RecalledMerges(&merges));
+  s->core_->RecallMerges(merges);
   *out = std::move(s);
   return Status::Ok();
 }
@@ -87,17 +72,10 @@ void VirtualSyncer::JumpClock(int64_t jump_ns) {
   if (!draining_) Tick();  // the timer was set on the old clock: what is due now runs now
 }
 
-Status VirtualSyncer::LogUpdate(const UpdateRecord& record) {
-  return update_log_ ? update_log_->Append(record) : Status::Ok();
-}
+Status VirtualSyncer::LogUpdate(const UpdateRecord& record) { return store_->LogUpdate(record); }
 
-// The wall syncer's recipe (update_log.h), with the state written at once.
 void VirtualSyncer::Checkpoint(const GlobalState& state) {
-  if (!update_log_) return;
-  Status st = update_log_->HasPrevious() ? Status::Ok() : update_log_->Rotate();
-  if (st.ok()) st = SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), state);
-  if (st.ok()) st = update_log_->DropPrevious();
-  After(st.WithContext("checkpoint"));
+  After(store_->Checkpoint(state, [this](const std::string& line) { Note(line); }));
 }
 
 // A message that arrives while a merge keeps the syncer busy waits, as in its socket's queue.
@@ -235,6 +213,8 @@ Status VirtualSyncer::Finish() {
   if (drain_timer_ != 0) scheduler_.Cancel(drain_timer_);
   timer_ = drain_timer_ = 0;
   DL_RETURN_IF_ERROR(core_->Flush().WithContext("syncer"));
+  if (store_->durable()) return store_->SaveFinal(state_);
+  // Not durable: the final state is still the run's model.
   if (!options_.run_dir.empty())
     DL_RETURN_IF_ERROR(SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), state_));
   return Status::Ok();

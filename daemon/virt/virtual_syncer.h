@@ -20,7 +20,7 @@
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/syncer_core.h"
-#include "daemon/sync/update_log.h"
+#include "daemon/sync/syncer_store.h"
 #include "daemon/config/run_config.h"
 #include "daemon/virt/scheduler.h"
 #include "daemon/virt/virtual_network.h"
@@ -111,7 +111,7 @@ class VirtualSyncer final : public SyncerPort {
   std::vector<double> charged_global_bytes_, charged_merge_bytes_;  // ChargeAs; empty: the real sizes
   int64_t busy_until_ns_ = 0;
   int64_t clock_offset_ns_ = 0;  // JumpClock: the core's clock is ahead of the scheduler's by this
-  std::unique_ptr<UpdateLog> update_log_;  // durable only
+  std::unique_ptr<SyncerStore> store_;  // durable only with a run directory
   uint64_t timer_ = 0;
   int64_t timer_at_ns_ = -1;
   std::deque<std::function<void()>> deferred_;  // arrived during a merge, in arrival order

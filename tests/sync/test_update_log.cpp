@@ -12,6 +12,7 @@
 #include "daemon/net/codec.h"
 #include "daemon/sync/merge.h"
 #include "daemon/sync/state_writer.h"
+#include "daemon/sync/syncer_store.h"
 #include "daemon/util/crc32c.h"
 #include "kernels/gpt.h"
 #include "kernels/rng.h"
@@ -169,16 +170,17 @@ TEST_CASE("update log: a flipped byte in a middle record is an error naming its 
 // The syncer's publish path on a small model: encode an update with the downlink codec, apply
 // exactly the decoded update, log it. `direct` is the syncer's live state.
 struct Publisher {
+  TensorTable table;
   std::vector<Fragment> fragments;
+  std::vector<float> params;  // version 0
   GlobalState direct;
   ErrorFeedback ef;
   Rng rng{5};
 
   Publisher(CodecKind kind, int num_fragments) : ef(CodecOptions{kind, 32, 0}) {
-    const TensorTable table = gpt_tensor_table(GptConfig{.vocab_size = 64, .block_size = 8, .n_layer = 2,
-                                                         .n_embd = 16, .n_head = 2});
+    table = gpt_tensor_table(GptConfig{.vocab_size = 64, .block_size = 8, .n_layer = 2, .n_embd = 16, .n_head = 2});
     REQUIRE(PartitionFragments(table, num_fragments, &fragments).ok());
-    std::vector<float> params(table.total_numel());
+    params.resize(table.total_numel());
     for (float& x : params) x = (float)rng.normal();
     direct = InitialGlobalState(table, fragments, params.data());
     for (FragmentGlobal& f : direct.fragments) {
@@ -331,6 +333,91 @@ TEST_CASE("update log: rotation, then replay across prev and current", "[unit][u
   REQUIRE(ReplayUpdateLogs(dir.path(), pub.fragments, pub.Decoder(), &state, &report).ok());
   CheckSameTheta(state, pub.direct);
   REQUIRE(log->Rotate().ok());
+}
+
+// The store every syncer runtime opens (syncer_store.h), over the publish path above.
+std::unique_ptr<SyncerStore> OpenStore(const Publisher& pub, const std::string& dir, bool resume, GlobalState* state,
+                                       uint64_t* replayed) {
+  SyncerStoreOptions o;
+  o.run_dir = dir;
+  o.resume = resume;
+  o.async_checkpoints = false;
+  o.sync_log = false;
+  std::unique_ptr<SyncerStore> store;
+  const Status st = SyncerStore::Open(o, pub.table, pub.fragments, pub.params.data(), state, replayed, &store);
+  REQUIRE(st.message() == "");
+  return store;
+}
+
+TEST_CASE("syncer store: a new run starts at version 0, a resumed one where its updates left off", "[unit][update_log]") {
+  TempDir dir;
+  Publisher pub(CodecKind::kInt4, 3);
+  {  // An earlier run's log in the directory: a new run must not replay it.
+    std::unique_ptr<UpdateLog> stale = OpenLog(dir.path());
+    REQUIRE(stale->Append(SomeRecord(0, 1, {3}, 1)).ok());
+  }
+  GlobalState state;
+  uint64_t replayed = 9;
+  std::unique_ptr<SyncerStore> store = OpenStore(pub, dir.path(), false, &state, &replayed);
+  CHECK(replayed == 0);
+  CHECK(store->durable());
+  CheckSameTheta(Load(dir.file("global_state.bin")), state);  // version 0 saved
+  CheckSameTheta(state, pub.direct);
+  std::vector<UpdateRecord> records;
+  REQUIRE(ReadUpdateLog(UpdateLogPath(dir.path()), &records).ok());
+  CHECK(records.empty());
+  std::vector<MergeEvent> merges;
+  REQUIRE(store->RecalledMerges(&merges).ok());
+  CHECK(merges.empty());
+
+  // Two updates, a checkpoint (written at once: the segment it covers is dropped), one more.
+  REQUIRE(store->LogUpdate(pub.Merge(0)).ok());
+  REQUIRE(store->LogUpdate(pub.Merge(1)).ok());
+  REQUIRE(store->Checkpoint(pub.direct, [](const std::string& line) { FAIL(line); }).ok());
+  CHECK_FALSE(fs::exists(PreviousUpdateLogPath(dir.path())));
+  REQUIRE(store->LogUpdate(pub.Merge(2)).ok());
+  MergeEvent merge;
+  merge.fragment = 2;
+  merge.version = 1;
+  merge.contributors.push_back({});
+  merge.contributors.back().learner = 1;
+  merge.contributors.back().learner_step = 25;
+  EventLog events;
+  REQUIRE(events.Open(dir.file("events.log")).ok());
+  REQUIRE(events.Append(merge).ok());
+  store.reset();  // killed
+
+  GlobalState resumed;
+  store = OpenStore(pub, dir.path(), true, &resumed, &replayed);
+  CHECK(replayed == 1);  // the update after the checkpoint
+  CheckSameTheta(resumed, pub.direct);
+  REQUIRE(store->RecalledMerges(&merges).ok());
+  REQUIRE(merges.size() == 1);
+  CHECK(merges[0].contributors.at(0).learner_step == 25);
+  // At the end the final state covers the log.
+  REQUIRE(store->SaveFinal(resumed).ok());
+  REQUIRE(ReadUpdateLog(UpdateLogPath(dir.path()), &records).ok());
+  CHECK(records.empty());
+  CheckSameTheta(Load(dir.file("global_state.bin")), pub.direct);
+}
+
+TEST_CASE("syncer store: without a run directory nothing is durable and a resume is refused", "[unit][update_log]") {
+  Publisher pub(CodecKind::kInt4, 2);
+  SyncerStoreOptions o;
+  GlobalState state;
+  uint64_t replayed = 0;
+  std::unique_ptr<SyncerStore> store;
+  REQUIRE(SyncerStore::Open(o, pub.table, pub.fragments, pub.params.data(), &state, &replayed, &store).ok());
+  CHECK_FALSE(store->durable());
+  CHECK(store->LogUpdate(pub.Merge(0)).ok());
+  CHECK(store->Checkpoint(pub.direct, [](const std::string&) {}).ok());
+  CHECK(store->SaveFinal(pub.direct).ok());
+  o.resume = true;
+  CHECK_THAT(SyncerStore::Open(o, pub.table, pub.fragments, nullptr, &state, &replayed, &store).message(),
+             Contains("resume needs a run directory"));
+  o.resume = false;
+  CHECK_THAT(SyncerStore::Open(o, pub.table, pub.fragments, nullptr, &state, &replayed, &store).message(),
+             Contains("no initial parameters"));
 }
 
 TEST_CASE("state writer: writes a state that loads back equal, and Wait waits", "[unit][state_writer]") {
