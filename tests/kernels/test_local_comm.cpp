@@ -354,6 +354,24 @@ TEST_CASE("padded shards: a reduce-scatter and all-gather of equal parts keep th
   }
 }
 
+namespace {
+
+// Rank r of a ring of R CPU backends standing in for GPUs: its buffers are device memory to the
+// checking ThreadCommGroup. Null (with *error) when the backend refuses the options.
+std::unique_ptr<TrainingBackend> StandInRank(const GptConfig& c, int B, ShardMode shard, int r, int R,
+                                             const std::shared_ptr<DeviceAllocations>& device, std::string* error) {
+  std::unique_ptr<TrainingBackend> backend;
+  BackendOptions o{c, B};
+  o.shard = shard;
+  o.rank = r;
+  o.world = R;
+  *error = CreateBackend("cpu", o, &backend);
+  if (!error->empty()) return nullptr;
+  return StandInForDevice(std::move(backend), device);
+}
+
+}  // namespace
+
 }  // namespace diloco
 
 namespace diloco {
@@ -382,16 +400,12 @@ RingRun run_ring(const GptConfig& c, int R, ShardMode shard, int steps, double c
   ThreadCommGroup group(R, device);
   std::atomic<int> failures{0};
   run_ranks(group, [&](int r, LocalComm& comm) {
-    std::unique_ptr<TrainingBackend> backend;
-    BackendOptions o{c, B};
-    o.shard = shard;
-    o.rank = r;
-    o.world = R;
-    if (!CreateBackend("cpu", o, &backend).empty()) {
+    std::string error;
+    std::unique_ptr<TrainingBackend> backend = StandInRank(c, B, shard, r, R, device, &error);
+    if (!backend) {
       failures++;
       return;
     }
-    backend = StandInForDevice(std::move(backend), device);
     if (start_params) {
       backend->upload_params(start_params->data());
     } else {
@@ -539,13 +553,9 @@ TEST_CASE("a sharded step's whole-buffer collectives move equal padded parts", "
     ThreadCommGroup group(R, device);
     run_ranks(group, [&](int r, LocalComm& inner) {
       RecordingComm comm(inner);
-      std::unique_ptr<TrainingBackend> backend;
-      BackendOptions o{c, B};
-      o.shard = mode;
-      o.rank = r;
-      o.world = R;
-      REQUIRE(CreateBackend("cpu", o, &backend).empty());
-      backend = StandInForDevice(std::move(backend), device);
+      std::string error;
+      std::unique_ptr<TrainingBackend> backend = StandInRank(c, B, mode, r, R, device, &error);
+      REQUIRE(error.empty());
       CHECK(backend->param_buffer_floats() == R * padded);
       backend->init_weights(3);
       std::vector<int> in, tg;
@@ -596,13 +606,9 @@ TEST_CASE("a ZeRO-2 rank keeps its shard of the gradients and two buckets, ZeRO-
     auto device = std::make_shared<DeviceAllocations>();
     ThreadCommGroup group(R, device);
     run_ranks(group, [&](int r, LocalComm& comm) {
-      std::unique_ptr<TrainingBackend> backend;
-      BackendOptions o{c, B};
-      o.shard = mode;
-      o.rank = r;
-      o.world = R;
-      REQUIRE(CreateBackend("cpu", o, &backend).empty());
-      backend = StandInForDevice(std::move(backend), device);
+      std::string error;
+      std::unique_ptr<TrainingBackend> backend = StandInRank(c, B, mode, r, R, device, &error);
+      REQUIRE(error.empty());
       backend->init_weights(3);
       std::vector<int> in, tg;
       ring_batch(0, r * B, B, T, &in, &tg);
