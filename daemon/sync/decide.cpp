@@ -119,10 +119,7 @@ std::optional<double> FleetStepMs(SyncTime now, const RoundState& state, const D
     if (state.timings.step_ms.has_value()) return state.timings.step_ms.value();
     return std::nullopt;
   }
-  // The lower median: with two learners, the faster one's pace.
-  const size_t mid = (steps.size() - 1) / 2;
-  std::nth_element(steps.begin(), steps.begin() + (long)mid, steps.end());
-  return steps[mid];
+  return LowerMedian(std::move(steps));  // with two learners, the faster one's pace
 }
 
 double GraceCapMs(std::optional<double> step_ms, const DecideOptions& options) {

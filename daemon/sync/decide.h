@@ -20,6 +20,7 @@
 // stops while anyone trains.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -123,6 +124,14 @@ DecideOptions DecideOptionsFor(const SyncConfig& sync);
 // grace_slowest_step, once one has reported), else the heartbeats' EMA; none
 // while nothing is known.
 std::optional<double> GraceStepMs(SyncTime now, const RoundState& state, const DecideOptions& options);
+
+// The lower median of values (the faster of the middle two of an even count); values not empty.
+template <typename T>
+T LowerMedian(std::vector<T> values) {
+  const auto mid = values.begin() + (long)(values.size() - 1) / 2;
+  std::nth_element(values.begin(), mid, values.end());
+  return *mid;
+}
 
 // The fleet's pace: the median step time the live learners report (the lower one of an even
 // count), else the heartbeats' EMA; none while nothing is known. The cap's step: a cap meant to

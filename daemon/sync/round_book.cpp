@@ -206,7 +206,8 @@ std::optional<SyncTime> RoundBook::ExpectedDeltaAt(int learner, uint32_t p) cons
   // fragment's work then), plus one step of slack for jitter and the heartbeat's age. Forecast
   // at the next firing, the deltas of a learner's last step were not waited for under a cap of a
   // few steps, and the job's last merges went out one learner at a time (the last, alone, with a
-  // whole outer step: 3.6% of the final loss of configs/shakespeare-m4.yaml with cap_steps 4).
+  // whole outer step: configs/shakespeare-m4.yaml with quorum 1 and cap_steps 4 ended at val
+  // 2.1586 against 2.1126 with every learner in every merge, seed 1, virtual clock).
   const Beat& b = learners_[learner].beat;
   if (!b.have || b.step_ms <= 0 || p >= b.in_flight.size() || b.in_flight[p]) return std::nullopt;
   long steps = StepsUntilFires((int)p, (long)b.step, options_.inner_steps, options_.fragments);
@@ -323,10 +324,7 @@ uint64_t RoundBook::FleetStep(SyncTime now) const {
     const double since = std::chrono::duration<double, std::milli>(now - b.at).count() / b.step_ms;
     steps.push_back(b.step + (uint64_t)std::clamp(since, 0.0, (double)options_.inner_steps));
   }
-  if (steps.empty()) return 0;
-  const size_t mid = (steps.size() - 1) / 2;
-  std::nth_element(steps.begin(), steps.begin() + (long)mid, steps.end());
-  return std::min(steps[mid], kMaxCadenceStep);
+  return steps.empty() ? 0 : std::min(LowerMedian(std::move(steps)), kMaxCadenceStep);
 }
 
 std::vector<DeltaDrop> RoundBook::TakeDrops() {
