@@ -118,6 +118,7 @@ struct SimulateCommand {
   std::string merge_bench;             // a `bench syncer --json` output: the merge throughput
   std::vector<std::string> modes;      // empty: the run config's sync.mode
   std::vector<int> learners;           // empty: sync.learners
+  std::vector<int> syncers;            // syncer shards S; empty: sync.syncers
   std::vector<double> chips;           // empty: the scenario's
   double hours = 0;
   std::string plot;                    // goodput against chips as an SVG file

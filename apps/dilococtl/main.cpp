@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
   simulate_cmd->add_option("--mode", simulate.modes, "ddp, elastic-ddp, diloco, streaming, decoupled (repeatable)")
       ->allow_extra_args(false);
   simulate_cmd->add_option("--learners", simulate.learners, "Learner counts M (repeatable)")->allow_extra_args(false);
+  simulate_cmd->add_option("--syncers", simulate.syncers, "Syncer shard counts S (repeatable; each a host of its own)")
+      ->allow_extra_args(false)
+      ->check(CLI::PositiveNumber);
   simulate_cmd->add_option("--chips", simulate.chips, "Chips in total (repeatable: a sweep; default the scenario's)")
       ->allow_extra_args(false);
   simulate_cmd->add_option("--plot", simulate.plot, "Write goodput against chips as an SVG file");

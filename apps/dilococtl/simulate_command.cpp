@@ -45,7 +45,9 @@ Status WritePlot(const std::string& path, const std::vector<SimResult>& results)
   plot.y_hi = 1;
   for (const SimResult& r : results) {
     const bool data_parallel = r.mode == SimMode::kDdp || r.mode == SimMode::kElasticDdp;
-    const std::string name = std::string(ToString(r.mode)) + (data_parallel ? "" : " M=" + std::to_string(r.learners));
+    const std::string name = std::string(ToString(r.mode)) +
+                             (data_parallel ? "" : " M=" + std::to_string(r.learners)) +
+                             (r.syncers > 1 ? " S=" + std::to_string(r.syncers) : "");
     auto it = std::find_if(plot.series.begin(), plot.series.end(), [&](const Series& s) { return s.name == name; });
     if (it == plot.series.end()) {
       plot.series.push_back({name, PaletteColour((int)plot.series.size()),
@@ -86,11 +88,20 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
   if (modes.empty()) modes.push_back(SimModeOf(scenario.run));
   std::vector<int> learner_counts = cmd.learners;
   if (learner_counts.empty()) learner_counts.push_back(scenario.run.sync.learners);
+  std::vector<int> syncer_counts = cmd.syncers;
+  if (syncer_counts.empty()) syncer_counts.push_back(scenario.run.sync.syncers);
+  for (int S : syncer_counts)
+    if (S > EffectiveFragments(scenario.run.sync)) {
+      std::fprintf(stderr, "dilococtl simulate: --syncers %d: more shards than the run's %d fragments (sync.fragments)\n",
+                   S, EffectiveFragments(scenario.run.sync));
+      return 2;
+    }
   if (!cmd.json) {
     std::printf("merge %.2f GB/s (%s), %s fragments\n", scenario.merge_gbps, scenario.merge_gbps_source.c_str(),
                 scenario.balanced_fragments ? "balanced" : "whole-tensor (unbalanced)");
-    std::printf("%-12s %8s %10s %8s %7s %10s %6s %9s %8s %9s %9s %8s\n", "mode", "learners", "chips", "goodput",
-                "uptime", "merges/h", "contr", "stale", "failures", "peak Gb/s", "mean Gb/s", "sim s");
+    std::printf("%-12s %8s %7s %10s %8s %7s %10s %6s %9s %8s %9s %9s %10s %8s\n", "mode", "learners", "syncers",
+                "chips", "goodput", "uptime", "merges/h", "contr", "stale", "failures", "peak Gb/s", "mean Gb/s",
+                "syncer Gb/s", "sim s");
   }
   // The rows, in the order they print.
   std::vector<std::pair<Scenario, SimMode>> rows;
@@ -98,14 +109,17 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
     for (SimMode mode : modes) {
       const bool data_parallel = mode == SimMode::kDdp || mode == SimMode::kElasticDdp;
       for (size_t i = 0; i < (data_parallel ? 1 : learner_counts.size()); i++) {
-        Scenario s = scenario;
-        s.chips = chips;
-        if (!data_parallel) {
-          s.run.sync.learners = learner_counts[i];
-          s.run.sync.quorum = std::min(s.run.sync.quorum, learner_counts[i]);
-          s.stragglers = std::min(s.stragglers, learner_counts[i]);
+        for (size_t k = 0; k < (data_parallel ? 1 : syncer_counts.size()); k++) {
+          Scenario s = scenario;
+          s.chips = chips;
+          if (!data_parallel) {
+            s.run.sync.learners = learner_counts[i];
+            s.run.sync.syncers = syncer_counts[k];
+            s.run.sync.quorum = std::min(s.run.sync.quorum, learner_counts[i]);
+            s.stragglers = std::min(s.stragglers, learner_counts[i]);
+          }
+          rows.emplace_back(std::move(s), mode);
         }
-        rows.emplace_back(std::move(s), mode);
       }
     }
   }
@@ -146,10 +160,10 @@ int RunSimulateCommand(const SimulateCommand& cmd) {
     if (cmd.json) {
       std::printf("%s\n", SimResultToJson(r).dump().c_str());
     } else {
-      std::printf("%-12s %8d %10.0f %8.3f %7.3f %10.1f %6.2f %9s %8llu %9.2f %9.3f %8.2f\n", ToString(r.mode),
-                  r.learners, r.chips, r.goodput.goodput, r.goodput.uptime, r.merges_per_hour(),
-                  r.contributors_mean, StalenessText(r.staleness).c_str(), (unsigned long long)r.failures,
-                  r.peak_wan_gbps, r.mean_wan_gbps, r.runtime_s);
+      std::printf("%-12s %8d %7d %10.0f %8.3f %7.3f %10.1f %6.2f %9s %8llu %9.2f %9.3f %10.2f %8.2f\n",
+                  ToString(r.mode), r.learners, r.syncers, r.chips, r.goodput.goodput, r.goodput.uptime,
+                  r.merges_per_hour(), r.contributors_mean, StalenessText(r.staleness).c_str(),
+                  (unsigned long long)r.failures, r.peak_wan_gbps, r.mean_wan_gbps, r.peak_syncer_gbps, r.runtime_s);
     }
     std::fflush(stdout);
   }

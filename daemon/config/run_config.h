@@ -135,10 +135,11 @@ struct TimingConfig {
   double step_ms = 1000;      // a learner's inner step (> 0); learners[i].slowdown multiplies it
   double step_jitter = 0.05;  // each step x (1 + u), u uniform in [-step_jitter, step_jitter]; in [0, 1)
   double heartbeat_ms = 200;  // learners' heartbeat period (> 0)
-  double merge_gbps = 10;     // the syncer's merge throughput, GB/s of fp32 deltas merged (> 0)
+  double merge_gbps = 10;     // each syncer shard's merge throughput, GB/s of fp32 deltas merged (> 0)
   uint64_t seed = 1;          // the scheduler's draws (jitter, loss); the model's seed is train.seed
   // Every learner <-> syncer link, both directions (learners[i].link overrides one learner's).
   LinkConfig link{1000, 30, 0, 0};
+  double syncer_gbps = 0;  // each syncer shard host's NIC, Gbit/s each way (0: unlimited)
   bool operator==(const TimingConfig&) const = default;
 };
 

@@ -95,6 +95,13 @@ Status CheckSync(const RunConfig& c, const Origins& origins) {
                     "; lower quorum or add learners",
                 {"sync.quorum", "sync.learners"});
   }
+  if (s.syncers > EffectiveFragments(s)) {
+    return fail("sync.syncers",
+                std::to_string(s.syncers) + " shards for " + std::to_string(EffectiveFragments(s)) + " fragment" +
+                    (EffectiveFragments(s) == 1 ? " (sync.mode " + std::string(ToString(s.mode)) + " runs one)" : "") +
+                    ": a shard owns at least one fragment; lower sync.syncers or raise sync.fragments",
+                {"sync.syncers", "sync.fragments", "sync.mode"});
+  }
   if (s.codec.keep > s.codec.chunk) {
     return fail("sync.codec.keep",
                 std::to_string(s.codec.keep) + " is greater than sync.codec.chunk " + std::to_string(s.codec.chunk) +

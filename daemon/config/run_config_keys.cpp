@@ -164,6 +164,8 @@ std::vector<Key> KeysOf(RunConfig* c) {
       {"sync.mode", EnumOf(&s.mode, kSyncModeNames), {}, "how learners and the syncer train one model"},
       {"sync.learners", &s.learners, AtLeast(1), "learners M"},
       {"sync.fragments", &s.fragments, AtLeast(1), "fragments P (diloco and ddp use 1)"},
+      {"sync.syncers", &s.syncers, AtLeast(1), "syncer shards S, each owning its share of the fragments",
+       "<= the fragments the mode runs with"},
       {"sync.inner_steps", &s.inner_steps, AtLeast(1), "inner steps H between two syncs of a fragment"},
       {"sync.overlap", &s.overlap, AtLeast(0), "inner steps a delta may be in flight (tau)",
        "< sync.inner_steps (but ddp)"},
@@ -250,7 +252,10 @@ std::vector<Key> KeysOf(RunConfig* c) {
           {"timing.step_jitter", &timing.step_jitter, Within(0, 1, "[)"),
            "each step x (1 + u), u uniform in [-step_jitter, step_jitter]"},
           {"timing.heartbeat_ms", &timing.heartbeat_ms, Above(0), "learners' heartbeat period"},
-          {"timing.merge_gbps", &timing.merge_gbps, Above(0), "the syncer's merge throughput, GB/s of fp32 deltas"},
+          {"timing.merge_gbps", &timing.merge_gbps, Above(0),
+           "each syncer shard's merge throughput, GB/s of fp32 deltas"},
+          {"timing.syncer_gbps", &timing.syncer_gbps, AtLeast(0, "0 = unlimited"),
+           "each syncer shard host's NIC, Gbit/s each way"},
           {"timing.seed", &timing.seed, {}, "the scheduler's draws (jitter, loss)"},
       });
   AddLinkKeys("timing.link", &timing.link, &keys);

@@ -32,6 +32,7 @@
 //     norm_limit: 10           # reject deltas whose norm > norm_limit x median; 0 = off
 //     checkpoint_every: 50     # merges between global-state checkpoints; 0 = only at the end
 //     merge_threads: 2         # threads of one merge (split by tensor ranges; same bits for any count)
+//     syncers: 1               # syncer shards, each merging its share of the fragments (by bytes)
 //     clock: wall              # wall | virtual (time from the run config's `timing:` section)
 //   learners:                  # optional, at most sync.learners entries, by learner index
 //     - {slowdown: 3}          # stretch this learner's step time 3x (a slower site)
@@ -153,6 +154,7 @@ struct SyncConfig {
   SyncMode mode = SyncMode::kDecoupled;
   int learners = 1;
   int fragments = 4;
+  int syncers = 1;  // S shards, each merging its share of the fragments (sync/shards.h)
   int inner_steps = 25;
   int overlap = 2;
   int quorum = 1;

@@ -180,6 +180,7 @@ nlohmann::json SimResultToJson(const SimResult& r) {
   nlohmann::json j = GoodputToJson(r.goodput);
   j["mode"] = ToString(r.mode);
   j["learners"] = r.learners;
+  j["syncers"] = r.syncers;
   j["chips"] = r.chips;
   j["hours"] = r.hours;
   j["merges"] = r.merges;
@@ -189,6 +190,7 @@ nlohmann::json SimResultToJson(const SimResult& r) {
   j["failures"] = r.failures;
   j["dropped_deltas"] = r.dropped_deltas;
   j["peak_wan_gbps"] = r.peak_wan_gbps;
+  j["peak_syncer_gbps"] = r.peak_syncer_gbps;
   j["mean_wan_gbps"] = r.mean_wan_gbps;
   j["wan_window_s"] = r.wan_window_s;
   j["fragments"] = r.fragments;

@@ -47,6 +47,7 @@ SimMode SimModeOf(const RunConfig& run);
 struct SimResult {
   SimMode mode = SimMode::kDecoupled;
   int learners = 0;  // M (ddp: 1; elastic ddp: its slices)
+  int syncers = 1;   // S syncer shards (the DiLoCo modes)
   double chips = 0;
   double hours = 0;
   GoodputReport goodput;
@@ -56,6 +57,7 @@ struct SimResult {
   uint64_t failures = 0;
   uint64_t dropped_deltas = 0;  // dropped or refused by the round book (not DropKeepsWork's)
   double peak_wan_gbps = 0;     // busiest link, busiest window (uplink and downlink)
+  double peak_syncer_gbps = 0;  // busiest syncer shard host's NIC, busiest window, either way
   double mean_wan_gbps = 0;     // mean over links and the whole run
   double wan_window_s = 0;      // the peak's window (scenario wan_window_s; the DiLoCo modes)
   int fragments = 0;            // P (the DiLoCo modes)
@@ -71,9 +73,9 @@ struct SimResult {
 
 Status Simulate(const Scenario& scenario, SimMode mode, SimResult* out);
 
-// {"mode", "learners", "chips", "hours", "goodput", "uptime", "waste": {...}, "merges",
+// {"mode", "learners", "syncers", "chips", "hours", "goodput", "uptime", "waste": {...}, "merges",
 //  "merges_per_hour", "contributors_mean", "staleness": [...], "failures", "dropped_deltas",
-//  "peak_wan_gbps", "mean_wan_gbps", "wan_window_s", "fragments", "fragment_imbalance",
+//  "peak_wan_gbps", "peak_syncer_gbps", "mean_wan_gbps", "wan_window_s", "fragments", "fragment_imbalance",
 //  "balanced_fragments", "merge_gbps", "merge_gbps_source", "events", "runtime_s"}
 nlohmann::json SimResultToJson(const SimResult& r);
 

@@ -73,12 +73,16 @@ Status Account(const Scenario& s, const RunConfig& cfg, const FragmentCosts& cos
     end_s = 0;
     for (int i = 0; i < M; i++)
       for (const auto& l : world.incarnations(i)) end_s = std::max(end_s, (double)l->last_step_ns() / kNsPerS);
-    for (const MergeEvent& m : world.syncer().merges()) end_s = std::max(end_s, SecondsOfUnixMs(m.time_ms));
+    for (int sh = 0; sh < world.shards(); sh++)
+      for (const MergeEvent& m : world.syncer(sh).merges()) end_s = std::max(end_s, SecondsOfUnixMs(m.time_ms));
   }
   GoodputInput in;
   in.wall_s = std::max(end_s, 1e-3);
   uint64_t contributors = 0;
-  for (const MergeEvent& m : world.syncer().merges()) {
+  std::vector<MergeEvent> merges;
+  for (int sh = 0; sh < world.shards(); sh++)
+    merges.insert(merges.end(), world.syncer(sh).merges().begin(), world.syncer(sh).merges().end());
+  for (const MergeEvent& m : merges) {
     const double t = SecondsOfUnixMs(m.time_ms);
     if (t > in.wall_s) continue;  // still merging when the run ended
     out->merges++;
@@ -133,6 +137,9 @@ Status Account(const Scenario& s, const RunConfig& cfg, const FragmentCosts& cos
     bytes += (double)up.payload_bytes() + (double)down.payload_bytes();
   }
   out->mean_wan_gbps = bytes * 8 / in.wall_s / 1e9 / (2 * M);
+  for (int sh = 0; sh < world.shards(); sh++)
+    out->peak_syncer_gbps = std::max({out->peak_syncer_gbps, world.network().shard_ingress(sh).PeakGbps(),
+                                      world.network().shard_egress(sh).PeakGbps()});
   out->failures = world.kills();
   out->events = world.scheduler().events_run();
   return Status::Ok();
@@ -149,6 +156,7 @@ Status SimulateTimed(const Scenario& s, SimResult* out) {
   out->fragments = (int)fragments.size();
   out->fragment_imbalance = FragmentImbalance(fragments);
   out->learners = cfg.sync.learners;
+  out->syncers = cfg.sync.syncers;
   const FragmentCosts costs = FragmentCostsOf(fragments, cfg.sync);
   TimedWorldOptions wo;
   wo.config = &cfg;

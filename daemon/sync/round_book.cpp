@@ -309,6 +309,8 @@ uint64_t RoundBook::CadenceStep() const {
   if (std::all_of(merged_step_.begin(), merged_step_.end(), [](uint64_t s) { return s == 0; })) return 0;
   uint64_t earliest_open = std::numeric_limits<uint64_t>::max();
   for (int p = 0; p < options_.fragments; p++) {
+    if (!options_.owned.empty() && !std::binary_search(options_.owned.begin(), options_.owned.end(), (uint32_t)p))
+      continue;
     const long merged = (long)merged_step_[p];
     const long next = merged + StepsUntilFires(p, merged, options_.inner_steps, options_.fragments);
     earliest_open = std::min(earliest_open, (uint64_t)next);

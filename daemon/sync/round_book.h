@@ -55,6 +55,9 @@ struct RoundBookOptions {
   CountLimits count_limits;  // 0 fields: not checked
   double norm_limit = 0;     // NormFilter max_ratio (0: no norm limit; NaN/Inf are always refused)
   bool lock_step = false;    // diloco, streaming: every live learner's delta of a step in one round
+  // The fragments this book's syncer shard merges (shards.h); empty: all. Deltas of the others
+  // never reach it, so they say nothing of the fleet's cadence.
+  std::vector<uint32_t> owned;
 };
 
 // The book's options for a run's sync settings with P fragments (count limits and the norm

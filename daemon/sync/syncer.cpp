@@ -81,8 +81,21 @@ net::SocketOptions SyncerSocket(const SyncerOptions& o, const std::string& name)
 
 Syncer::~Syncer() = default;
 
+Status CheckShard(const SyncerOptions& options) {
+  if (options.shard < 0 || options.shard >= options.sync.syncers)
+    return Status::Error("syncer: shard " + std::to_string(options.shard) + " of sync.syncers " +
+                         std::to_string(options.sync.syncers) + " does not exist");
+  return Status::Ok();
+}
+
 Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
                       const float* init_params, std::unique_ptr<Syncer>* out) {
+  // The wall-clock roles (local mode, dilocod) run one syncer so far; sharding runs in the
+  // virtual runtime and the simulator.
+  if (options.sync.syncers != 1)
+    return Status::Error("sync.syncers: " + std::to_string(options.sync.syncers) +
+                         " shards run only with sync.clock: virtual and in `dilococtl simulate` so far; use "
+                         "sync.syncers: 1 for wall-clock runs and dilocod jobs");
   if (!options.learner_keys.empty() && (int)options.learner_keys.size() != options.sync.learners)
     return Status::Error("syncer: " + std::to_string(options.learner_keys.size()) + " learner keys for " +
                          std::to_string(options.sync.learners) + " learners");

@@ -79,6 +79,9 @@ namespace diloco {
 
 struct SyncerOptions {
   SyncConfig sync;
+  // Which of the sync.syncers shards this syncer is (shards.h): it merges only that shard's
+  // fragments and signs as that shard's name.
+  int shard = 0;
   std::string job_id = "local";
   // Endpoints, all bound by the syncer: inproc:// in local mode, tcp:// between daemons.
   std::string uplink_endpoint;    // SUB: learners' PUB connect here (Delta, Heartbeat)
@@ -119,6 +122,9 @@ struct SyncerOptions {
   // for its accounts, so nobody reads the log back). On the syncer's thread; may be empty.
   std::function<void(const MergeEvent&)> on_merge;
 };
+
+// options.shard names one of options.sync.syncers shards; the error says what to fix.
+Status CheckShard(const SyncerOptions& options);
 
 // One learner as the syncer sees it (CurrentStatus).
 struct LearnerStatusEntry {

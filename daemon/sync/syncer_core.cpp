@@ -18,9 +18,10 @@ namespace {
 
 double MsBetween(SyncTime from, SyncTime to) { return std::chrono::duration<double, std::milli>(to - from).count(); }
 
-RoundBookOptions BookOptions(const SyncerOptions& o, size_t fragments) {
+RoundBookOptions BookOptions(const SyncerOptions& o, size_t fragments, const ShardMap& shards) {
   RoundBookOptions bo = RoundBookOptionsFor(o.sync, (int)fragments);
   bo.count_limits = o.count_limits;
+  if (shards.shards() > 1) bo.owned = shards.FragmentsOf(o.shard);
   return bo;
 }
 
@@ -31,6 +32,8 @@ SyncerCore::SyncerCore(const SyncerOptions& options, const std::vector<Fragment>
     : options_(options),
       sc_(options_.sync),
       fragments_(fragments),
+      shards_(ShardMap::Of(fragments, sc_.syncers)),
+      name_(shards_.NameOf(options_.shard)),
       state_(*state),
       port_(*port),
       M_(sc_.learners),
@@ -41,7 +44,7 @@ SyncerCore::SyncerCore(const SyncerOptions& options, const std::vector<Fragment>
       num_params_(table.total_numel()),
       fragments_digest_(FragmentsDigest(fragments)),
       incarnation_(incarnation),
-      book_(BookOptions(options_, fragments.size()), port->Now()),
+      book_(BookOptions(options_, fragments.size(), shards_), port->Now()),
       skipped_(fragments.size()),
       learners_(std::max(0, sc_.learners)),
       merger_(sc_),
@@ -167,7 +170,11 @@ void SyncerCore::HandleHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime n
 
 void SyncerCore::HandleDelta(int learner, const ParsedMessage& m, SyncTime now) {
   const DeltaMsg& d = *m.get<DeltaMsg>();
-  if (d.fragment >= P_) {
+  if (d.fragment >= P_ || !Owns(d.fragment)) {
+    if (d.fragment < P_)
+      port_.Note("dropped " + LearnerName(learner) + "'s delta of fragment " + std::to_string(d.fragment) +
+                 ", which " + shards_.NameOf(shards_.OwnerOf(d.fragment)) +
+                 " merges; does the learner run the job's sync.syncers?");
     LedgerFor(&state_, learner).rejected++;
     state_.rejected_deltas++;
     return;
@@ -306,9 +313,9 @@ WelcomeMsg SyncerCore::WelcomeFor(int learner, const ParsedMessage& m) const {
 Status SyncerCore::HandleSnapshotRequest(const std::string& peer, const ParsedMessage& m) {
   const SnapshotRequestMsg& rq = *m.get<SnapshotRequestMsg>();
   std::vector<uint32_t> wanted = rq.fragments;
-  if (wanted.empty())
-    for (uint32_t p = 0; p < P_; p++) wanted.push_back(p);
-  wanted.erase(std::remove_if(wanted.begin(), wanted.end(), [&](uint32_t p) { return p >= P_; }), wanted.end());
+  if (wanted.empty()) wanted = shards_.FragmentsOf(options_.shard);  // all this shard owns
+  wanted.erase(std::remove_if(wanted.begin(), wanted.end(), [&](uint32_t p) { return p >= P_ || !Owns(p); }),
+               wanted.end());
   if (wanted.empty()) return Status::Ok();
   std::vector<uint64_t> versions;
   for (const auto& f : state_.fragments) versions.push_back(f.version);
@@ -342,7 +349,7 @@ Status SyncerCore::HandleSnapshotRequest(const std::string& peer, const ParsedMe
 EnvelopeHeader SyncerCore::Header(uint64_t* seq) {
   EnvelopeHeader h;
   h.job_id = options_.job_id;
-  h.sender = kSyncerName;
+  h.sender = name_;
   h.seq = ++*seq;
   h.incarnation = incarnation_;
   h.sent_unix_ms = (uint64_t)port_.UnixMs();

@@ -32,6 +32,7 @@
 #include "daemon/sync/held_delta.h"
 #include "daemon/sync/merger.h"
 #include "daemon/sync/round_book.h"
+#include "daemon/sync/shards.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/update_log.h"
 #include "daemon/util/status.h"
@@ -102,6 +103,8 @@ class SyncerCore {
   void RecallMerges(const std::vector<MergeEvent>& merges);
   const RoundTimings& timings() const { return timings_; }
   uint64_t incarnation() const { return incarnation_; }
+  const std::string& name() const { return name_; }
+  bool Owns(size_t fragment) const { return shards_.Owns(options_.shard, fragment); }
 
  private:
   // Timers.
@@ -132,6 +135,8 @@ class SyncerCore {
   const SyncerOptions options_;
   const SyncConfig& sc_;  // options_.sync
   const std::vector<Fragment>& fragments_;
+  const ShardMap shards_;
+  const std::string name_;  // this shard's, the sender of everything it sends
   GlobalState& state_;
   SyncerPort& port_;
   const int M_;     // learners

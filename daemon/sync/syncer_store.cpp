@@ -29,6 +29,15 @@ Status Resume(const std::string& run_dir, const std::string& path, const TensorT
 
 }  // namespace
 
+SyncerStoreOptions ShardStoreOptions(const std::string& run_dir, const ShardMap& shards, int shard) {
+  SyncerStoreOptions o;
+  o.run_dir = run_dir;
+  if (shards.shards() == 1 || run_dir.empty()) return o;
+  o.run_dir = (fs::path(run_dir) / shards.NameOf(shard)).string();
+  o.events_log = (fs::path(run_dir) / "events.log").string();
+  return o;
+}
+
 Status SyncerStore::Open(const SyncerStoreOptions& options, const TensorTable& table,
                          const std::vector<Fragment>& fragments, const float* init_params, GlobalState* state,
                          uint64_t* replayed, std::unique_ptr<SyncerStore>* out) {
@@ -48,6 +57,7 @@ Status SyncerStore::Open(const SyncerStoreOptions& options, const TensorTable& t
     if (!options.resume) {
       // A new run: its version 0 is the base the update log replays over; no old log applies.
       std::error_code ec;
+      fs::create_directories(options.run_dir, ec);  // a shard's own directory
       fs::remove(UpdateLogPath(options.run_dir), ec);
       fs::remove(PreviousUpdateLogPath(options.run_dir), ec);
       DL_RETURN_IF_ERROR(SaveGlobalState(s->state_path_, *state));
@@ -68,7 +78,9 @@ std::string SyncerStore::open_note() const { return update_log_ ? update_log_->n
 Status SyncerStore::RecalledMerges(std::vector<MergeEvent>* out) const {
   out->clear();
   if (!options_.resume) return Status::Ok();
-  return ReadEventLog((fs::path(options_.run_dir) / "events.log").string(), /*missing_ok=*/true, out);
+  const std::string path =
+      options_.events_log.empty() ? (fs::path(options_.run_dir) / "events.log").string() : options_.events_log;
+  return ReadEventLog(path, /*missing_ok=*/true, out);
 }
 
 Status SyncerStore::LogUpdate(const UpdateRecord& record) {

@@ -17,6 +17,7 @@
 #include "daemon/sync/event_log.h"
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
+#include "daemon/sync/shards.h"
 #include "daemon/sync/state_writer.h"
 #include "daemon/sync/update_log.h"
 #include "daemon/util/status.h"
@@ -26,12 +27,19 @@ namespace diloco {
 
 struct SyncerStoreOptions {
   std::string run_dir;  // empty: nothing durable
+  // The run's merges a resumed syncer recalls; empty: run_dir/events.log.
+  std::string events_log;
   bool resume = false;  // from run_dir's checkpoint and update log (else a new run)
   // Checkpoints on a thread of their own, off the merge path (the wall syncer); else written at
   // once (the virtual syncer: its clock does not run while it writes).
   bool async_checkpoints = true;
   bool sync_log = true;  // fsync every update; a simulated crash loses no page cache
 };
+
+// The durable store of syncer shard `shard` of a run in run_dir: run_dir itself with one shard;
+// with several, each its own directory run_dir/<shard name> (its checkpoint and update log),
+// recalling merges from the run's events.log, which every shard appends to.
+SyncerStoreOptions ShardStoreOptions(const std::string& run_dir, const ShardMap& shards, int shard);
 
 class SyncerStore {
  public:

@@ -70,10 +70,13 @@ bool FragmentLedger::OnDrop(int p, uint64_t base_version, bool merged) {
   return true;
 }
 
-StatusVerdict FragmentLedger::OnStatus(const std::vector<uint64_t>& versions, const LearnerAck* ack) {
+StatusVerdict FragmentLedger::OnStatus(const std::vector<uint64_t>& versions, const LearnerAck* ack,
+                                       const std::vector<uint32_t>& fragments) {
   StatusVerdict v;
   if (versions.size() != fragments_.size()) return v;  // not this layout: the handshake refuses it
-  for (int p = 0; p < size(); p++) {
+  for (const uint32_t q : fragments) {
+    const int p = (int)q;
+    if (p >= size()) continue;
     LedgerFragment& f = fragments_[p];
     // The downlink is ordered: every Global up to versions[p] went out before this status.
     if (versions[p] != f.base_version) {

@@ -81,7 +81,10 @@ class FragmentLedger {
   // counters as if it had been included; otherwise they go into the next delta.
   bool OnDrop(int p, uint64_t base_version, bool merged = false);
   // ack: the status's LearnerAck for this learner incarnation (nullptr: none, or another one's).
-  StatusVerdict OnStatus(const std::vector<uint64_t>& versions, const LearnerAck* ack);
+  // fragments: those the status's syncer shard merges (shards.h), whose versions and acks it
+  // speaks for.
+  StatusVerdict OnStatus(const std::vector<uint64_t>& versions, const LearnerAck* ack,
+                         const std::vector<uint32_t>& fragments);
   void OnSnapshot(int p, uint64_t version);
   // p fired at step while a snapshot was awaited (nothing sent); the first such step counts.
   void OnSkipped(int p, long step);

@@ -70,8 +70,9 @@ class LearnerLoop final : public InnerLoopHook, public LearnerPort {
   // LearnerPort.
   SyncTime Now() override { return WallClock().Now(); }
   int64_t UnixMs() override { return WallClock().UnixMs(); }
-  void SendUplink(net::Message&& m) override { (void)up_->Publish(o_.job_id, m); }
-  void SendDealer(net::Message&& m) override { (void)dealer_->Send(m, 0); }  // queued until connected
+  // One syncer (Run refuses shards): shard is 0.
+  void SendUplink(int, net::Message&& m) override { (void)up_->Publish(o_.job_id, m); }
+  void SendDealer(int, net::Message&& m) override { (void)dealer_->Send(m, 0); }  // queued until connected
   void OnHeartbeat(const HeartbeatMsg& hb) override;
   void SaveStep(long step) override;
   Status SaveMoments(long done) override;
@@ -134,6 +135,8 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
 }
 
 Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
+  if (core_.shards().shards() != 1)
+    return Status::Error(me_ + ": sync.syncers > 1 runs only with sync.clock: virtual and in `dilococtl simulate` so far");
   DL_RETURN_IF_ERROR(core_.SetUp());
   // The downlink first, so nothing published after the handshake is missed.
   DL_RETURN_IF_ERROR(OpenDownlink());

@@ -50,6 +50,7 @@ LearnerCore::LearnerCore(const LearnerOptions& o, TrainingBackend& backend0, Out
       outer_(outer),
       port_(port),
       frags_(std::move(frags)),
+      shards_(ShardMap::Of(frags_, sc_.syncers)),
       P_((int)frags_.size()),
       H_(sc_.inner_steps),
       ledger_(P_, sc_.fold, sc_.max_staleness),
@@ -60,6 +61,12 @@ LearnerCore::LearnerCore(const LearnerOptions& o, TrainingBackend& backend0, Out
                    : sc_.mode == SyncMode::kStreaming ? sc_.overlap
                                                       : std::numeric_limits<long>::max()),
       incarnation_(incarnation),
+      seq_(shards_.shards(), 0),
+      dealer_seq_(shards_.shards(), 0),
+      welcomed_(shards_.shards(), false),
+      downlink_seen_(shards_.shards(), false),
+      last_word_seq_(shards_.shards(), 0),
+      last_word_heard_(shards_.shards(), false),
       last_loss_(std::numeric_limits<float>::quiet_NaN()),
       step_(o.start_step),
       tokens_per_step_((long)LearnerTokensPerStep(cfg_)) {
@@ -68,7 +75,7 @@ LearnerCore::LearnerCore(const LearnerOptions& o, TrainingBackend& backend0, Out
   expect_.job_id = o.job_id;
   expect_.accept = MessageBit(MessageType::kGlobal) | MessageBit(MessageType::kSyncerStatus);
   expect_.model_params = backend_.num_params();
-  expect_.allowed_senders = {kSyncerName};
+  expect_.allowed_senders = shards_.Names();
 }
 
 LearnerCore::~LearnerCore() = default;
@@ -108,10 +115,17 @@ Status LearnerCore::OnJoinTimer() {
     last_join_beat_ = now;
   }
   if (Elapsed(last_hello_, now, 50)) {
-    DL_RETURN_IF_ERROR(SendToDealer(Hello()));
+    for (int s = 0; s < shards_.shards(); s++)
+      if (!welcomed_[s]) DL_RETURN_IF_ERROR(SendToDealer(s, Hello()));
     last_hello_ = now;
   }
   return Status::Ok();
+}
+
+bool LearnerCore::Joined() const {
+  for (int s = 0; s < shards_.shards(); s++)
+    if (!welcomed_[s] || !downlink_seen_[s]) return false;
+  return true;
 }
 
 HelloMsg LearnerCore::Hello() const {
@@ -216,7 +230,9 @@ Status LearnerCore::RepeatLastWord() {
 }
 
 bool LearnerCore::LastWordHeard() const {
-  return res_.crashed || !last_word_ || last_word_heard_ || port_->Now() > last_word_deadline_;
+  return res_.crashed || !last_word_ ||
+         std::all_of(last_word_heard_.begin(), last_word_heard_.end(), [](bool b) { return b; }) ||
+         port_->Now() > last_word_deadline_;
 }
 
 // The end: crashed, the work lost with it; else the last word's state.
@@ -279,17 +295,17 @@ Status LearnerCore::Build(uint64_t* sq, const MessageBody& body, std::shared_ptr
   return Status::Ok();
 }
 
-Status LearnerCore::Send(const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) {
+Status LearnerCore::Send(int shard, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload) {
   net::Message m;
-  DL_RETURN_IF_ERROR(Build(&seq_, body, std::move(payload), &m));
-  port_->SendUplink(std::move(m));
+  DL_RETURN_IF_ERROR(Build(&seq_[shard], body, std::move(payload), &m));
+  port_->SendUplink(shard, std::move(m));
   return Status::Ok();
 }
 
-Status LearnerCore::SendToDealer(const MessageBody& body) {
+Status LearnerCore::SendToDealer(int shard, const MessageBody& body) {
   net::Message m;
-  DL_RETURN_IF_ERROR(Build(&dealer_seq_, body, nullptr, &m));
-  port_->SendDealer(std::move(m));
+  DL_RETURN_IF_ERROR(Build(&dealer_seq_[shard], body, nullptr, &m));
+  port_->SendDealer(shard, std::move(m));
   return Status::Ok();
 }
 
@@ -307,7 +323,8 @@ Status LearnerCore::Heartbeat(LearnerState state) {
     hb.fragments.push_back({(uint32_t)p, f.base_version, f.c_steps, f.c_tokens, f.in_flight});
   }
   port_->OnHeartbeat(hb);
-  return Send(hb, nullptr);
+  for (int s = 0; s < shards_.shards(); s++) DL_RETURN_IF_ERROR(Send(s, hb, nullptr));  // each shard's liveness
+  return Status::Ok();
 }
 
 Status LearnerCore::BeatIfDue() {
@@ -334,8 +351,9 @@ Status LearnerCore::SendDelta(int p, long at_step) {
   d.c_tokens = f.c_tokens;
   d.learner_step = (uint64_t)at_step;
   d.payload = FragmentPayloadInfo(frag, up_codec_, tensor_bytes);
-  DL_RETURN_IF_ERROR(Send(d, payload));
-  ledger_.OnSend(p, at_step, seq_);  // seq_: the delta's number on the main stream
+  const int owner = shards_.OwnerOf(p);
+  DL_RETURN_IF_ERROR(Send(owner, d, payload));
+  ledger_.OnSend(p, at_step, seq_[owner]);  // the delta's number on its shard's main stream
   res_.deltas_sent++;
   progress_.last_fragment_sent = p;
   return Status::Ok();
@@ -405,10 +423,19 @@ Status LearnerCore::OnTimer() {
 
 // A downlink message (m, its frames in r): a Global or a SyncerStatus.
 Status LearnerCore::OnDownlink(net::Received& r, const ParsedMessage& m) {
-  downlink_seen_ = true;
+  const int shard = ShardOf(m);
+  if (shard < 0) return Status::Ok();  // the checks let only the shards' names through
+  downlink_seen_[shard] = true;
   res_.bytes_down += m.wire_bytes;
-  if (m.get<GlobalMsg>()) DL_RETURN_IF_ERROR(HandleGlobal(r, m));
-  if (const SyncerStatusMsg* st = m.get<SyncerStatusMsg>()) HandleStatus(*st);
+  if (const GlobalMsg* g = m.get<GlobalMsg>()) {
+    if (!shards_.Owns(shard, g->fragment)) {
+      port_->Note("ignoring a Global of fragment " + std::to_string(g->fragment) + " from " + m.header.sender +
+                  ", which does not merge it; do the syncers run the job's sync.syncers?");
+      return Status::Ok();
+    }
+    DL_RETURN_IF_ERROR(HandleGlobal(r, m));
+  }
+  if (const SyncerStatusMsg* st = m.get<SyncerStatusMsg>()) HandleStatus(shard, *st);
   return RequestSnapshotIfDue();
 }
 
@@ -504,10 +531,10 @@ Status LearnerCore::DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g,
 //  - a version that differs from our base: we missed a Global (or the syncer went back): resync;
 //  - an in-flight delta the syncer has heard past and does not hold: lost; sent again at once
 //    (lost_deltas_), so a lock-step round is not left waiting for it.
-void LearnerCore::HandleStatus(const SyncerStatusMsg& st) {
+void LearnerCore::HandleStatus(int shard, const SyncerStatusMsg& st) {
   const LearnerAck* ack = AckOf(st);
-  if (last_word_ && ack && ack->heard_seq >= last_word_seq_) last_word_heard_ = true;
-  HandleDropNotices(st.recent_drops);
+  if (last_word_ && ack && ack->heard_seq >= last_word_seq_[shard]) last_word_heard_[shard] = true;
+  HandleDropNotices(shard, st.recent_drops);
   bool others_progress = false;
   for (size_t i = 0; i < st.live_steps.size() && i < st.live_learners.size(); i++) {
     if (st.live_learners[i] == me_ || st.live_steps[i] == 0) continue;
@@ -521,12 +548,12 @@ void LearnerCore::HandleStatus(const SyncerStatusMsg& st) {
   if (flushing_ && others_progress)
     flush_deadline_ = port_->Now() + std::chrono::milliseconds(o_.flush_timeout_ms);
   if (clone_.awaiting_snapshot()) return;  // Globals are buffered: the bases are not current
-  CheckVersionsAndAcks(st);
+  CheckVersionsAndAcks(shard, st);
 }
 
-void LearnerCore::HandleDropNotices(const std::vector<DroppedDelta>& drops) {
+void LearnerCore::HandleDropNotices(int shard, const std::vector<DroppedDelta>& drops) {
   for (const DroppedDelta& d : drops) {
-    if (d.learner != me_ || d.fragment >= (uint32_t)P_) continue;
+    if (d.learner != me_ || !shards_.Owns(shard, d.fragment)) continue;
     if (!ledger_.OnDrop((int)d.fragment, d.base_version, d.reason == kAlreadyMerged)) continue;
     ResetResidual((int)d.fragment);
     res_.deltas_dropped++;
@@ -544,8 +571,8 @@ const LearnerAck* LearnerCore::AckOf(const SyncerStatusMsg& st) const {
   return nullptr;
 }
 
-void LearnerCore::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
-  const StatusVerdict v = ledger_.OnStatus(st.versions, AckOf(st));
+void LearnerCore::CheckVersionsAndAcks(int shard, const SyncerStatusMsg& st) {
+  const StatusVerdict v = ledger_.OnStatus(st.versions, AckOf(st), shards_.FragmentsOf(shard));
   if (!v.missed.empty()) {
     res_.globals_missed += v.missed.size();
     const int p = v.missed.front();
@@ -563,25 +590,44 @@ void LearnerCore::CheckVersionsAndAcks(const SyncerStatusMsg& st) {
 
 // A DEALER message: a Welcome or a part of the snapshot asked for.
 Status LearnerCore::OnDealer(ParsedMessage& m) {
+  const int shard = ShardOf(m);
+  if (shard < 0) return Status::Ok();
   res_.bytes_down += m.wire_bytes;
   if (const WelcomeMsg* w = m.get<WelcomeMsg>()) {
     if (w->result == JoinResult::kAccepted) {
-      welcomed_ = true;
+      welcomed_[shard] = true;
     } else if (w->result != JoinResult::kBusy) {
-      return Status::Error(me_ + ": the syncer at " + o_.snapshot_endpoint + " refused this learner: " + w->reason);
+      return Status::Error(me_ + ": " + m.header.sender + " (at " + o_.snapshot_endpoint +
+                           ") refused this learner: " + w->reason);
     }
     return Status::Ok();
   }
-  if (const SnapshotMsg* sm = m.get<SnapshotMsg>(); sm && assembler_ && request_outstanding_) {
-    if (sm->request_id != request_id_) return Status::Ok();  // an older answer
-    if (Status st = assembler_->Add(std::move(m)); !st.ok()) {
-      port_->Note("dropping a snapshot part (" + st.message() + "); will ask again");
-      return Status::Ok();
-    }
-    snapshot_heard_at_ = port_->Now();  // progress: the retry timer starts again
-    if (assembler_->complete()) DL_RETURN_IF_ERROR(InstallSnapshot(assembler_->Take()));
-  }
+  if (m.get<SnapshotMsg>() && request_outstanding_) DL_RETURN_IF_ERROR(AddSnapshotPart(shard, m));
   return RequestSnapshotIfDue();
+}
+
+// A part of the snapshot asked for, from the shard that merges its fragment; the snapshot
+// installs once every shard's part is whole.
+Status LearnerCore::AddSnapshotPart(int shard, ParsedMessage& m) {
+  const SnapshotMsg& sm = *m.get<SnapshotMsg>();
+  ShardSnapshot& ss = snapshot_[shard];
+  if (sm.request_id != ss.request_id || !ss.assembler) return Status::Ok();  // an older answer
+  if (!shards_.Owns(shard, sm.fragment)) {
+    port_->Note("dropping a snapshot part of fragment " + std::to_string(sm.fragment) + " from " + m.header.sender +
+                ", which does not merge it");
+    return Status::Ok();
+  }
+  if (Status st = ss.assembler->Add(std::move(m)); !st.ok()) {
+    port_->Note("dropping a snapshot part (" + st.message() + "); will ask again");
+    return Status::Ok();
+  }
+  ss.heard_at = port_->Now();  // progress: the retry timer starts again
+  if (!ss.assembler->complete()) return Status::Ok();
+  ss.parts = ss.assembler->Take();
+  ss.assembler.reset();
+  for (const ShardSnapshot& other : snapshot_)
+    if (other.assembler) return Status::Ok();  // another shard's part is still on its way
+  return InstallSnapshot();
 }
 
 // ---- Snapshots ----
@@ -591,34 +637,53 @@ void LearnerCore::NeedSnapshot(const std::string& why) {
   resync_reason_ = why;
 }
 
-// Once started, while a snapshot is awaited: one request outstanding, asked again after
-// snapshot_retry_ms without a part of it (not from the request: a large model's snapshot takes
-// longer than that to arrive, and asking again threw away the parts in, so it never completed).
+// Once started, while a snapshot is awaited: one request outstanding, each shard asked again
+// after snapshot_retry_ms without a part of its answer (not from the request: a large model's
+// snapshot takes longer than that to arrive, and asking again threw away the parts in, so it
+// never completed).
 Status LearnerCore::RequestSnapshotIfDue() {
   if (!started_ || !clone_.awaiting_snapshot()) return Status::Ok();
-  if (request_outstanding_ && port_->Now() - snapshot_heard_at_ <= std::chrono::milliseconds(o_.snapshot_retry_ms))
+  if (!request_outstanding_) {
+    request_outstanding_ = true;
+    snapshot_.clear();
+    snapshot_.resize(shards_.shards());
+    for (int s = 0; s < shards_.shards(); s++) DL_RETURN_IF_ERROR(RequestSnapshot(s));
     return Status::Ok();
-  return RequestSnapshot();
+  }
+  const SyncTime now = port_->Now();
+  for (int s = 0; s < shards_.shards(); s++)
+    if (snapshot_[s].assembler && now - snapshot_[s].heard_at > std::chrono::milliseconds(o_.snapshot_retry_ms))
+      DL_RETURN_IF_ERROR(RequestSnapshot(s));
+  return Status::Ok();
 }
 
-Status LearnerCore::RequestSnapshot() {
+// Asks shard for its fragments (an empty list: all it merges).
+Status LearnerCore::RequestSnapshot(int shard) {
   SnapshotRequestMsg rq;
   rq.request_id = ++request_id_;
   rq.reason = resync_reason_;
-  assembler_ = std::make_unique<SnapshotAssembler>(request_id_, backend_.num_params() * sizeof(float) + (1 << 20));
-  request_outstanding_ = true;
-  snapshot_heard_at_ = port_->Now();
-  return SendToDealer(rq);
+  ShardSnapshot& ss = snapshot_[shard];
+  ss.request_id = request_id_;
+  ss.assembler = std::make_unique<SnapshotAssembler>(request_id_, backend_.num_params() * sizeof(float) + (1 << 20));
+  ss.parts.clear();
+  ss.heard_at = port_->Now();
+  return SendToDealer(shard, rq);
 }
 
-// A complete snapshot: install the fragments that differ, then the buffered newer Globals.
-Status LearnerCore::InstallSnapshot(std::vector<ParsedMessage>&& parts) {
-  for (ParsedMessage& part : parts) DL_RETURN_IF_ERROR(InstallSnapshotPart(part));
+// A complete snapshot (every shard's part): install the fragments that differ, then the
+// buffered newer Globals. Each fragment's version is its own shard's cut; the fleet's cadence
+// is the earliest any shard knows (a shard that knows none says 0).
+Status LearnerCore::InstallSnapshot() {
   std::map<uint64_t, uint64_t> versions;
-  const SnapshotMsg& first = *parts.front().get<SnapshotMsg>();
-  const std::vector<uint64_t>& cut = first.versions;
-  cadence_step_ = (long)std::min<uint64_t>(first.cadence_step, (uint64_t)tc_.steps);
-  for (int p = 0; p < P_; p++) versions[(uint64_t)p] = cut[p];
+  uint64_t cadence = 0;
+  for (int s = 0; s < shards_.shards(); s++) {
+    for (ParsedMessage& part : snapshot_[s].parts) DL_RETURN_IF_ERROR(InstallSnapshotPart(part));
+    const SnapshotMsg& first = *snapshot_[s].parts.front().get<SnapshotMsg>();
+    for (const uint32_t p : shards_.FragmentsOf(s)) versions[p] = first.versions[p];
+    if (first.cadence_step > 0) cadence = cadence == 0 ? first.cadence_step : std::min(cadence, first.cadence_step);
+  }
+  snapshot_.clear();
+  cadence_step_ = (long)std::min<uint64_t>(cadence, (uint64_t)tc_.steps);
   res_.snapshots_installed++;
   request_outstanding_ = false;
   return ApplyBufferedGlobals(versions);

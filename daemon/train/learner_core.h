@@ -37,6 +37,7 @@
 #include "daemon/net/envelope.h"
 #include "daemon/sync/core_clock.h"
 #include "daemon/sync/fragments.h"
+#include "daemon/sync/shards.h"
 #include "daemon/train/fragment_ledger.h"
 #include "daemon/train/inner_loop.h"
 #include "daemon/train/learner.h"
@@ -46,11 +47,12 @@
 
 namespace diloco {
 
-// What a learner core does to the world; its clock is the runtime's (CoreClock).
+// What a learner core does to the world; its clock is the runtime's (CoreClock). shard: the
+// syncer shard the message is for (shards.h; 0 with one syncer).
 class LearnerPort : public CoreClock {
  public:
-  virtual void SendUplink(net::Message&& m) = 0;   // PUB main stream, topic job_id
-  virtual void SendDealer(net::Message&& m) = 0;   // DEALER (Hello, SnapshotRequest)
+  virtual void SendUplink(int shard, net::Message&& m) = 0;  // PUB main stream, topic job_id
+  virtual void SendDealer(int shard, net::Message&& m) = 0;  // DEALER (Hello, SnapshotRequest)
   virtual void OnHeartbeat(const HeartbeatMsg& hb) = 0;  // the liveness stream's latest beat
   virtual void SaveStep(long step) = 0;            // learner-<i>.step in run_dir (may no-op)
   virtual Status SaveMoments(long done) = 0;       // learner-<i>.ckpt (SaveCheckpoint of the ring)
@@ -76,10 +78,10 @@ class LearnerCore {
 
   Status SetUp();  // the outer-sync state of every fragment, and the host mirrors of the bases
 
-  // Startup exchange: Heartbeat(kJoining) every 20 ms, Hello every 50 ms, until the syncer's
-  // Welcome and a downlink message have both arrived (Joined).
+  // Startup exchange: Heartbeat(kJoining) every 20 ms, Hello every 50 ms, until every syncer
+  // shard's Welcome and a downlink message from each have arrived (Joined).
   Status OnJoinTimer();
-  bool Joined() const { return welcomed_ && downlink_seen_; }
+  bool Joined() const;
   // From init_params (version 0 of every fragment; buffered Globals apply), or from a snapshot:
   // requested now, AwaitingSnapshot() until it is installed.
   Status Start(bool join_from_snapshot);
@@ -129,6 +131,7 @@ class LearnerCore {
   LearnerState StateNow() const;
   long step() const { return step_; }
   uint64_t incarnation() const { return incarnation_; }
+  const ShardMap& shards() const { return shards_; }
   const LearnerResult& result() const { return res_; }
   LearnerProgress progress() const;  // the counters now, the state last reported
   // The result if the learner died now: crashed, with the work that had not left in a delta.
@@ -138,8 +141,8 @@ class LearnerCore {
   // Sending.
   Status Build(uint64_t* sq, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload,
                net::Message* out);
-  Status Send(const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload);
-  Status SendToDealer(const MessageBody& body);
+  Status Send(int shard, const MessageBody& body, std::shared_ptr<std::vector<uint8_t>> payload);
+  Status SendToDealer(int shard, const MessageBody& body);
   HelloMsg Hello() const;
   Status Heartbeat(LearnerState state);
   Status RepeatLastWord();
@@ -153,15 +156,18 @@ class LearnerCore {
   Status HandleGlobal(net::Received& r, const ParsedMessage& m);
   Status ApplyGlobal(const ParsedMessage& m);
   Status DecodeFiniteUpdate(const Fragment& frag, const GlobalMsg& g, const ParsedMessage& m);
-  void HandleStatus(const SyncerStatusMsg& st);
-  void HandleDropNotices(const std::vector<DroppedDelta>& drops);
+  void HandleStatus(int shard, const SyncerStatusMsg& st);
+  void HandleDropNotices(int shard, const std::vector<DroppedDelta>& drops);
   const LearnerAck* AckOf(const SyncerStatusMsg& st) const;
-  void CheckVersionsAndAcks(const SyncerStatusMsg& st);
+  void CheckVersionsAndAcks(int shard, const SyncerStatusMsg& st);
+  // The shard a verified message came from (its sender names one: downlink_expect()).
+  int ShardOf(const ParsedMessage& m) const { return shards_.ShardNamed(m.header.sender); }
   // Snapshots (Clone pattern).
   void NeedSnapshot(const std::string& why);
   Status RequestSnapshotIfDue();
-  Status RequestSnapshot();
-  Status InstallSnapshot(std::vector<ParsedMessage>&& parts);
+  Status RequestSnapshot(int shard);
+  Status AddSnapshotPart(int shard, ParsedMessage& m);
+  Status InstallSnapshot();
   Status InstallSnapshotPart(ParsedMessage& part);
   Status ApplyBufferedGlobals(const std::map<uint64_t, uint64_t>& versions);
   // Steps.
@@ -190,6 +196,7 @@ class LearnerCore {
   std::vector<ParamRange> changed_;  // parameters rewritten since the ring last copied them
 
   const std::vector<Fragment> frags_;
+  const ShardMap shards_;  // which syncer shard merges which fragment
   const int P_;  // fragments
   const int H_;  // sync.inner_steps
   // Versions, counters and what is in flight; the host mirror of each base, updated from the same
@@ -208,7 +215,9 @@ class LearnerCore {
   ParseOptions expect_;  // the downlink's checks (also for re-parsing buffered Globals)
 
   const uint64_t incarnation_;
-  uint64_t seq_ = 0, dealer_seq_ = 0;
+  // Per syncer shard: each hears a main stream of its own (every heartbeat, its fragments'
+  // deltas), numbered without gaps, and has its own DEALER exchange.
+  std::vector<uint64_t> seq_, dealer_seq_;
 
   double step_ms_ema_ = 0;
   float last_loss_;
@@ -218,25 +227,33 @@ class LearnerCore {
   std::optional<SyncTime> last_step_save_, last_beat_, last_join_beat_, last_hello_;
   bool join_reported_ = false;
 
-  // Snapshot requests (Clone pattern): at most one outstanding; re-sent after snapshot_retry_ms without a part.
-  uint64_t request_id_ = 0;
-  SyncTime snapshot_heard_at_{};  // the request sent, or its latest part in
+  // Snapshot requests (Clone pattern): at most one outstanding, asking every shard for its
+  // fragments; whole when every shard's part is in. A shard's request is re-sent after
+  // snapshot_retry_ms without a part of it; the parts of the shards that answered stay (asking
+  // them all again threw away a quick shard's answer each time a busy one was slow).
+  struct ShardSnapshot {
+    uint64_t request_id = 0;
+    SyncTime heard_at{};  // its request sent, or its latest part in
+    std::unique_ptr<SnapshotAssembler> assembler;  // null once its part is whole
+    std::vector<ParsedMessage> parts;
+  };
+  uint64_t request_id_ = 0;  // the latest request's (to any shard)
   bool request_outstanding_ = false;
-  std::unique_ptr<SnapshotAssembler> assembler_;
+  std::vector<ShardSnapshot> snapshot_;  // per shard
   std::string resync_reason_ = "join";
 
   std::vector<float> scratch_;
   std::vector<int> lost_deltas_;  // in-flight deltas the syncer never got: sent again (ResendLost)
 
-  bool welcomed_ = false, downlink_seen_ = false;  // the startup exchange
+  std::vector<bool> welcomed_, downlink_seen_;  // the startup exchange, per shard
   bool started_ = false;   // Start decided how to leave the initial "awaiting snapshot"
   bool training_ = false;  // BeginTraining ran
   bool flushing_ = false;  // BeginFlush ran
-  // SendLastWord: the final state, the seq of its first copy, whether an ack covers it, and when
-  // the learner stops waiting for one.
+  // SendLastWord: the final state, the seq of its first copy and whether an ack covers it (per
+  // shard), and when the learner stops waiting for one.
   std::optional<LearnerState> last_word_;
-  uint64_t last_word_seq_ = 0;
-  bool last_word_heard_ = false;
+  std::vector<uint64_t> last_word_seq_;
+  std::vector<bool> last_word_heard_;
   SyncTime last_word_deadline_{};
   SyncTime train_start_{}, flush_deadline_{};
   // A lock-step wait in progress (BeforeStep found a fragment blocking): since when.

@@ -57,6 +57,7 @@ Status RunFrame::Finish(const RunEnd& end, LocalRunDetails* details, TrainSummar
   TrainSummary s = s_;
   DL_RETURN_IF_ERROR(SummarizeLearners(cfg_, end.incarnations, metrics_, &s, details));
   s.outer_steps = end.outer_steps;
+  s.shard_merges = end.shard_merges;
   s.dropped_deltas = end.dropped_deltas;
   s.rejected_deltas = end.rejected_deltas;
   s.versions = end.versions;

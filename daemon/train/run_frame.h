@@ -34,6 +34,7 @@ struct RunEnd {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> down;   // per learner: [killed, back) Unix ms
   const MergeTape* merges = nullptr;
   uint64_t outer_steps = 0, dropped_deltas = 0, rejected_deltas = 0;
+  std::vector<uint64_t> shard_merges;  // per syncer shard (empty: one)
   std::vector<uint64_t> versions;  // each fragment's, at the end
   const float* global_params = nullptr;  // the merged model (table().total_numel() values)
   int64_t end_unix_ms = 0;               // when training ended, on the run's clock

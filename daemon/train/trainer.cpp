@@ -378,6 +378,10 @@ nlohmann::json TrainSummaryObject(const TrainSummary& s) {
     j["initial_val_loss"] = s.initial_val_loss;
     j["learner_tokens"] = s.learner_tokens;
     j["versions"] = s.versions;
+    if (s.shard_merges.size() > 1) {
+      j["syncers"] = s.shard_merges.size();
+      j["shard_merges"] = s.shard_merges;
+    }
   }
   if (!s.global_state.empty()) j["global_state"] = s.global_state;
   if (s.goodput) j.update(GoodputToJson(*s.goodput));

@@ -47,7 +47,8 @@ struct TrainSummary {
   double peak_rss_mb = 0;
   // Several learners (local_run.h); in the JSON only when learners > 1.
   int learners = 1;
-  uint64_t outer_steps = 0;         // merges by the syncer
+  uint64_t outer_steps = 0;         // merges by the syncer (every shard's)
+  std::vector<uint64_t> shard_merges;  // per syncer shard (sync.syncers > 1; in the JSON then)
   uint64_t dropped_deltas = 0;      // too stale / replaced
   uint64_t rejected_deltas = 0;     // failed the norm filter
   double initial_val_loss = 0;      // of the initial model

@@ -188,6 +188,14 @@ DstCase DrawDstCase(uint64_t seed, const RunConfig& base) {
       c.faults.push_back(f);
     }
   }
+  // Syncer shards, from a generator of their own as above: a third of the seeds with two or more
+  // fragments run 2..P shards, and each syncer kill or syncer clock jump hits one of them.
+  Rng y(mix_seed(seed, 0x5a4d));
+  if (EffectiveFragments(sc) >= 2 && y.below(3) == 0) sc.syncers = 2 + (int)y.below(EffectiveFragments(sc) - 1);
+  for (DstFault& f : c.faults) {
+    if (f.kind == DstFault::kSyncerKill) f.learner = (int)y.below(sc.syncers);
+    if (f.kind == DstFault::kClockJump && f.learner < 0) f.learner = -1 - (int)y.below(sc.syncers);
+  }
   return c;
 }
 
@@ -196,7 +204,7 @@ std::string DescribeDstCase(const DstCase& c) {
   const SyncConfig& sc = cfg.sync;
   std::ostringstream o;
   o << "seed " << c.seed << ": " << ToString(sc.mode) << " M=" << sc.learners << " P=" << sc.fragments
-    << " H=" << sc.inner_steps << " K=" << sc.quorum << " steps=" << cfg.train.steps << " up=" << CodecName(sc.codec.up)
+    << " H=" << sc.inner_steps << " K=" << sc.quorum << (sc.syncers > 1 ? " S=" + std::to_string(sc.syncers) : "") << " steps=" << cfg.train.steps << " up=" << CodecName(sc.codec.up)
     << " down=" << CodecName(sc.codec.down) << " step=" << std::lround(cfg.timing.step_ms) << "ms link="
     << cfg.timing.link.bandwidth_mbps << "Mbit/s+" << cfg.timing.link.latency_ms << "ms loss=" << cfg.timing.link.loss;
   auto tenths = [](double s) { return std::lround(s * 10) / 10.0; };
@@ -204,9 +212,12 @@ std::string DescribeDstCase(const DstCase& c) {
     switch (f.kind) {
       case DstFault::kKill: o << " kill(" << f.learner; break;
       case DstFault::kPartition: o << " cut(" << f.learner; break;
-      case DstFault::kSyncerKill: o << " syncer-kill("; break;
+      case DstFault::kSyncerKill: o << " syncer-kill(" << (sc.syncers > 1 ? std::to_string(f.learner) : ""); break;
       case DstFault::kClockJump:
-        o << " jump(" << (f.learner < 0 ? std::string("syncer") : std::to_string(f.learner));
+        o << " jump("
+          << (f.learner >= 0 ? std::to_string(f.learner)
+              : sc.syncers > 1 ? "syncer-" + std::to_string(-1 - f.learner)
+                               : std::string("syncer"));
         break;
     }
     o << "@" << tenths(f.at_s) << "s+" << tenths(f.for_s) << "s)";
@@ -248,13 +259,13 @@ Status RunDstCase(const DstCase& c, const std::string& scratch_dir, DstCaseResul
   std::unique_ptr<VirtualWorld> world;
   DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
   DstWatch watch(*world, &out->violations);
-  world->syncer().on_global = [&](const GlobalMsg& g) { watch.OnGlobal(g); };
+  world->OnGlobal([&](const GlobalMsg& g) { watch.OnGlobal(g); });
   for (const DstFault& f : c.faults) {
     const int64_t at = (int64_t)(f.at_s * 1e9), len = (int64_t)(f.for_s * 1e9);
     switch (f.kind) {
       case DstFault::kKill: world->KillLearnerAt(at, f.learner, len); break;
       case DstFault::kPartition: world->PartitionAt(at, f.learner, len); break;
-      case DstFault::kSyncerKill: world->KillSyncerAt(at, len); break;
+      case DstFault::kSyncerKill: world->KillSyncerAt(at, len, f.learner); break;
       case DstFault::kClockJump: world->JumpClockAt(at, f.learner, len); break;
     }
   }
@@ -263,7 +274,8 @@ Status RunDstCase(const DstCase& c, const std::string& scratch_dir, DstCaseResul
   const double end_s = world->scheduler().now_ns() / 1e9;
   out->events = world->scheduler().events_run();
   out->virtual_s = end_s;
-  out->merges = world->syncer_running() ? world->syncer().state().merges : 0;
+  for (int s = 0; s < world->shards(); s++)
+    if (world->syncer_running(s)) out->merges += world->syncer(s).state().merges;
   if (!run.ok()) {
     watch.Add("error", run.message(), end_s);
     return Status::Ok();

@@ -5,14 +5,15 @@
 //   kill(i)        learner i dies (kill -9) and a new incarnation joins from a snapshot later;
 //   cut(i)         learner i's links lose everything both ways, then heal;
 //   loss           every link loses messages with a drawn probability;
-//   syncer-kill    the syncer dies (its round book, pending deltas, timers and what was on its
+//   shards         sync.syncers > 1: each a syncer of its own for its fragments (shards.h);
+//   syncer-kill    a syncer shard dies (its round book, pending deltas, timers and what was on its
 //                  way to it are gone; what it had sent still arrives) and a new incarnation
 //                  resumes from global_state.bin and the update log (update_log.h) later,
 //                  checkpointing every few merges so that both the checkpoint and the log count;
 //   dup / reorder  every link duplicates messages (a copy arrives up to a window later) and holds
 //                  some back (they arrive up to a window late, after messages sent after them):
 //                  what reconnections and retransmissions do that one TCP connection does not;
-//   jump(role)     a role's steady clock steps forward (the syncer's or learner i's): the model is
+//   jump(role)     a role's steady clock steps forward (a syncer shard's or learner i's): the model is
 //                  a process whose VM the host paused and resumed, or a monotonic clock that
 //                  counts a suspend. Its virtual time goes on with the scheduler's (nothing it does
 //                  is delayed) but every time it reads is later by the jump from then on, so every
@@ -48,7 +49,7 @@ namespace diloco {
 // One drawn case: the run config and its faults (virtual seconds).
 struct DstFault {
   enum Kind { kKill, kPartition, kSyncerKill, kClockJump } kind = kKill;
-  int learner = 0;  // kClockJump: -1 is the syncer; kSyncerKill: unused
+  int learner = 0;  // kClockJump: -1 - s is syncer shard s; kSyncerKill: the shard
   double at_s = 0;
   double for_s = 0;  // down (then restarted) / partitioned (then healed) / the clock's jump
 };

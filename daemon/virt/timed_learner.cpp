@@ -246,7 +246,7 @@ Status TimedLearner::DrainInbox() {
 }
 
 // A Delta is charged as the real fragment's (a heartbeat, which has no payload, as itself).
-void TimedLearner::SendUplink(net::Message&& m) {
+void TimedLearner::SendUplink(int shard, net::Message&& m) {
   size_t charged = 0;
   if (!delta_bytes_.empty() && m.size() > 1) {
     ParsedMessage parsed;
@@ -255,7 +255,7 @@ void TimedLearner::SendUplink(net::Message&& m) {
       if (const DeltaMsg* d = parsed.get<DeltaMsg>(); d && d->fragment < delta_bytes_.size())
         charged = (size_t)delta_bytes_[d->fragment];
   }
-  network_.LearnerPublish(options_.index, options_.job_id, std::move(m), charged);
+  network_.LearnerPublish(options_.index, shard, options_.job_id, std::move(m), charged);
 }
 
 void TimedLearner::OnHeartbeat(const HeartbeatMsg& hb) {
@@ -274,7 +274,7 @@ void TimedLearner::BeatLiveness() {
   net::Message m;
   if (!BuildLivenessBeat(options_.job_id, me_, ++liveness_seq_, incarnation_, scheduler_.unix_ms(), last_beat_, &m).ok())
     return;
-  network_.LearnerPublish(options_.index, LivenessTopic(options_.job_id), std::move(m));
+  network_.LearnerPublish(options_.index, VirtualNetwork::kEveryShard, LivenessTopic(options_.job_id), std::move(m));
 }
 
 std::string TimedLearner::Describe() const {

@@ -77,8 +77,8 @@ class TimedLearner final : public LearnerPort {
   // LearnerPort
   SyncTime Now() override { return scheduler_.now(); }
   int64_t UnixMs() override { return scheduler_.unix_ms(); }
-  void SendUplink(net::Message&& m) override;
-  void SendDealer(net::Message&& m) override { network_.LearnerRequest(options_.index, std::move(m)); }
+  void SendUplink(int shard, net::Message&& m) override;
+  void SendDealer(int shard, net::Message&& m) override { network_.LearnerRequest(options_.index, shard, std::move(m)); }
   void OnHeartbeat(const HeartbeatMsg& hb) override;
   void SaveStep(long) override {}
   Status SaveMoments(long) override { return Status::Ok(); }

@@ -15,11 +15,14 @@ Status TimedWorld::Create(const TimedWorldOptions& options, std::unique_ptr<Time
   const TensorTable table = gpt_tensor_table(w->model_);
   w->init_.resize(table.total_numel());
   gpt_init_params(w->model_, cfg.train.seed, w->init_.data());
-  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->syncer_, &w->incarnations_));
+  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->shards_, &w->incarnations_));
   w->network_->CountWindows((int64_t)(options.window_s * 1e9));
-  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, ""),
-                                           cfg.timing.merge_gbps, table, w->init_.data(), &w->syncer_));
-  w->syncer_->ChargeAs(options.global_bytes, options.merge_bytes);
+  w->shards_.resize(cfg.sync.syncers);
+  for (int s = 0; s < cfg.sync.syncers; s++) {
+    DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, VirtualSyncerOptions(cfg, "", s),
+                                             cfg.timing.merge_gbps, table, w->init_.data(), &w->shards_[s]));
+    w->shards_[s]->ChargeAs(options.global_bytes, options.merge_bytes);
+  }
   w->incarnations_.resize(M);
   w->down_.resize(M);
   w->pending_restarts_.assign(M, 0);
@@ -73,14 +76,21 @@ bool TimedWorld::AllEnded() const {
   return true;
 }
 
+bool TimedWorld::AllShardsDone() const {
+  for (const auto& s : shards_)
+    if (!s->AllDone()) return false;
+  return true;
+}
+
 std::string TimedWorld::Describe() {
-  std::string out = syncer_->Describe();
+  std::string out;
+  for (const auto& s : shards_) out += (out.empty() ? "" : " | ") + s->Describe();
   for (const auto& incs : incarnations_) out += " | " + incs.back()->Describe();
   return out;
 }
 
 Status TimedWorld::Run() {
-  syncer_->Start();
+  for (auto& s : shards_) s->Start();
   for (int i = 0; i < learners(); i++) StartLearner(i, /*join_from_snapshot=*/false, 0);
   const RunConfig& cfg = *options_.config;
   const int64_t end_ns = (int64_t)(options_.end_s * 1e9);
@@ -89,12 +99,12 @@ Status TimedWorld::Run() {
   while (!scheduler_.empty()) {
     if (end_ns > 0 && scheduler_.next_ns() > end_ns) break;
     scheduler_.RunNext();
-    DL_RETURN_IF_ERROR(syncer_->error());
+    for (const auto& s : shards_) DL_RETURN_IF_ERROR(s->error());
     for (const auto& incs : incarnations_)
       if (incs.back()->done() && !incs.back()->status().ok()) return incs.back()->status();
     if (end_ns > 0) continue;
     if (all_ended_ns < 0 && AllEnded()) all_ended_ns = scheduler_.now_ns();
-    if (all_ended_ns >= 0 && (syncer_->AllDone() || scheduler_.now_ns() - all_ended_ns > linger_ns)) break;
+    if (all_ended_ns >= 0 && (AllShardsDone() || scheduler_.now_ns() - all_ended_ns > linger_ns)) break;
   }
   if (end_ns == 0 && !AllEnded())
     return Status::Error("the simulation stalled at " + std::to_string(scheduler_.now_ns() / 1e9) +

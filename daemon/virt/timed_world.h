@@ -1,6 +1,6 @@
 // A simulated deployment (`dilococtl simulate`'s DiLoCo modes): the virtual runtime with the
-// maths off. The scheduler, the network and the real SyncerCore (VirtualSyncer) as in a virtual
-// run, but the learners are TimedLearners on the scheduler's thread, all roles hold a tiny model
+// maths off. The scheduler, the network and the real SyncerCore of every syncer shard
+// (VirtualSyncer, each merging on its own host at timing.merge_gbps) as in a virtual run, but the learners are TimedLearners on the scheduler's thread, all roles hold a tiny model
 // with the run's fragment count, and the links and the merges are charged the real model's
 // sizes. One thread drives it all; nothing here reads the machine's clock.
 #pragma once
@@ -44,7 +44,8 @@ class TimedWorld {
 
   VirtualScheduler& scheduler() { return scheduler_; }
   VirtualNetwork& network() { return *network_; }
-  VirtualSyncer& syncer() { return *syncer_; }
+  int shards() const { return (int)shards_.size(); }
+  VirtualSyncer& syncer(int shard = 0) { return *shards_[shard]; }
   int learners() const { return (int)incarnations_.size(); }
   const std::vector<std::unique_ptr<TimedLearner>>& incarnations(int i) const { return incarnations_[i]; }
   // Per learner: when it was down, [kill, restart) in virtual ns (restart -1: until the end).
@@ -56,6 +57,7 @@ class TimedWorld {
   void StartLearner(int i, bool join_from_snapshot, long start_step);
   void KillLearner(int i, int64_t restart_after_ns);
   bool AllEnded() const;
+  bool AllShardsDone() const;
   std::string Describe();
 
   TimedWorldOptions options_;
@@ -63,7 +65,7 @@ class TimedWorld {
   std::vector<float> init_;
   VirtualScheduler scheduler_;
   std::unique_ptr<VirtualNetwork> network_;
-  std::unique_ptr<VirtualSyncer> syncer_;
+  std::vector<std::unique_ptr<VirtualSyncer>> shards_;  // sync.syncers
   std::vector<std::vector<std::unique_ptr<TimedLearner>>> incarnations_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> down_;
   std::vector<int> pending_restarts_;

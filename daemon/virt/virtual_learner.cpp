@@ -275,7 +275,7 @@ void VirtualLearner::BeatLiveness() {
   net::Message m;
   if (!BuildLivenessBeat(options_.job_id, me_, ++liveness_seq_, incarnation_, UnixMs(), last_beat_, &m).ok())
     return;
-  network_.LearnerPublish(options_.index, LivenessTopic(options_.job_id), std::move(m));
+  network_.LearnerPublish(options_.index, VirtualNetwork::kEveryShard, LivenessTopic(options_.job_id), std::move(m));
 }
 
 // The step's virtual duration (virtual_step.h); its own time is kept for AfterStep.
@@ -285,11 +285,13 @@ int64_t VirtualLearner::StepNs() {
   return step.ns;
 }
 
-void VirtualLearner::SendUplink(net::Message&& m) { network_.LearnerPublish(options_.index, options_.job_id, std::move(m)); }
+void VirtualLearner::SendUplink(int shard, net::Message&& m) {
+  network_.LearnerPublish(options_.index, shard, options_.job_id, std::move(m));
+}
 
-void VirtualLearner::SendDealer(net::Message&& m) {
-  requests_after_last_step_++;
-  network_.LearnerRequest(options_.index, std::move(m));
+void VirtualLearner::SendDealer(int shard, net::Message&& m) {
+  if (shard == 0) requests_after_last_step_++;  // one request goes to every shard
+  network_.LearnerRequest(options_.index, shard, std::move(m));
 }
 
 void VirtualLearner::OnHeartbeat(const HeartbeatMsg& hb) {

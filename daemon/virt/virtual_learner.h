@@ -63,8 +63,8 @@ class VirtualLearner final : public LearnerPort {
   // LearnerPort
   SyncTime Now() override { return VirtualScheduler::ToSyncTime(scheduler_.now_ns() + clock_offset_ns_); }
   int64_t UnixMs() override { return scheduler_.unix_ms() + clock_offset_ns_ / 1000000; }
-  void SendUplink(net::Message&& m) override;
-  void SendDealer(net::Message&& m) override;
+  void SendUplink(int shard, net::Message&& m) override;
+  void SendDealer(int shard, net::Message&& m) override;
   void OnHeartbeat(const HeartbeatMsg& hb) override;
   void SaveStep(long step) override;
   Status SaveMoments(long done) override;

@@ -26,6 +26,14 @@ VirtualNetwork::VirtualNetwork(VirtualScheduler& scheduler, const RunConfig& con
   }
   up_.assign(M, true);
   epoch_.assign(M, 0);
+  syncer_up_.assign(config.sync.syncers, true);
+  syncer_epoch_.assign(config.sync.syncers, 0);
+  const LinkConfig nic{config.timing.syncer_gbps * 1e3, 0, 0, 0};
+  nic_limited_ = config.timing.syncer_gbps > 0;
+  for (int s = 0; s < config.sync.syncers; s++) {
+    shard_in_.push_back(std::make_unique<VirtualLink>(nic, mix_seed(config.timing.seed, 2 * s + 1, 0x51c)));
+    shard_out_.push_back(std::make_unique<VirtualLink>(nic, mix_seed(config.timing.seed, 2 * s + 2, 0x51c)));
+  }
 }
 
 void VirtualNetwork::Disconnect(int learner) {
@@ -46,16 +54,26 @@ void VirtualNetwork::SetCut(int learner, bool cut) {
 void VirtualNetwork::CountWindows(int64_t window_ns) {
   for (auto& l : uplinks_) l->CountWindows(window_ns);
   for (auto& l : downlinks_) l->CountWindows(window_ns);
+  for (auto& l : shard_in_) l->CountWindows(window_ns);
+  for (auto& l : shard_out_) l->CountWindows(window_ns);
 }
 
-void VirtualNetwork::SyncerDown() {
-  syncer_up_ = false;
-  syncer_epoch_++;
+void VirtualNetwork::ThroughIngress(int shard, size_t bytes, bool payload, std::function<void()> deliver) {
+  const int64_t at = *shard_in_[shard]->Send(scheduler_.now_ns(), bytes, payload);  // a NIC loses nothing
+  if (!nic_limited_) return deliver();
+  scheduler_.At(at, [this, shard, epoch = syncer_epoch_[shard], deliver = std::move(deliver)] {
+    if (epoch == syncer_epoch_[shard]) deliver();
+  });
 }
 
-void VirtualNetwork::SyncerUp() {
-  syncer_up_ = true;
-  syncer_epoch_++;
+void VirtualNetwork::SyncerDown(int shard) {
+  syncer_up_[shard] = false;
+  syncer_epoch_[shard]++;
+}
+
+void VirtualNetwork::SyncerUp(int shard) {
+  syncer_up_[shard] = true;
+  syncer_epoch_[shard]++;
 }
 
 void VirtualNetwork::SetFaults(const LinkFaults& faults, uint64_t seed) {
@@ -65,47 +83,71 @@ void VirtualNetwork::SetFaults(const LinkFaults& faults, uint64_t seed) {
   }
 }
 
-void VirtualNetwork::Carry(VirtualLink& link, int64_t t_ns, size_t bytes, bool payload, int learner, bool to_syncer,
+void VirtualNetwork::Carry(VirtualLink& link, int64_t t_ns, size_t bytes, bool payload, int learner, int to_shard,
                            net::Message&& m, std::function<void(net::Message&&)> deliver) {
   const auto at = link.Send(t_ns, bytes, payload);
   if (!at) return;
-  const uint64_t syncer_epoch = to_syncer ? syncer_epoch_ : 0;
-  auto arrive = [this, learner, to_syncer, epoch = epoch_[learner], syncer_epoch, deliver](
+  const uint64_t syncer_epoch = to_shard >= 0 ? syncer_epoch_[to_shard] : 0;
+  auto arrive = [this, learner, to_shard, epoch = epoch_[learner], syncer_epoch, deliver](
                     const std::shared_ptr<net::Message>& msg) {
-    return [this, learner, to_syncer, epoch, syncer_epoch, deliver, msg] {
-      if (epoch == epoch_[learner] && (!to_syncer || syncer_epoch == syncer_epoch_)) deliver(std::move(*msg));
+    return [this, learner, to_shard, epoch, syncer_epoch, deliver, msg] {
+      if (epoch == epoch_[learner] && (to_shard < 0 || syncer_epoch == syncer_epoch_[to_shard]))
+        deliver(std::move(*msg));
     };
   };
   if (const auto copy = link.duplicate_ns()) scheduler_.At(*copy, arrive(std::make_shared<net::Message>(CopyMessage(m))));
   scheduler_.At(*at, arrive(std::make_shared<net::Message>(std::move(m))));
 }
 
-void VirtualNetwork::LearnerPublish(int learner, const std::string& topic, net::Message&& m, size_t charged_bytes) {
-  if (!syncer_up_) return;  // nobody listens: the PUB drops it
+void VirtualNetwork::LearnerPublish(int learner, int shard, const std::string& topic, net::Message&& m,
+                                    size_t charged_bytes) {
+  if (shard != kEveryShard) return PublishToShard(learner, shard, topic, std::move(m), charged_bytes);
+  for (int s = 0; s + 1 < shards(); s++) PublishToShard(learner, s, topic, CopyMessage(m), charged_bytes);
+  PublishToShard(learner, shards() - 1, topic, std::move(m), charged_bytes);
+}
+
+void VirtualNetwork::PublishToShard(int learner, int shard, const std::string& topic, net::Message&& m,
+                                    size_t charged_bytes) {
+  if (!syncer_up_[shard]) return;  // nobody listens: the PUB drops it
   const size_t bytes = charged_bytes > 0 ? charged_bytes : m.bytes() + topic.size();
-  Carry(*uplinks_[learner], scheduler_.now_ns(), bytes, charged_bytes > 0, learner, true, std::move(m),
-        [this, learner, topic](net::Message&& msg) { receivers_.syncer_uplink(learner, topic, std::move(msg)); });
+  const bool payload = charged_bytes > 0;
+  Carry(*uplinks_[learner], scheduler_.now_ns(), bytes, payload, learner, shard, std::move(m),
+        [this, shard, learner, topic, bytes, payload](net::Message&& msg) {
+          auto held = std::make_shared<net::Message>(std::move(msg));
+          ThroughIngress(shard, bytes, payload, [this, shard, learner, topic, held] {
+            receivers_.syncer_uplink(shard, learner, topic, std::move(*held));
+          });
+        });
 }
 
-void VirtualNetwork::LearnerRequest(int learner, net::Message&& m) {
-  if (!syncer_up_) return;
+void VirtualNetwork::LearnerRequest(int learner, int shard, net::Message&& m) {
+  if (!syncer_up_[shard]) return;
   const size_t bytes = m.bytes();
-  Carry(*uplinks_[learner], scheduler_.now_ns(), bytes, false, learner, true, std::move(m),
-        [this, learner](net::Message&& msg) { receivers_.syncer_router(learner, std::move(msg)); });
+  Carry(*uplinks_[learner], scheduler_.now_ns(), bytes, false, learner, shard, std::move(m),
+        [this, shard, learner, bytes](net::Message&& msg) {
+          auto held = std::make_shared<net::Message>(std::move(msg));
+          ThroughIngress(shard, bytes, false,
+                         [this, shard, learner, held] { receivers_.syncer_router(shard, learner, std::move(*held)); });
+        });
 }
 
-void VirtualNetwork::SyncerPublish(int64_t t_ns, const net::Message& m, size_t charged_bytes) {
+// A copy to each learner (a PUB over TCP sends one per subscriber), each through the shard's NIC
+// and then the learner's downlink.
+void VirtualNetwork::SyncerPublish(int shard, int64_t t_ns, const net::Message& m, size_t charged_bytes) {
+  const size_t bytes = charged_bytes > 0 ? charged_bytes : m.bytes();
   for (int i = 0; i < learners(); i++) {
     if (!up_[i]) continue;
-    Carry(*downlinks_[i], t_ns, charged_bytes > 0 ? charged_bytes : m.bytes(), charged_bytes > 0, i, false, CopyMessage(m),
+    const int64_t out = *shard_out_[shard]->Send(t_ns, bytes, charged_bytes > 0);
+    Carry(*downlinks_[i], nic_limited_ ? out : t_ns, bytes, charged_bytes > 0, i, -1, CopyMessage(m),
           [this, i](net::Message&& msg) { receivers_.learner_downlink(i, std::move(msg)); });
   }
 }
 
-void VirtualNetwork::SyncerReply(int64_t t_ns, int learner, net::Message&& m) {
+void VirtualNetwork::SyncerReply(int shard, int64_t t_ns, int learner, net::Message&& m) {
   if (!up_[learner]) return;
   const size_t bytes = m.bytes();
-  Carry(*downlinks_[learner], t_ns, bytes, false, learner, false, std::move(m),
+  const int64_t out = *shard_out_[shard]->Send(t_ns, bytes, false);
+  Carry(*downlinks_[learner], nic_limited_ ? out : t_ns, bytes, false, learner, -1, std::move(m),
         [this, learner](net::Message&& msg) { receivers_.learner_dealer(learner, std::move(msg)); });
 }
 

@@ -68,9 +68,8 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
   std::unique_ptr<VirtualWorld> world;
   DL_RETURN_IF_ERROR(VirtualWorld::Create(wo, &world));
   DL_RETURN_IF_ERROR(world->Run());
-  DL_RETURN_IF_ERROR(world->FinishSyncer());
+  DL_RETURN_IF_ERROR(world->FinishSyncers());
   VirtualScheduler& scheduler = world->scheduler();
-  VirtualSyncer* syncer = &world->syncer();
   const int64_t end_unix_ms = scheduler.unix_ms();
 
   RunEnd end;
@@ -79,13 +78,15 @@ Status RunVirtual(const TrainOptions& options, TrainSummary* summary, LocalRunDe
     for (const auto& l : world->incarnations(i)) end.incarnations[i].push_back(&l->result());
   end.down = world->down_spans();
   end.merges = &world->merge_tape();
-  const GlobalState& gs = syncer->state();
+  const GlobalState gs = world->JoinedState();
   end.outer_steps = gs.merges;
+  if (world->shards() > 1)
+    for (int sh = 0; sh < world->shards(); sh++) end.shard_merges.push_back(world->syncer(sh).state().merges);
   end.dropped_deltas = gs.dropped_deltas;
   end.rejected_deltas = gs.rejected_deltas;
   for (const auto& f : gs.fragments) end.versions.push_back(f.version);
   std::vector<float> global(frame->table().total_numel());
-  syncer->GlobalParams(global.data());
+  world->GlobalParams(global.data());
   end.global_params = global.data();
   end.end_unix_ms = end_unix_ms;
   end.wall_s = (double)(end_unix_ms - VirtualScheduler::kEpochUnixMs) / 1e3;  // virtual

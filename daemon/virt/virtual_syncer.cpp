@@ -10,9 +10,10 @@
 
 namespace diloco {
 
-SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_dir) {
+SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_dir, int shard) {
   SyncerOptions so;
   so.sync = cfg.sync;
+  so.shard = shard;
   so.run_dir = run_dir;
   so.count_limits = CountLimitsOf(cfg);
   so.heartbeat_interval_ms = (int)cfg.timing.heartbeat_ms;
@@ -26,12 +27,14 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
   if (options.resume && (!durable || options.run_dir.empty()))
     return Status::Error("syncer: a virtual run resumes only a durable syncer with a run directory");
   if (durable && options.run_dir.empty()) return Status::Error("syncer: a durable virtual syncer needs a run directory");
+  DL_RETURN_IF_ERROR(CheckShard(options));
   std::unique_ptr<VirtualSyncer> s(new VirtualSyncer(scheduler, network));
   s->options_ = options;
   s->merge_bytes_per_ns_ = merge_gbps;  // GB/s = bytes/ns
   DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(options.sync), &s->fragments_));
+  s->shards_ = ShardMap::Of(s->fragments_, options.sync.syncers);
   SyncerStoreOptions store;
-  if (durable) store.run_dir = options.run_dir;
+  if (durable) store = ShardStoreOptions(options.run_dir, s->shards_, options.shard);
   store.resume = options.resume;
   store.async_checkpoints = false;  // the virtual clock does not run while it writes
   store.sync_log = false;           // a simulated crash loses no page cache
@@ -51,7 +54,7 @@ Status VirtualSyncer::Create(VirtualScheduler& scheduler, VirtualNetwork& networ
     DL_RETURN_IF_ERROR(s->events_.Open((std::filesystem::path(options.run_dir) / "events.log").string()));
     s->have_events_ = true;
   }
-  const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1 + start);
+  const uint64_t incarnation = mix_seed(options.sync.learners, 0x5e7c, 1 + start) ^ (uint64_t)options.shard;
   s->core_ = std::make_unique<SyncerCore>(s->options_, s->fragments_, &s->state_, table, incarnation, s.get());
   std::vector<MergeEvent> merges;
   DL_RETURN_IF_ERROR(s->store_->RecalledMerges(&merges));
@@ -189,14 +192,14 @@ void VirtualSyncer::Publish(net::Message&& m) {
       if (on_global) on_global(*g);
     }
   bytes_published_ += m.bytes();
-  network_.SyncerPublish(std::max(scheduler_.now_ns(), busy_until_ns_), m, charged);
+  network_.SyncerPublish(options_.shard, std::max(scheduler_.now_ns(), busy_until_ns_), m, charged);
 }
 
 void VirtualSyncer::Reply(const std::string& peer, net::Message&& m) {
   const int learner = LearnerIndexOf(peer);
   if (learner < 0 || learner >= network_.learners()) return;
   bytes_published_ += m.bytes();
-  network_.SyncerReply(std::max(scheduler_.now_ns(), busy_until_ns_), learner, std::move(m));
+  network_.SyncerReply(options_.shard, std::max(scheduler_.now_ns(), busy_until_ns_), learner, std::move(m));
 }
 
 void VirtualSyncer::OnMerge(const MergeEvent& event) {
@@ -205,7 +208,7 @@ void VirtualSyncer::OnMerge(const MergeEvent& event) {
   if (have_events_) After(events_.Append(event));
 }
 
-void VirtualSyncer::Note(const std::string& line) { std::fprintf(stderr, "syncer: %s\n", line.c_str()); }
+void VirtualSyncer::Note(const std::string& line) { std::fprintf(stderr, "%s: %s\n", core_->name().c_str(), line.c_str()); }
 
 Status VirtualSyncer::Finish() {
   DL_RETURN_IF_ERROR(error_);
@@ -214,15 +217,15 @@ Status VirtualSyncer::Finish() {
   timer_ = drain_timer_ = 0;
   DL_RETURN_IF_ERROR(core_->Flush().WithContext("syncer"));
   if (store_->durable()) return store_->SaveFinal(state_);
-  // Not durable: the final state is still the run's model.
-  if (!options_.run_dir.empty())
+  // Not durable: the final state is still the run's model (the world joins the shards' own).
+  if (!options_.run_dir.empty() && shards_.shards() == 1)
     DL_RETURN_IF_ERROR(SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), state_));
   return Status::Ok();
 }
 
 std::string VirtualSyncer::Describe() {
-  std::string out = "syncer:";
-  for (size_t p = 0; p < fragments_.size(); p++) {
+  std::string out = core_->name() + ":";
+  for (const uint32_t p : shards_.FragmentsOf(options_.shard)) {
     out += " fragment " + std::to_string(p) + " v" + std::to_string(state_.fragments[p].version) + " (" +
            std::to_string(core_->book().PendingCount((uint32_t)p)) + " pending";
     // Whose deltas the open round holds: learner@step/base, to see whom it waits for.
@@ -238,7 +241,8 @@ std::string VirtualSyncer::Describe() {
 }
 
 void VirtualSyncer::GlobalParams(float* flat) const {
-  for (size_t p = 0; p < fragments_.size(); p++) ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
+  for (const uint32_t p : shards_.FragmentsOf(options_.shard))
+    ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
 }
 
 }  // namespace diloco

@@ -27,8 +27,9 @@
 
 namespace diloco {
 
-// The syncer options of a virtual run of cfg (events.log and global_state.bin in run_dir; "" none).
-SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_dir);
+// The options of syncer shard `shard` of a virtual run of cfg (events.log and global_state.bin in
+// run_dir; "" none).
+SyncerOptions VirtualSyncerOptions(const RunConfig& cfg, const std::string& run_dir, int shard = 0);
 
 class VirtualSyncer final : public SyncerPort {
  public:
@@ -67,7 +68,10 @@ class VirtualSyncer final : public SyncerPort {
   const GlobalState& state() const { return state_; }
   uint64_t bytes_published() const { return bytes_published_; }
   uint64_t bytes_received() const { return bytes_received_; }
+  // The fragments this shard merges, into the flat parameters (the others are left as they are).
   void GlobalParams(float* flat) const;
+  const ShardMap& shards() const { return shards_; }
+  int shard() const { return options_.shard; }
   std::vector<MergeEvent>& merges() { return merges_; }
   // Called with every Global as it is published (its version, CRC and contributors): DST's checks.
   std::function<void(const GlobalMsg&)> on_global;
@@ -101,6 +105,7 @@ class VirtualSyncer final : public SyncerPort {
   SyncerOptions options_;
   double merge_bytes_per_ns_ = 10;
   std::vector<Fragment> fragments_;
+  ShardMap shards_;
   GlobalState state_;
   std::unique_ptr<SyncerCore> core_;
   ParseOptions uplink_expect_, router_expect_, published_expect_;

@@ -1,5 +1,7 @@
 #include "daemon/virt/virtual_world.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include "daemon/train/trainer.h"
@@ -12,11 +14,15 @@ Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<
   w->options_ = options;
   const RunConfig& cfg = *options.config;
   const int M = cfg.sync.learners;
-  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->syncer_, &w->incarnations_));
-  SyncerOptions so = VirtualSyncerOptions(cfg, options.run_dir);
-  so.on_merge = w->merge_tape_.Listener();
-  DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, so, cfg.timing.merge_gbps, *options.table, options.init_params, &w->syncer_,
-                                           options.durable_syncer));
+  w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->shards_, &w->incarnations_));
+  w->shards_.resize(cfg.sync.syncers);
+  w->syncer_starts_.assign(cfg.sync.syncers, 0);
+  for (int s = 0; s < cfg.sync.syncers; s++) {
+    SyncerOptions so = VirtualSyncerOptions(cfg, options.run_dir, s);
+    so.on_merge = w->merge_tape_.Listener();
+    DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, so, cfg.timing.merge_gbps, *options.table,
+                                             options.init_params, &w->shards_[s], options.durable_syncer));
+  }
   w->incarnations_.resize(M);
   w->down_.resize(M);
   w->pending_restarts_.assign(M, 0);
@@ -85,46 +91,71 @@ void VirtualWorld::PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns)
   });
 }
 
-void VirtualWorld::KillSyncerAt(int64_t t_ns, int64_t restart_after_ns) {
-  scheduler_.At(t_ns, [this, restart_after_ns] { KillSyncer(restart_after_ns); });
+void VirtualWorld::KillSyncerAt(int64_t t_ns, int64_t restart_after_ns, int shard) {
+  scheduler_.At(t_ns, [this, restart_after_ns, shard] { KillSyncer(shard, restart_after_ns); });
 }
 
-void VirtualWorld::KillSyncer(int64_t restart_after_ns) {
-  if (!syncer_) return;  // down already
+void VirtualWorld::KillSyncer(int shard, int64_t restart_after_ns) {
+  std::unique_ptr<VirtualSyncer>& syncer = shards_[shard];
+  if (!syncer) return;  // down already
   if (!options_.durable_syncer || restart_after_ns < 0) {
     error_ = Status::Error("a virtual syncer is killed only when durable, and restarted (this is a bug of the test)");
     return;
   }
-  if (syncer_->busy_until_ns() > scheduler_.now_ns()) {
-    scheduler_.At(syncer_->busy_until_ns(), [this, restart_after_ns] { KillSyncer(restart_after_ns); });
+  if (syncer->busy_until_ns() > scheduler_.now_ns()) {
+    scheduler_.At(syncer->busy_until_ns(), [this, shard, restart_after_ns] { KillSyncer(shard, restart_after_ns); });
     return;
   }
-  on_global_ = std::move(syncer_->on_global);
-  syncer_.reset();
-  network_->SyncerDown();
-  scheduler_.After(restart_after_ns, [this] { RestartSyncer(); });
+  syncer.reset();
+  network_->SyncerDown(shard);
+  scheduler_.After(restart_after_ns, [this, shard] { RestartSyncer(shard); });
 }
 
-void VirtualWorld::RestartSyncer() {
-  SyncerOptions so = VirtualSyncerOptions(*options_.config, options_.run_dir);
+void VirtualWorld::RestartSyncer(int shard) {
+  SyncerOptions so = VirtualSyncerOptions(*options_.config, options_.run_dir, shard);
   so.resume = true;
   so.on_merge = merge_tape_.Listener();
   Status st = VirtualSyncer::Create(scheduler_, *network_, so, options_.config->timing.merge_gbps, *options_.table,
-                                    nullptr, &syncer_, /*durable=*/true, ++syncer_starts_);
+                                    nullptr, &shards_[shard], /*durable=*/true, ++syncer_starts_[shard]);
   if (!st.ok()) {
-    error_ = st.WithContext("restarting the syncer");
+    error_ = st.WithContext("restarting syncer shard " + std::to_string(shard));
     return;
   }
-  network_->SyncerUp();
+  network_->SyncerUp(shard);
   syncer_restarts_ns_.push_back(scheduler_.now_ns());
-  syncer_->on_global = on_global_;
-  syncer_->Start();
+  shards_[shard]->on_global = on_global_;
+  shards_[shard]->Start();
+}
+
+void VirtualWorld::OnGlobal(std::function<void(const GlobalMsg&)> fn) {
+  on_global_ = std::move(fn);
+  for (auto& s : shards_)
+    if (s) s->on_global = on_global_;
+}
+
+Status VirtualWorld::FinishSyncers() {
+  for (auto& s : shards_)
+    if (!s) return Status::Error("a syncer shard is down at the end");
+  for (auto& s : shards_) DL_RETURN_IF_ERROR(s->Finish());
+  if (shards() == 1 || options_.run_dir.empty()) return Status::Ok();
+  return SaveGlobalState((std::filesystem::path(options_.run_dir) / "global_state.bin").string(), JoinedState());
+}
+
+GlobalState VirtualWorld::JoinedState() const {
+  std::vector<const GlobalState*> states;
+  for (const auto& s : shards_) states.push_back(&s->state());
+  return JoinShardStates(states, shards_.front()->shards());
+}
+
+void VirtualWorld::GlobalParams(float* flat) const {
+  for (const auto& s : shards_) s->GlobalParams(flat);
 }
 
 void VirtualWorld::JumpClockAt(int64_t t_ns, int learner, int64_t jump_ns) {
   scheduler_.At(t_ns, [this, learner, jump_ns] {
     if (learner < 0) {
-      if (syncer_) syncer_->JumpClock(jump_ns);  // a syncer that is down starts on a fresh clock
+      // A shard that is down starts on a fresh clock.
+      if (const int s = -1 - learner; s < shards() && shards_[s]) shards_[s]->JumpClock(jump_ns);
       return;
     }
     clock_offset_ns_[learner] += jump_ns;
@@ -133,9 +164,19 @@ void VirtualWorld::JumpClockAt(int64_t t_ns, int learner, int64_t jump_ns) {
 }
 
 std::string VirtualWorld::Describe() {
-  std::string out = syncer_ ? syncer_->Describe() : "syncer: down";
+  std::string out;
+  for (int s = 0; s < shards(); s++)
+    out += (s ? " | " : "") + (shards_[s] ? shards_[s]->Describe() : "syncer shard " + std::to_string(s) + ": down");
   for (const auto& incs : incarnations_) out += " | " + incs.back()->Describe();
   return out;
+}
+
+bool VirtualWorld::AllShardsUp() const {
+  return std::all_of(shards_.begin(), shards_.end(), [](const auto& s) { return s != nullptr; });
+}
+
+bool VirtualWorld::AllShardsDone() const {
+  return std::all_of(shards_.begin(), shards_.end(), [](const auto& s) { return s && s->AllDone(); });
 }
 
 bool VirtualWorld::AllEnded() const {
@@ -145,12 +186,13 @@ bool VirtualWorld::AllEnded() const {
 }
 
 Status VirtualWorld::Run() {
-  syncer_->Start();
+  for (auto& s : shards_) s->Start();
   for (int i = 0; i < learners(); i++) StartLearner(i, /*join_from_snapshot=*/false, 0);
   const int64_t linger_ns = (int64_t)options_.config->sync.heartbeat_timeout_ms * 1000000;
   while (scheduler_.RunNext()) {
     DL_RETURN_IF_ERROR(error_);
-    if (syncer_) DL_RETURN_IF_ERROR(syncer_->error());
+    for (const auto& s : shards_)
+      if (s) DL_RETURN_IF_ERROR(s->error());
     for (const auto& incs : incarnations_)
       if (incs.back()->done() && !incs.back()->status().ok()) return incs.back()->status();
     if (options_.after_event) DL_RETURN_IF_ERROR(options_.after_event());
@@ -162,8 +204,10 @@ Status VirtualWorld::Run() {
       if (ended_ns_[i] < 0 && pending_restarts_[i] == 0 && incarnations_[i].back()->done())
         ended_ns_[i] = scheduler_.now_ns();
     if (all_ended_ns_ < 0 && AllEnded()) all_ended_ns_ = scheduler_.now_ns();
-    // A syncer that is down is waited for: its restart is scheduled.
-    if (all_ended_ns_ >= 0 && syncer_ && (syncer_->AllDone() || scheduler_.now_ns() - all_ended_ns_ > linger_ns)) break;
+    // A shard that is down is waited for: its restart is scheduled.
+    if (all_ended_ns_ >= 0 && AllShardsUp() &&
+        (AllShardsDone() || scheduler_.now_ns() - all_ended_ns_ > linger_ns))
+      break;
   }
   if (!AllEnded())
     return Status::Error("the virtual run stalled at " + std::to_string(scheduler_.now_ns() / 1e9) +

@@ -1,6 +1,6 @@
 // Everything of a virtual run but its files and its summary: the scheduler, the network, the
-// syncer and the learners (each a series of incarnations), and the faults that tests and
-// `dilococtl dst` schedule on them. One thread drives it (Run); learners' threads run only when
+// syncer shards (sync.syncers, shards.h) and the learners (each a series of incarnations), and
+// the faults that tests and `dilococtl dst` schedule on them. One thread drives it (Run); learners' threads run only when
 // it hands them the baton.
 #pragma once
 
@@ -45,24 +45,31 @@ class VirtualWorld {
   // Until every learner's last incarnation ended and the syncer heard them finish (a heartbeat
   // timeout of virtual time at most after that), or an error.
   Status Run();
-  // After Run: merges what is pending, writes global_state.bin.
-  Status FinishSyncer() { return syncer_ ? syncer_->Finish() : Status::Error("the syncer is down"); }
+  // After Run: every shard merges what is pending; global_state.bin is the run's joined state.
+  Status FinishSyncers();
+  // The run's global state, joined from the shards' (JoinShardStates), and its parameters.
+  GlobalState JoinedState() const;
+  void GlobalParams(float* flat) const;
 
   // Faults, at virtual time t_ns (scheduled before or during Run). restart_after_ns < 0: never.
   void KillLearnerAt(int64_t t_ns, int learner, int64_t restart_after_ns);
   void PartitionAt(int64_t t_ns, int learner, int64_t heal_after_ns);
-  // The syncer dies (a kill -9: its timers, what waited for it and what was on its way to it are
-  // gone) and a new incarnation resumes from its update log restart_after_ns later (>= 0;
-  // durable_syncer only). A kill that comes during a merge lands at the merge's end: the merge,
-  // its update log record and its Global are one step of the core.
-  void KillSyncerAt(int64_t t_ns, int64_t restart_after_ns);
-  // A role's steady clock steps forward by jump_ns (learner -1: the syncer's): dst.h's model.
+  // Syncer shard `shard` dies (a kill -9: its timers, what waited for it and what was on its way
+  // to it are gone) and a new incarnation resumes from its update log restart_after_ns later
+  // (>= 0; durable_syncer only). A kill that comes during a merge lands at the merge's end: the
+  // merge, its update log record and its Global are one step of the core.
+  void KillSyncerAt(int64_t t_ns, int64_t restart_after_ns, int shard = 0);
+  // A role's steady clock steps forward by jump_ns (learner < 0: syncer shard -1 - learner's):
+  // dst.h's model.
   void JumpClockAt(int64_t t_ns, int learner, int64_t jump_ns);
+  // Called with every Global any shard publishes (DST's checks), across restarts.
+  void OnGlobal(std::function<void(const GlobalMsg&)> fn);
 
   VirtualScheduler& scheduler() { return scheduler_; }
   VirtualNetwork& network() { return *network_; }
-  VirtualSyncer& syncer() { return *syncer_; }  // not while it is down (between kill and restart)
-  bool syncer_running() const { return syncer_ != nullptr; }
+  int shards() const { return (int)shards_.size(); }
+  VirtualSyncer& syncer(int shard = 0) { return *shards_[shard]; }  // not while it is down (kill to restart)
+  bool syncer_running(int shard = 0) const { return shards_[shard] != nullptr; }
   const MergeTape& merge_tape() const { return merge_tape_; }  // every incarnation's merges
   int learners() const { return (int)incarnations_.size(); }
   // Learner i's incarnations, in order (the last may still run during Run).
@@ -75,23 +82,25 @@ class VirtualWorld {
   int64_t all_ended_ns() const { return all_ended_ns_; }
   // Per learner: when its last incarnation ended with no restart to come (virtual ns; -1: not yet).
   const std::vector<int64_t>& ended_ns() const { return ended_ns_; }
-  // When the syncer's incarnations after the first started (virtual ns).
+  // When the shards' incarnations after the first started (virtual ns).
   const std::vector<int64_t>& syncer_restarts_ns() const { return syncer_restarts_ns_; }
 
  private:
   VirtualWorld() = default;
   void StartLearner(int i, bool join_from_snapshot, long start_step);
   void KillLearner(int i, int64_t restart_after_ns);
-  void KillSyncer(int64_t restart_after_ns);
-  void RestartSyncer();
+  void KillSyncer(int shard, int64_t restart_after_ns);
+  void RestartSyncer(int shard);
   bool AllEnded() const;
+  bool AllShardsUp() const;
+  bool AllShardsDone() const;
 
   VirtualWorldOptions options_;
   VirtualScheduler scheduler_;
   Baton baton_;
   std::unique_ptr<VirtualNetwork> network_;
-  MergeTape merge_tape_;  // before syncer_: it outlives the syncer that feeds it
-  std::unique_ptr<VirtualSyncer> syncer_;
+  MergeTape merge_tape_;  // before shards_: it outlives the syncers that feed it
+  std::vector<std::unique_ptr<VirtualSyncer>> shards_;  // null while down
   std::vector<std::vector<std::unique_ptr<VirtualLearner>>> incarnations_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> down_;
   std::vector<int> pending_restarts_;  // per learner: restarts scheduled, not yet done
@@ -99,8 +108,8 @@ class VirtualWorld {
   std::vector<int64_t> ended_ns_;
   std::vector<int64_t> syncer_restarts_ns_;
   std::vector<int64_t> clock_offset_ns_;  // per learner: its clock's jumps so far
-  uint64_t syncer_starts_ = 0;            // restarts of the syncer so far
-  std::function<void(const GlobalMsg&)> on_global_;  // the syncer's, kept across its restarts
+  std::vector<uint64_t> syncer_starts_;   // per shard: its restarts so far
+  std::function<void(const GlobalMsg&)> on_global_;  // every shard's, kept across restarts
   Status error_;  // a restart that failed
 };
 

@@ -69,7 +69,9 @@ TEST_CASE("a config with the virtual-clock keys off their defaults round-trips",
   config.sync.learners = 3;
   config.sync.clock = ClockSource::kVirtual;
   // Doubles without a short decimal form, to see that they read back exactly.
-  config.timing = TimingConfig{0.1 + 0.2, 1.0 / 3.0, 7, 123.456, 42, LinkConfig{1.5, 1.0 / 7.0, 1e-3, 0.25}};
+  config.timing = TimingConfig{0.1 + 0.2, 1.0 / 3.0, 7, 123.456, 42, LinkConfig{1.5, 1.0 / 7.0, 1e-3, 0.25}, 0.1 + 0.7};
+  config.sync.fragments = 3;
+  config.sync.syncers = 3;
   config.learners.resize(3);
   config.learners[0].has_link = true;  // the default link, given
   config.learners[1].slowdown = 1.5;   // no link of its own
@@ -124,7 +126,7 @@ TEST_CASE("the virtual-clock keys' errors name the place and the full key", "[un
        "unknown key 'learners.0.link.delay_ms'; known keys in 'learners.0.link': bandwidth_mbps, latency_ms, "
        "jitter_ms, loss"},
       {"timing.stepms=5",
-       "unknown key 'timing.stepms'; known keys in 'timing': step_ms, step_jitter, heartbeat_ms, merge_gbps, seed, "
+       "unknown key 'timing.stepms'; known keys in 'timing': step_ms, step_jitter, heartbeat_ms, merge_gbps, syncer_gbps, seed, "
        "link; did you mean 'step_ms'?"},
   };
   for (const Case& c : cases) {

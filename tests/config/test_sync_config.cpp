@@ -227,7 +227,7 @@ TEST_CASE("unknown nested keys name the place, the path and the known keys", "[u
         "cap_ms, cap_steps, step_time, forecast, straggler_ratio; did you mean 'gamma'?");
   CHECK_THAT(ErrorOf(head + "  quorom: 2\n"),
              StartsWith("run.yaml:4:3: unknown key 'sync.quorom'; known keys in 'sync': mode, "
-                        "learners, fragments, inner_steps, overlap, quorum, grace, "));
+                        "learners, fragments, syncers, inner_steps, overlap, quorum, grace, "));
   CHECK_THAT(ErrorOf(head + "  quorom: 2\n"), Contains("did you mean 'quorum'?"));
   CHECK(ErrorOf(std::string(kMinimal) + "learners:\n  - {slowdwn: 2}\n") ==
         "run.yaml:4:6: unknown key 'learners.0.slowdwn'; known keys in 'learners.0': slowdown, jitter, link; "
@@ -310,6 +310,13 @@ TEST_CASE("invalid sync values name the key and the limit", "[unit][config]") {
       {{"sync.quorum=0"}, "sync.quorum: must be >= 1, got 0"},
       {{"sync.quorum=2"},
        "sync.quorum: 2 is greater than sync.learners 1; lower quorum or add learners"},
+      {{"sync.syncers=0"}, "sync.syncers: must be >= 1, got 0"},
+      {{"sync.syncers=5"},
+       "sync.syncers: 5 shards for 4 fragments: a shard owns at least one fragment; lower sync.syncers or raise "
+       "sync.fragments"},
+      {{"sync.mode=diloco", "sync.syncers=2"},
+       "sync.syncers: 2 shards for 1 fragment (sync.mode diloco runs one): a shard owns at least one fragment; "
+       "lower sync.syncers or raise sync.fragments"},
       {{"sync.grace.gamma=1.5"}, "sync.grace.gamma: must be in [0, 1], got 1.5"},
       {{"sync.grace.cap_ms=-1"},
        "sync.grace.cap_ms: must be >= 0 (0 turns the grace window off), got -1"},

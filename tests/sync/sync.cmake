@@ -9,6 +9,7 @@ diloco_test(sync_tests
   sync/test_merge.cpp
   sync/test_merger.cpp
   sync/test_round_book.cpp
+  sync/test_shards.cpp
   sync/test_syncer_core.cpp
   sync/test_update_log.cpp
 )

@@ -93,8 +93,9 @@ struct Fixture {
   std::unique_ptr<SyncerCore> core;
   std::map<int, uint64_t> seq;  // per learner, its main stream
 
-  explicit Fixture(const SyncConfig& sync, uint64_t incarnation = 0x5eed) {
+  explicit Fixture(const SyncConfig& sync, uint64_t incarnation = 0x5eed, int shard = 0) {
     options.sync = sync;
+    options.shard = shard;
     options.job_id = kJob;
     options.status_interval_ms = 0;  // SyncerStatus only when due (drops, gaps, Welcomes)
     table = gpt_tensor_table(GptConfig{.vocab_size = 64, .block_size = 8, .n_layer = 2, .n_embd = 16, .n_head = 2});
@@ -307,6 +308,69 @@ TEST_CASE("SyncerCore: quorum 2 waits out the grace window, then merges", "[unit
   // ξ_quorum (10 ms between the two arrivals) and ξ_sync (0: the fake clock stood still) are in.
   CHECK(fx.core->timings().quorum_ms.value() == Approx(10));
   CHECK(fx.core->timings().sync_ms.has_value());
+}
+
+TEST_CASE("SyncerCore: a syncer shard merges its own fragments, signs as its shard, serves their snapshot",
+          "[unit]") {
+  SyncConfig s = Decoupled(2, 1);
+  s.grace.cap_ms = 0;
+  s.fragments = 4;
+  s.syncers = 2;
+  Fixture fx(s, 0x5eed, /*shard=*/1);
+  const ShardMap shards = ShardMap::Of(fx.fragments, 2);
+  const std::vector<uint32_t> mine = shards.FragmentsOf(1);
+  const uint32_t theirs = shards.FragmentsOf(0).front();
+  REQUIRE(mine.size() >= 1);
+  CHECK(fx.core->name() == "syncer-1");
+  fx.Heartbeat(0, 10, 50);
+  fx.Delta(0, theirs, 0, 10);  // shard 0's fragment: a learner with another sync.syncers
+  fx.Delta(0, mine[0], 0, 10);
+  fx.Timer();
+  REQUIRE(fx.port.merges.size() == 1);
+  CHECK(fx.port.merges[0].fragment == (int)mine[0]);
+  CHECK(fx.state.fragments[theirs].version == 0);
+  CHECK(fx.state.rejected_deltas == 1);
+  REQUIRE_FALSE(fx.port.notes.empty());
+  CHECK_THAT(fx.port.notes.front(),
+             Catch::Contains("fragment " + std::to_string(theirs) + ", which syncer-0 merges"));
+  const std::vector<ParsedMessage> out = fx.Published();
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].header.sender == "syncer-1");
+
+  // A snapshot request listing no fragments gets this shard's, cut at its versions.
+  SnapshotRequestMsg rq;
+  rq.request_id = 9;
+  EnvelopeHeader h;
+  h.job_id = kJob;
+  h.sender = LearnerName(0);
+  h.seq = 1;
+  h.incarnation = Fixture::Incarnation(0);
+  OutgoingMessage om;
+  REQUIRE(BuildMessage(h, rq, {}, &om).ok());
+  const net::Message msg = net::ToMessage(std::move(om), nullptr);
+  ParseOptions expect;
+  expect.job_id = kJob;
+  expect.accept = MessageBit(MessageType::kSnapshotRequest);
+  ParsedMessage parsed;
+  const auto spans = msg.spans();
+  REQUIRE(ParseEnvelope(spans, expect, &parsed).ok());
+  net::Received r;
+  r.peer = "peer-0";
+  REQUIRE(fx.core->OnRequest(r, parsed).ok());
+  std::vector<uint32_t> served;
+  for (const net::Message& m : fx.port.replies) {
+    ParseOptions back;
+    back.job_id = kJob;
+    back.accept = MessageBit(MessageType::kSnapshot);
+    back.model_params = fx.table.total_numel();
+    ParsedMessage part;
+    const auto part_spans = m.spans();
+    REQUIRE(ParseEnvelope(part_spans, back, &part).ok());
+    CHECK(part.header.sender == "syncer-1");
+    served.push_back(part.get<SnapshotMsg>()->fragment);
+    CHECK(part.get<SnapshotMsg>()->num_parts == mine.size());
+  }
+  CHECK(served == mine);
 }
 
 TEST_CASE("SyncerCore: Hello is answered busy until the learner's uplink is heard", "[unit]") {

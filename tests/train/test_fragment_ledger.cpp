@@ -219,7 +219,7 @@ TEST_CASE("ledger: OnStatus finds missed Globals and lost deltas", "[unit][ledge
     ledger.OnStep(1);
     if (r.in_flight) ledger.OnSend(0, 1, 8);
     const LearnerAck ack = AckOf(r.heard_seq, r.pending);
-    const StatusVerdict v = ledger.OnStatus(r.versions, r.has_ack ? &ack : nullptr);
+    const StatusVerdict v = ledger.OnStatus(r.versions, r.has_ack ? &ack : nullptr, {0, 1});
     CHECK(v.missed == r.missed);
     CHECK(v.lost == r.lost);
     CHECK(ledger[0].in_flight == r.in_flight_after);
@@ -227,6 +227,24 @@ TEST_CASE("ledger: OnStatus finds missed Globals and lost deltas", "[unit][ledge
     CHECK(ledger[0].base_version == 10);
     CHECK(ledger[1].base_version == 20);
   }
+}
+
+TEST_CASE("FragmentLedger: a syncer shard's status speaks only for the fragments it merges") {
+  FragmentLedger ledger(2, FoldRule::kOverwrite, 4);
+  ledger.OnSnapshot(0, 10);
+  ledger.OnSnapshot(1, 20);
+  ledger.OnStep(1);
+  ledger.OnSend(0, 1, 8);
+  // The shard of fragment 1 knows nothing of fragment 0 (version 0, no pending delta of it).
+  const LearnerAck ack = AckOf(9, {});
+  StatusVerdict v = ledger.OnStatus({0, 20}, &ack, {1});
+  CHECK(v.missed.empty());
+  CHECK(v.lost.empty());
+  CHECK(ledger[0].in_flight);
+  // Fragment 0's own shard heard past the delta and does not hold it: lost.
+  v = ledger.OnStatus({10, 0}, &ack, {0});
+  CHECK(v.missed.empty());
+  CHECK(v.lost == std::vector<int>{0});
 }
 
 TEST_CASE("ledger: a CRC mismatch marks the base bad, a snapshot resets all but the version",

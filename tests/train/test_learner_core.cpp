@@ -40,8 +40,14 @@ class FakePort final : public LearnerPort {
   int64_t UnixMs() override {
     return kUnixStartMs + std::chrono::duration_cast<milliseconds>(now.time_since_epoch()).count();
   }
-  void SendUplink(net::Message&& m) override { uplink.push_back(std::move(m)); }
-  void SendDealer(net::Message&& m) override { dealer.push_back(std::move(m)); }
+  void SendUplink(int shard, net::Message&& m) override {
+    uplink_shards.push_back(shard);
+    uplink.push_back(std::move(m));
+  }
+  void SendDealer(int shard, net::Message&& m) override {
+    dealer_shards.push_back(shard);
+    dealer.push_back(std::move(m));
+  }
   void OnHeartbeat(const HeartbeatMsg& hb) override { beats.push_back(hb); }
   void SaveStep(long step) override { saved_steps.push_back(step); }
   Status SaveMoments(long done) override {
@@ -54,6 +60,7 @@ class FakePort final : public LearnerPort {
   void Advance(int ms) { now += milliseconds(ms); }
 
   std::vector<net::Message> uplink, dealer;
+  std::vector<int> uplink_shards, dealer_shards;  // the syncer shard each went to
   std::vector<HeartbeatMsg> beats;
   std::vector<long> saved_steps, moments;
   std::vector<nlohmann::json> metrics;

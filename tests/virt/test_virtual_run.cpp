@@ -76,6 +76,35 @@ TEST_CASE("virtual clock: two runs of one config give the same summary and bits,
   CHECK(a.wall_s < 40 * 0.5 * 2.5 * 1.5);
 }
 
+// Fragments are independent, so two syncer shards merge what one syncer merges: with merges that
+// take no time (and links whose few extra heartbeat copies take none either), the same rounds
+// close with the same deltas and the run ends with the same bits.
+TEST_CASE("virtual clock: two syncer shards give the bits of one syncer", "[virt][e2e]") {
+  testing::TempDir tmp;
+  auto run = [&](int shards, const std::string& name) {
+    TrainOptions o = VirtualTinyRun(tmp, name);
+    o.config.sync.fragments = 4;
+    o.config.sync.syncers = shards;
+    o.config.timing.merge_gbps = 1e9;
+    o.config.timing.link = {0, 40, 0, 0};
+    TrainSummary s;
+    REQUIRE(RunVirtual(o, &s).message() == "");
+    return s;
+  };
+  const TrainSummary one = run(1, "one"), two = run(2, "two");
+  CHECK(two.outer_steps == one.outer_steps);
+  CHECK(two.outer_steps > 0);
+  CHECK(two.final_val_loss == one.final_val_loss);
+  CHECK(two.final_train_loss == one.final_train_loss);
+  CHECK(GlobalStateCrc((tmp.path() / "two").string()) == GlobalStateCrc((tmp.path() / "one").string()));
+  // The summary gives each shard's merges: fragments 0 and 2 on one shard, 1 and 3 on the other.
+  REQUIRE(two.shard_merges.size() == 2);
+  CHECK(two.shard_merges[0] + two.shard_merges[1] == two.outer_steps);
+  CHECK(two.shard_merges[0] == one.versions[0] + one.versions[2]);
+  CHECK(two.shard_merges[1] == one.versions[1] + one.versions[3]);
+  CHECK(TrainSummaryObject(two)["syncers"] == 2);
+}
+
 TEST_CASE("virtual clock: a run the virtual runtime cannot do is refused before it starts", "[virt]") {
   testing::TempDir tmp;
   TrainOptions o = VirtualTinyRun(tmp, "r");
