@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The scale sweep of `dilococtl simulate`: chips 150k ... 2.4M x (ddp, elastic ddp, decoupled
-# with M = 1, 2, 4, 8, 16) for each scenario, a table with the published figures beside ours
+# with M = 1, 2, 4, 8, 16 learners and S = 1, 2, 4 syncer shards) for each scenario, a table with the published figures beside ours
 # (Decoupled DiLoCo paper: goodput at 1.2M and 2.4M chips), an SVG plot of goodput against chips
 # per scenario, and every row as JSON lines.
 #
 #   scripts/bench/simulate.sh                         # both shipped scenarios, 24 simulated hours
 #   scripts/bench/simulate.sh --hours 6 --out DIR     # shorter; results in DIR
+#   scripts/bench/simulate.sh --syncers "1 2"         # syncer shard counts (default "1 2 4")
 #   scripts/bench/simulate.sh --scenarios "configs/simulate/paper-1.2m.yaml"
 #   scripts/bench/simulate.sh --bench-syncer          # merge rate: this machine's `bench syncer --json`
 #   scripts/bench/simulate.sh --merge-bench FILE.json # merge rate: a saved `bench syncer --json` output
@@ -30,6 +31,7 @@ bin=${bin:-build/bin/dilococtl}
 scenarios="configs/simulate/paper-1.2m.yaml configs/simulate/paper-1.2m-dp-matched.yaml"
 chips="150000 300000 600000 1200000 2400000"
 learners="1 2 4 8 16"
+syncers="1 2 4"
 hours=""
 out=""
 wan=0
@@ -42,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --scenarios) scenarios=$2; shift 2 ;;
     --chips) chips=$2; shift 2 ;;
     --learners) learners=$2; shift 2 ;;
+    --syncers) syncers=$2; shift 2 ;;
     --hours) hours=$2; shift 2 ;;
     --out) out=$(abspath "$2"); shift 2 ;;
     --wan) wan=1; shift ;;
@@ -99,6 +102,7 @@ args=(--jobs "$jobs")
 [[ -z $merge_bench ]] || args+=(--merge-bench "$merge_bench")
 for c in $chips; do args+=(--chips "$c"); done
 for m in $learners; do args+=(--learners "$m"); done
+for s in $syncers; do args+=(--syncers "$s"); done
 [[ -z $hours ]] || args+=(--hours "$hours")
 for scenario in $scenarios; do
   name=$(basename "$scenario" .yaml)
@@ -119,16 +123,16 @@ for scenario in scenarios:
     rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
     print(f"\n{name} ({rows[0]['hours']:g} simulated hours; merge {rows[0]['merge_gbps']:.2f} GB/s from "
           f"{rows[0]['merge_gbps_source']})")
-    hdr = f"{'mode':12} {'M':>3} {'chips':>9} {'goodput':>8} {'paper':>6} {'diff':>6} {'uptime':>7} {'merges/h':>9} {'contr':>6} {'failures':>8} {'peak Gb/s':>9} {'sim s':>6}"
+    hdr = f"{'mode':12} {'M':>3} {'S':>2} {'chips':>9} {'goodput':>8} {'paper':>6} {'diff':>6} {'uptime':>7} {'merges/h':>9} {'contr':>6} {'failures':>8} {'peak Gb/s':>9} {'syncer Gb/s':>11} {'sim s':>6}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         p = paper.get((r["mode"], r["learners"], int(r["chips"])))
         ref = f"{p:.2f}" if p is not None else "-"
         diff = f"{100 * (r['goodput'] - p):+.0f}" if p is not None else "-"
-        print(f"{r['mode']:12} {r['learners']:>3} {r['chips']:>9.0f} {r['goodput']:>8.3f} {ref:>6} {diff:>6} "
-              f"{r['uptime']:>7.3f} {r['merges_per_hour']:>9.1f} {r['contributors_mean']:>6.2f} "
-              f"{r['failures']:>8} {r['peak_wan_gbps']:>9.2f} {r['runtime_s']:>6.2f}")
+        print(f"{r['mode']:12} {r['learners']:>3} {r['syncers']:>2} {r['chips']:>9.0f} {r['goodput']:>8.3f} {ref:>6} "
+              f"{diff:>6} {r['uptime']:>7.3f} {r['merges_per_hour']:>9.1f} {r['contributors_mean']:>6.2f} "
+              f"{r['failures']:>8} {r['peak_wan_gbps']:>9.2f} {r['peak_syncer_gbps']:>11.2f} {r['runtime_s']:>6.2f}")
     print(f"plot: {out}/{name}.svg")
 PY
 echo "simulate.sh: rows in $out/*.jsonl" >&2

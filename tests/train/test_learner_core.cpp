@@ -107,6 +107,7 @@ struct Fixture {
   std::unique_ptr<LearnerCore> core;
   uint64_t down_seq = 0, dealer_seq = 0;
   std::vector<std::vector<float>> global;  // the syncer's Θ per fragment (packed)
+  std::string syncer_name = kSyncerName;   // who sends what the fixture sends (a shard's name)
 
   explicit Fixture(const RunConfig& config, uint64_t incarnation = 0xC0DE) : cfg(config) {
     o.index = 0;
@@ -143,7 +144,7 @@ struct Fixture {
   EnvelopeHeader SyncerHeader(uint64_t* seq) {
     EnvelopeHeader h;
     h.job_id = kJob;
-    h.sender = kSyncerName;
+    h.sender = syncer_name;
     h.seq = ++*seq;
     h.incarnation = 77;
     h.sent_unix_ms = (uint64_t)port.UnixMs();
@@ -622,6 +623,103 @@ long RejoinStartStep(SyncMode mode, long start_step, uint64_t cadence_step) {
     REQUIRE(fx.SnapshotPart(p, request_id, versions, cadence_step, &values).ok());
   REQUIRE_FALSE(fx.core->AwaitingSnapshot());
   return fx.core->StartStep();
+}
+
+// Two syncer shards (sync.syncers: 2): the learner joins both, sends each its fragments' deltas
+// and every heartbeat, and assembles its snapshot from both, asking a slow shard again alone.
+TEST_CASE("LearnerCore: with two syncer shards, joins both, routes deltas to owners, assembles the snapshot",
+          "[unit]") {
+  RunConfig cfg = TinyConfig(SyncMode::kDecoupled, 4, 8);
+  cfg.sync.syncers = 2;
+  Fixture fx(cfg);
+  const ShardMap& shards = fx.core->shards();
+  REQUIRE(shards.shards() == 2);
+  REQUIRE(fx.core->OnJoinTimer().ok());
+  CHECK(fx.port.dealer_shards == std::vector<int>{0, 1});  // a Hello to each
+  CHECK(fx.port.uplink_shards == std::vector<int>{0, 1});  // a joining heartbeat to each
+  fx.syncer_name = "syncer-0";
+  REQUIRE(fx.Welcome().ok());
+  REQUIRE(fx.PublishStatus({0, 0, 0, 0}).ok());
+  CHECK_FALSE(fx.core->Joined());  // syncer-1 has not answered
+  fx.syncer_name = "syncer-1";
+  REQUIRE(fx.Welcome().ok());
+  REQUIRE(fx.PublishStatus({0, 0, 0, 0}).ok());
+  CHECK(fx.core->Joined());
+
+  REQUIRE(fx.core->Start(true).ok());
+  const size_t asked = fx.port.dealer.size();
+  REQUIRE(fx.port.dealer_shards.size() == asked);
+  CHECK(std::vector<int>(fx.port.dealer_shards.end() - 2, fx.port.dealer_shards.end()) == std::vector<int>{0, 1});
+  const auto requests = fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
+  const uint64_t id0 = requests[asked - 2].get<SnapshotRequestMsg>()->request_id;
+  // Shard s answers with its fragments' parts; what it says of the other shard's versions is ignored.
+  std::vector<std::vector<float>> values(fx.frags.size());
+  auto answer = [&](int s, uint64_t request_id, uint64_t version) {
+    fx.syncer_name = shards.NameOf(s);
+    const std::vector<uint32_t>& mine = shards.FragmentsOf(s);
+    std::vector<uint64_t> versions(fx.frags.size(), 99);
+    for (uint32_t p : mine) versions[p] = version;
+    for (size_t i = 0; i < mine.size(); i++) {
+      const uint32_t p = mine[i];
+      std::vector<float> v = fx.global[p];
+      for (float& x : v) x += 0.01f * (float)(s + 1);
+      CodecOptions fp32;
+      fp32.kind = CodecKind::kFp32;
+      std::vector<uint8_t> payload;
+      std::vector<uint64_t> tensor_bytes;
+      REQUIRE(EncodeTensors(fp32, v, FragmentNumels(fx.frags[p]), &payload, &tensor_bytes).ok());
+      SnapshotMsg sm;
+      sm.request_id = request_id;
+      sm.snapshot_id = 1;
+      sm.part = (uint32_t)i;
+      sm.num_parts = (uint32_t)mine.size();
+      sm.fragment = p;
+      sm.version = version;
+      sm.versions = versions;
+      sm.fragment_crc32c = Crc32c(v.data(), v.size() * sizeof(float));
+      sm.payload = FragmentPayloadInfo(fx.frags[p], fp32, tensor_bytes);
+      values[p] = v;
+      REQUIRE(fx.Dealer(sm, payload).ok());
+    }
+  };
+  answer(0, id0, 3);
+  CHECK(fx.core->AwaitingSnapshot());
+  // syncer-1 stays silent past the retry period: it alone is asked again.
+  fx.port.Advance(fx.o.snapshot_retry_ms + 1);
+  REQUIRE(fx.core->OnTimer().ok());
+  REQUIRE(fx.port.dealer.size() == asked + 1);
+  CHECK(fx.port.dealer_shards.back() == 1);
+  const auto again = fx.Sent(fx.port.dealer, MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest));
+  answer(1, again.back().get<SnapshotRequestMsg>()->request_id, 7);
+  CHECK_FALSE(fx.core->AwaitingSnapshot());
+  CHECK(fx.core->result().snapshots_installed == 1);
+  std::vector<uint64_t> want(fx.frags.size());
+  for (size_t p = 0; p < fx.frags.size(); p++) {
+    want[p] = shards.OwnerOf(p) == 0 ? 3 : 7;
+    std::vector<float> base(fx.frags[p].numel);
+    REQUIRE(fx.outer->ReadBase((int)p, base.data()).ok());
+    CHECK(base == values[p]);
+  }
+  CHECK(fx.core->progress().base_versions == want);
+
+  // Each fragment's delta goes to the shard that merges it; heartbeats to both.
+  REQUIRE(fx.core->BeginTraining().ok());
+  const size_t before = fx.port.uplink.size();
+  fx.MoveParameters(5);
+  fx.Steps(0, 8);
+  const auto sent = fx.Sent(fx.port.uplink, MessageBit(MessageType::kDelta) | MessageBit(MessageType::kHeartbeat));
+  int deltas = 0, beats[2] = {0, 0};
+  for (size_t k = before; k < sent.size(); k++) {
+    if (const DeltaMsg* d = sent[k].get<DeltaMsg>()) {
+      deltas++;
+      CHECK(fx.port.uplink_shards[k] == shards.OwnerOf(d->fragment));
+    } else {
+      beats[fx.port.uplink_shards[k]]++;
+    }
+  }
+  CHECK(deltas == 4);  // every fragment fired once in 8 steps (H = 8)
+  CHECK(beats[0] == beats[1]);
+  CHECK(beats[0] > 0);
 }
 
 TEST_CASE("LearnerCore: rejoining from a snapshot, a learner takes the fleet's cadence", "[unit]") {
