@@ -166,6 +166,44 @@ struct Fixture {
     Send(learner, d, payload);
   }
 
+  // A request on the snapshot endpoint from learner (a Hello or a SnapshotRequest), as the
+  // runtime hands it in; the core's answers land in port.replies.
+  void Request(int learner, const MessageBody& body, MessageType type) {
+    EnvelopeHeader h;
+    h.job_id = kJob;
+    h.sender = LearnerName(learner);
+    h.seq = 1;
+    h.incarnation = Incarnation(learner);
+    OutgoingMessage om;
+    REQUIRE(BuildMessage(h, body, {}, &om).ok());
+    const net::Message msg = net::ToMessage(std::move(om), nullptr);
+    ParseOptions expect;
+    expect.job_id = kJob;
+    expect.accept = MessageBit(type);
+    ParsedMessage parsed;
+    const auto spans = msg.spans();
+    REQUIRE(ParseEnvelope(spans, expect, &parsed).ok());
+    net::Received r;
+    r.peer = "peer-" + std::to_string(learner);
+    REQUIRE(core->OnRequest(r, parsed).ok());
+  }
+
+  // The core's replies from `first` on, parsed as a learner would (each must be a `type`).
+  std::vector<ParsedMessage> Replies(MessageType type, size_t first = 0) const {
+    ParseOptions back;
+    back.job_id = kJob;
+    back.accept = MessageBit(type);
+    back.model_params = table.total_numel();
+    std::vector<ParsedMessage> out;
+    for (size_t i = first; i < port.replies.size(); i++) {
+      ParsedMessage parsed;
+      const auto spans = port.replies[i].spans();
+      REQUIRE(ParseEnvelope(spans, back, &parsed).ok());
+      out.push_back(std::move(parsed));
+    }
+    return out;
+  }
+
   // The messages the core published, parsed as a learner would.
   std::vector<ParsedMessage> Published() const {
     ParseOptions expect;
@@ -340,32 +378,9 @@ TEST_CASE("SyncerCore: a syncer shard merges its own fragments, signs as its sha
   // A snapshot request listing no fragments gets this shard's, cut at its versions.
   SnapshotRequestMsg rq;
   rq.request_id = 9;
-  EnvelopeHeader h;
-  h.job_id = kJob;
-  h.sender = LearnerName(0);
-  h.seq = 1;
-  h.incarnation = Fixture::Incarnation(0);
-  OutgoingMessage om;
-  REQUIRE(BuildMessage(h, rq, {}, &om).ok());
-  const net::Message msg = net::ToMessage(std::move(om), nullptr);
-  ParseOptions expect;
-  expect.job_id = kJob;
-  expect.accept = MessageBit(MessageType::kSnapshotRequest);
-  ParsedMessage parsed;
-  const auto spans = msg.spans();
-  REQUIRE(ParseEnvelope(spans, expect, &parsed).ok());
-  net::Received r;
-  r.peer = "peer-0";
-  REQUIRE(fx.core->OnRequest(r, parsed).ok());
+  fx.Request(0, rq, MessageType::kSnapshotRequest);
   std::vector<uint32_t> served;
-  for (const net::Message& m : fx.port.replies) {
-    ParseOptions back;
-    back.job_id = kJob;
-    back.accept = MessageBit(MessageType::kSnapshot);
-    back.model_params = fx.table.total_numel();
-    ParsedMessage part;
-    const auto part_spans = m.spans();
-    REQUIRE(ParseEnvelope(part_spans, back, &part).ok());
+  for (const ParsedMessage& part : fx.Replies(MessageType::kSnapshot)) {
     CHECK(part.header.sender == "syncer-1");
     served.push_back(part.get<SnapshotMsg>()->fragment);
     CHECK(part.get<SnapshotMsg>()->num_parts == mine.size());
@@ -381,29 +396,8 @@ TEST_CASE("SyncerCore: Hello is answered busy until the learner's uplink is hear
   hello.num_fragments = (uint32_t)fx.fragments.size();
   hello.fragment_layout_digest = FragmentsDigest(fx.fragments);
   auto ask = [&] {
-    EnvelopeHeader h;
-    h.job_id = kJob;
-    h.sender = LearnerName(1);
-    h.seq = 1;
-    h.incarnation = Fixture::Incarnation(1);
-    OutgoingMessage om;
-    REQUIRE(BuildMessage(h, hello, {}, &om).ok());
-    const net::Message msg = net::ToMessage(std::move(om), nullptr);
-    ParseOptions expect;
-    expect.job_id = kJob;
-    expect.accept = MessageBit(MessageType::kHello);
-    ParsedMessage parsed;
-    const auto spans = msg.spans();
-    REQUIRE(ParseEnvelope(spans, expect, &parsed).ok());
-    net::Received r;
-    r.peer = "peer-1";
-    REQUIRE(fx.core->OnRequest(r, parsed).ok());
-    ParseOptions back;
-    back.job_id = kJob;
-    back.accept = MessageBit(MessageType::kWelcome);
-    ParsedMessage answer;
-    const auto answer_spans = fx.port.replies.back().spans();
-    REQUIRE(ParseEnvelope(answer_spans, back, &answer).ok());
+    fx.Request(1, hello, MessageType::kHello);
+    const ParsedMessage answer = std::move(fx.Replies(MessageType::kWelcome, fx.port.replies.size() - 1).back());
     REQUIRE(answer.get<WelcomeMsg>() != nullptr);
     return *answer.get<WelcomeMsg>();
   };
