@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "daemon/util/crc32c.h"
 #include "daemon/virt/dst.h"
 #include "daemon/virt/virtual_run.h"
+#include "daemon/virt/virtual_world.h"
+#include "kernels/gpt.h"
 #include "tests/train/local_run_testing.h"
 
 namespace diloco {
@@ -103,6 +106,63 @@ TEST_CASE("virtual clock: two syncer shards give the bits of one syncer", "[virt
   CHECK(two.shard_merges[0] == one.versions[0] + one.versions[2]);
   CHECK(two.shard_merges[1] == one.versions[1] + one.versions[3]);
   CHECK(TrainSummaryObject(two)["syncers"] == 2);
+}
+
+// A shard's failure stays its own: while syncer-1 is down, syncer-0's fragments keep merging and
+// none of syncer-1's does; syncer-1 resumes from its own update log at the versions it had
+// published (none issued twice) and the run completes.
+TEST_CASE("virtual clock: a killed syncer shard stops only its own fragments and resumes from its log",
+          "[virt][e2e]") {
+  testing::TempDir tmp;
+  RunConfig cfg;
+  REQUIRE(DstBaseConfig(tmp.path().string(), &cfg).ok());
+  cfg.sync.learners = 3;
+  cfg.sync.fragments = 4;
+  cfg.sync.syncers = 2;
+  cfg.sync.inner_steps = 8;
+  cfg.sync.quorum = 1;
+  cfg.sync.checkpoint_every = 3;
+  cfg.train.steps = 120;
+  cfg.timing.step_ms = 100;
+  cfg.timing.link = {1000, 5, 0, 0};
+  const GptConfig gc = GptConfigOf(cfg.model);
+  const TensorTable table = gpt_tensor_table(gc);
+  std::vector<float> init(table.total_numel());
+  gpt_init_params(gc, cfg.train.seed, init.data());
+  VirtualWorldOptions wo;
+  wo.config = &cfg;
+  wo.run_dir = (tmp.path() / "run").string();
+  std::filesystem::create_directories(wo.run_dir);
+  wo.table = &table;
+  wo.init_params = init.data();
+  wo.durable_syncer = true;
+  std::unique_ptr<VirtualWorld> world;
+  REQUIRE(VirtualWorld::Create(wo, &world).message() == "");
+  struct Seen {
+    uint32_t fragment;
+    uint64_t version;
+    double at_s;
+  };
+  std::vector<Seen> globals;
+  world->OnGlobal([&](const GlobalMsg& g) { globals.push_back({g.fragment, g.version, world->scheduler().now_ns() / 1e9}); });
+  const double kill_s = 4, down_s = 3;
+  world->KillSyncerAt((int64_t)(kill_s * 1e9), (int64_t)(down_s * 1e9), /*shard=*/1);
+  REQUIRE(world->Run().message() == "");
+  REQUIRE(world->FinishSyncers().message() == "");
+  const ShardMap& shards = world->syncer(0).shards();
+  int own_during = 0, other_during = 0;
+  std::set<std::pair<uint32_t, uint64_t>> versions;
+  for (const Seen& g : globals) {
+    CHECK(versions.insert({g.fragment, g.version}).second);  // no version published twice
+    if (g.at_s > kill_s + 0.01 && g.at_s < kill_s + down_s) (shards.OwnerOf(g.fragment) == 0 ? own_during : other_during)++;
+  }
+  CHECK(own_during >= 4);  // a fragment period is H x step / P = 0.2 s
+  CHECK(other_during == 0);
+  CHECK(world->syncer_restarts_ns().size() == 1);
+  const GlobalState joined = world->JoinedState();
+  for (uint32_t p = 0; p < 4; p++) CHECK(joined.fragments[p].version > 0);
+  for (int i = 0; i < 3; i++) CHECK(world->incarnations(i).back()->result().steps == 120);
+  CHECK(std::filesystem::exists(std::filesystem::path(wo.run_dir) / "syncer-1" / "global_state.bin"));
 }
 
 TEST_CASE("virtual clock: a run the virtual runtime cannot do is refused before it starts", "[virt]") {
