@@ -14,7 +14,8 @@
 //                                         # straggler_ratio: 2 (not for learners 2x slower than the fleet)
 //     max_staleness: 4         # versions; older deltas are dropped
 //     weighting: tokens        # tokens (c_tok^2 / c_steps) | uniform
-//     merge: rda               # rda | mean
+//     merge: rda               # rda | mean | contributors (per coordinate: the mean over the
+//                              # deltas that sent it, for sparse uplinks)
 //     fold: overwrite          # overwrite | replay | mix
 //     alpha: 0.5               # fold: mix keeps alpha of the local fragment
 //     age_power: 0             # weight x (1 + versions behind)^-age_power; 0 = off
@@ -50,7 +51,11 @@ namespace diloco {
 
 enum class SyncMode { kDdp, kDiloco, kStreaming, kDecoupled };
 enum class Weighting { kTokens, kUniform };
-enum class MergeRule { kRda, kMean };
+// kContributors: each coordinate the weighted mean over the deltas that sent it (a value other
+// than 0), as sparse recipes merge (templar's scatter_reduce mean): with nearly disjoint top-k
+// supports a plain mean shrinks every sent value about M times. Meant for sparse uplinks: under a
+// dense quantizing codec a value rounded to 0 counts as not sent.
+enum class MergeRule { kRda, kMean, kContributors };
 enum class FoldRule { kOverwrite, kReplay, kMix };
 // Where a delta is anchored at the merge: the learner's base version (Δ as sent), or the
 // fragment's current version (Δ + Θ_current − Θ_base: the paper's outer gradient).
@@ -67,7 +72,7 @@ enum class PartialRound { kFull, kShare };
 inline constexpr std::array<std::string_view, 4> kSyncModeNames = {"ddp", "diloco", "streaming",
                                                                    "decoupled"};
 inline constexpr std::array<std::string_view, 2> kWeightingNames = {"tokens", "uniform"};
-inline constexpr std::array<std::string_view, 2> kMergeRuleNames = {"rda", "mean"};
+inline constexpr std::array<std::string_view, 3> kMergeRuleNames = {"rda", "mean", "contributors"};
 inline constexpr std::array<std::string_view, 3> kFoldRuleNames = {"overwrite", "replay", "mix"};
 inline constexpr std::array<std::string_view, 2> kAnchorNames = {"base", "current"};
 inline constexpr std::array<std::string_view, 2> kLrClockNames = {"local", "global"};

@@ -33,6 +33,29 @@ void AddGroupOf(const double* k, const float* const* v, size_t n, double* __rest
     acc[j] = a;
   }
 }
+// The same, and w[j] += k[q] for every value v[q][j] that was sent (not 0): the weight of the
+// deltas that sent each coordinate (MergeRule::kContributors).
+template <size_t G>
+void AddGroupSentOf(const double* k, const float* const* v, size_t n, double* __restrict acc, double* __restrict w) {
+  for (size_t j = 0; j < n; j++) {
+    double a = acc[j], s = w[j];
+    for (size_t q = 0; q < G; q++) {
+      a += k[q] * v[q][j];
+      s += v[q][j] != 0 ? k[q] : 0.0;
+    }
+    acc[j] = a;
+    w[j] = s;
+  }
+}
+void AddGroupSent(size_t g, const double* k, const float* const* v, size_t n, double* acc, double* w) {
+  switch (g) {
+    case 1: return AddGroupSentOf<1>(k, v, n, acc, w);
+    case 2: return AddGroupSentOf<2>(k, v, n, acc, w);
+    case 3: return AddGroupSentOf<3>(k, v, n, acc, w);
+    default: return AddGroupSentOf<kGroup>(k, v, n, acc, w);
+  }
+}
+
 void AddGroup(size_t g, const double* k, const float* const* v, size_t n, double* acc) {
   switch (g) {
     case 1: return AddGroupOf<1>(k, v, n, acc);
@@ -132,7 +155,7 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
   std::vector<uint8_t> rda(R, 0), fallback(R, 0);
   std::vector<double> scales(R * M, 0.0), radius(R, 0.0), factor(R, 0.0);
   for (size_t r = 0; r < R; r++) {
-    rda[r] = !(fragment.ranges[r].embedding || rule == MergeRule::kMean);
+    rda[r] = !(fragment.ranges[r].embedding || rule != MergeRule::kRda);
     if (!rda[r]) continue;
     for (size_t m = 0; m < M; m++) {
       const double norm = deltas[m]->RangeNorm(r);
@@ -149,23 +172,33 @@ Status MergeDeltas(const Fragment& fragment, const std::vector<const DeltaReader
   // reported the pool threads' copies as leaked.)
   const int workers = pool != nullptr ? pool->threads() : 1;
   std::vector<std::vector<double>> accs(workers, std::vector<double>(kMergeTile));
+  std::vector<std::vector<double>> sent(rule == MergeRule::kContributors ? workers : 0, std::vector<double>(kMergeTile));
+  // kContributors: a coordinate's sum over the weight of the deltas that sent it, times the
+  // round's total weight (1, or the round's share: the dense case is the plain weighted mean).
+  double total_weight = 0;
+  for (double w : weights) total_weight += w;
   std::vector<std::vector<std::vector<float>>> scratches(workers, std::vector<std::vector<float>>(kGroup));
   // out = Σ_m coef[m] · Δ_m over the chunk, in learner order per value, a tile at a time (so the
   // tile's sums and the decoded deltas stay in L1) and kGroup learners a pass over the sums;
   // *squares (may be null) gets Σ of the sums².
   auto accumulate = [&](const Chunk& c, const double* coef, int worker, SquareSum* squares) -> Status {
     double* ap = accs[worker].data();
+    double* wp = sent.empty() ? nullptr : sent[worker].data();
     float* o = out + fragment.ranges[c.range].packed_offset + c.begin;
     for (size_t t = 0; t < c.n; t += kMergeTile) {
       const size_t n = std::min(kMergeTile, c.n - t);
       std::fill_n(ap, n, 0.0);
+      if (wp != nullptr) std::fill_n(wp, n, 0.0);
       for (size_t m = 0; m < M; m += kGroup) {
         const size_t g = std::min(kGroup, M - m);
         const float* v[kGroup] = {};
         for (size_t q = 0; q < g; q++)
           DL_RETURN_IF_ERROR(deltas[m + q]->Read(c.range, c.begin + t, n, &scratches[worker][q], &v[q]));
-        AddGroup(g, coef + m, v, n, ap);
+        if (wp != nullptr) AddGroupSent(g, coef + m, v, n, ap, wp);
+        else AddGroup(g, coef + m, v, n, ap);
       }
+      if (wp != nullptr)
+        for (size_t j = 0; j < n; j++) ap[j] = wp[j] > 0 ? ap[j] * (total_weight / wp[j]) : 0.0;
       if (squares != nullptr) squares->Add(ap, n);
       for (size_t j = 0; j < n; j++) o[t + j] = (float)ap[j];
     }

@@ -57,7 +57,7 @@ class VirtualLearner::Hook final : public InnerLoopHook {
     virtual_r.step_s = v_.step_base_s_;  // the step's own time, before the slowdown and noise
     v_.steps_done_ = r.step + 1;
     v_.last_step_ns_ = v_.scheduler_.now_ns();
-    v_.requests_after_last_step_ = 0;
+    v_.requests_after_last_step_.assign(v_.cfg_.sync.syncers, 0);
     const double step_s = (double)step_ns_ / 1e9;  // no chaos slowdown in virtual time: all provisioned
     return v_.core_->AfterStep(virtual_r, step_s, step_s);
   }
@@ -290,7 +290,8 @@ void VirtualLearner::SendUplink(int shard, net::Message&& m) {
 }
 
 void VirtualLearner::SendDealer(int shard, net::Message&& m) {
-  if (shard == 0) requests_after_last_step_++;  // one request goes to every shard
+  if ((size_t)shard >= requests_after_last_step_.size()) requests_after_last_step_.resize(shard + 1, 0);
+  requests_after_last_step_[shard]++;
   network_.LearnerRequest(options_.index, shard, std::move(m));
 }
 

@@ -54,9 +54,14 @@ class VirtualLearner final : public LearnerPort {
   bool done() const { return done_; }
   long steps_done() const { return steps_done_; }
   int64_t last_step_ns() const { return last_step_ns_; }  // when its last step ended (virtual)
-  // Requests it sent (Hello, SnapshotRequest) since its last step ended: at the end, each after
-  // the first is a snapshot asked again (a request or a part lost on the way).
-  int requests_after_last_step() const { return requests_after_last_step_; }
+  // Requests it sent (Hello, SnapshotRequest) since its last step ended, to the syncer shard it
+  // sent most to: at the end, each after the first is a snapshot asked again (a request or a
+  // part lost on the way); the shards are asked again each on its own, at once.
+  int requests_after_last_step() const {
+    return requests_after_last_step_.empty()
+               ? 0
+               : *std::max_element(requests_after_last_step_.begin(), requests_after_last_step_.end());
+  }
   const Status& status() const { return status_; }
   const LearnerResult& result() const { return result_; }
 
@@ -110,7 +115,7 @@ class VirtualLearner final : public LearnerPort {
   long steps_done_ = 0;
   int64_t last_step_ns_ = 0;
   int64_t clock_offset_ns_ = 0;
-  int requests_after_last_step_ = 0;  // JumpClock: the core's clock is ahead of the scheduler's by this
+  std::vector<int> requests_after_last_step_;  // per shard
   bool done_ = false;
   bool aborted_ = false;  // this thread's view: the baton said the run was aborted
   Status status_;

@@ -176,6 +176,27 @@ TEST_CASE("sync: embedding tensors take the plain weighted mean even under RDA",
   CHECK(out[5] == Approx(std::sqrt(2.0)));
 }
 
+TEST_CASE("sync: merge contributors takes each coordinate's mean over the deltas that sent it", "[unit][sync]") {
+  const Fragment f = FragmentOf({{"wte", 2}, {"h.0.mlp.c_fc.weight", 4}});
+  const std::vector<double> w = {0.75, 0.25};  // token weights
+  // Sparse supports: coordinate 0 and 2 sent by one delta each, 1 and 3 by both, 4 by none.
+  const std::vector<std::vector<float>> deltas = {{4, 4, 8, 2, 0, 0}, {0, 8, 0, 6, 0, 1}};
+  const std::vector<float> out = Merge(f, deltas, w, MergeRule::kContributors);
+  CHECK(out[0] == 4);                       // its one sender's value, not 0.75 x 4
+  CHECK(out[1] == Approx(0.75 * 4 + 0.25 * 8));  // both: the token-weighted mean
+  CHECK(out[2] == 8);
+  CHECK(out[3] == Approx(0.75 * 2 + 0.25 * 6));
+  CHECK(out[4] == 0);  // nobody sent it
+  CHECK(out[5] == 1);
+  // Dense deltas: the plain weighted mean.
+  const std::vector<std::vector<float>> dense = {{1, 2, 3, 4, 5, 6}, {6, 5, 4, 3, 2, 1}};
+  CHECK(Merge(f, dense, w, MergeRule::kContributors) == Merge(f, dense, w, MergeRule::kMean));
+  // A round's share (weights summing to 0.5) scales every coordinate by it, as the mean does.
+  const std::vector<float> share = Merge(f, deltas, {0.375, 0.125}, MergeRule::kContributors);
+  CHECK(share[0] == Approx(2));
+  CHECK(share[1] == Approx(0.5 * (0.75 * 4 + 0.25 * 8)));
+}
+
 TEST_CASE("sync: a fragment with row pieces merges each range on its own", "[unit][sync]") {
   // A GPT-2 vocabulary on a narrow model: wte is 97% of it, so the partition
   // cuts it into row pieces that share fragments with block tensors.
