@@ -42,8 +42,8 @@ class VirtualWorld {
   static Status Create(const VirtualWorldOptions& options, std::unique_ptr<VirtualWorld>* out);
   ~VirtualWorld();  // a run that ended early: every learner still on its thread unwinds
 
-  // Until every learner's last incarnation ended and the syncer heard them finish (a heartbeat
-  // timeout of virtual time at most after that), or an error.
+  // Until every learner's last incarnation ended and every syncer shard heard them finish (a
+  // heartbeat timeout of virtual time at most after that), or an error.
   Status Run();
   // After Run: every shard merges what is pending; global_state.bin is the run's joined state.
   Status FinishSyncers();
