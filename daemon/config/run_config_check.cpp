@@ -97,8 +97,9 @@ Status CheckSync(const RunConfig& c, const Origins& origins) {
   }
   if (s.syncers > EffectiveFragments(s)) {
     return fail("sync.syncers",
-                std::to_string(s.syncers) + " shards for " + std::to_string(EffectiveFragments(s)) + " fragment" +
-                    (EffectiveFragments(s) == 1 ? " (sync.mode " + std::string(ToString(s.mode)) + " runs one)" : "") +
+                std::to_string(s.syncers) + " shards for " + std::to_string(EffectiveFragments(s)) +
+                    (EffectiveFragments(s) == 1 ? " fragment (sync.mode " + std::string(ToString(s.mode)) + " runs one)"
+                                                : " fragments") +
                     ": a shard owns at least one fragment; lower sync.syncers or raise sync.fragments",
                 {"sync.syncers", "sync.fragments", "sync.mode"});
   }
