@@ -24,9 +24,11 @@ Status SimulateDataParallel(const Scenario& s, bool elastic, SimResult* out) {
   const double rate = NominalTokensPerS(tokens_per_step, s.step_s);  // the whole job, fault-free
   // A synchronous job runs at its slowest member's pace.
   const double pace = s.stragglers > 0 ? 1.0 / s.straggler_factor : 1.0;
-  const double fail_rate_per_s = s.chips / (s.chip_mtbf_h * 3600);  // any chip, the whole job
+  // Any chip, the whole job; chip_mtbf_h 0: no failures (as in the DiLoCo modes).
+  const double fail_rate_per_s = s.chip_mtbf_h > 0 ? s.chips / (s.chip_mtbf_h * 3600) : 0;
   std::mt19937_64 rng(s.seed);
-  std::exponential_distribution<double> next_failure(fail_rate_per_s);
+  std::exponential_distribution<double> failure_gap(fail_rate_per_s > 0 ? fail_rate_per_s : 1);
+  auto next_failure = [&](std::mt19937_64& r) { return fail_rate_per_s > 0 ? failure_gap(r) : kInf; };
 
   GoodputInput in;
   in.wall_s = end;

@@ -38,7 +38,7 @@ wan=0
 merge_bench=""
 bench_syncer=0
 jobs=$(nproc 2>/dev/null || echo 1)
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --scenarios) scenarios=$2; shift 2 ;;

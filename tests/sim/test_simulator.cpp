@@ -80,6 +80,38 @@ TEST_CASE("simulate: without failures decoupled learners keep the model moving",
   CHECK(r.staleness[0] == r.merges * 4);
 }
 
+// chip_mtbf_h: 0 means no failures in every mode (ddp drew its failures at an infinite rate and
+// never ended).
+TEST_CASE("simulate: without failures ddp and elastic ddp keep everything", "[sim]") {
+  TempDir dir;
+  const std::string path = WriteScenario(dir, "learners: 4", "chips: 64\nhours: 0.5\nchip_mtbf_h: 0\nstep_s: 0.1\n");
+  for (SimMode mode : {SimMode::kDdp, SimMode::kElasticDdp}) {
+    const SimResult r = Run(path, mode);
+    CHECK(r.failures == 0);
+    CHECK(r.goodput.goodput == Approx(1.0));
+  }
+}
+
+// Two syncer shards merge the fragments one syncer merged: without failures or merge costs worth
+// counting, the same merges, each shard host carrying a share of the traffic.
+TEST_CASE("simulate: --syncers 2 merges what one syncer merges and halves a shard host's bytes", "[sim]") {
+  TempDir dir;
+  const std::string keys = "chips: 64\nhours: 0.2\nchip_mtbf_h: 0\nstep_s: 0.1\nstep_jitter: 0\nwan_window_s: 60\n";
+  const SimResult one = Run(WriteScenario(dir, "learners: 4, fragments: 4, inner_steps: 8, quorum: 4", keys),
+                            SimMode::kDecoupled);
+  const SimResult two = Run(
+      WriteScenario(dir, "learners: 4, fragments: 4, inner_steps: 8, quorum: 4, syncers: 2", keys), SimMode::kDecoupled);
+  CHECK(one.syncers == 1);
+  CHECK(two.syncers == 2);
+  CHECK(two.merges == one.merges);
+  CHECK(two.contributors_mean == one.contributors_mean);
+  CHECK(two.goodput.goodput == Approx(one.goodput.goodput).epsilon(0.001));
+  CHECK(one.peak_syncer_gbps > 0);
+  // Each shard host carries half the fragments (the busiest minute: about half the bytes).
+  CHECK(two.peak_syncer_gbps > 0.4 * one.peak_syncer_gbps);
+  CHECK(two.peak_syncer_gbps < 0.6 * one.peak_syncer_gbps);
+}
+
 // The learners are the daemon's LearnerCore: its ledger folds every Global, and with the paper's
 // fold (overwrite) the steps made while a delta was in flight are replaced by the global
 // fragment, so they never reach the model. A Global comes back 2 x 50 ms (and a merge) after its
