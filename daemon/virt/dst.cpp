@@ -240,15 +240,12 @@ Status RunDstCase(const DstCase& c, const std::string& scratch_dir, DstCaseResul
   RunConfig reread;
   DL_RETURN_IF_ERROR(ParseRunConfig(RunConfigToYaml(cfg), "dst seed " + std::to_string(c.seed), "", {}, &reread)
                          .WithContext("dst: the drawn config is invalid (a bug in the draw)"));
-  const GptConfig gc = GptConfigOf(cfg.model);
-  const TensorTable table = gpt_tensor_table(gc);
-  std::vector<float> init(table.total_numel());
-  gpt_init_params(gc, cfg.train.seed, init.data());
+  const VirtualModel model = VirtualModelOf(cfg);
   VirtualWorldOptions wo;
   wo.config = &cfg;
   wo.run_dir = scratch_dir;
-  wo.table = &table;
-  wo.init_params = init.data();
+  wo.table = &model.table;
+  wo.init_params = model.init.data();
   wo.threads = 1;
   for (const DstFault& f : c.faults) wo.durable_syncer |= f.kind == DstFault::kSyncerKill;
   // Every learner's steps at its slowest, each fault's time, and the flush timeout, twice over.

@@ -5,9 +5,18 @@
 #include <limits>
 
 #include "daemon/train/trainer.h"
+#include "kernels/gpt.h"
 #include "kernels/rng.h"
 
 namespace diloco {
+
+VirtualModel VirtualModelOf(const RunConfig& cfg) {
+  const GptConfig gc = GptConfigOf(cfg.model);
+  VirtualModel m{gpt_tensor_table(gc), {}};
+  m.init.resize(m.table.total_numel());
+  gpt_init_params(gc, cfg.train.seed, m.init.data());
+  return m;
+}
 
 Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<VirtualWorld>* out) {
   std::unique_ptr<VirtualWorld> w(new VirtualWorld());

@@ -22,6 +22,14 @@
 
 namespace diloco {
 
+// A run config's model as a world's options point to it: its tensor table and version 0 (from
+// train.seed).
+struct VirtualModel {
+  TensorTable table;
+  std::vector<float> init;
+};
+VirtualModel VirtualModelOf(const RunConfig& cfg);
+
 struct VirtualWorldOptions {
   const RunConfig* config = nullptr;
   std::string run_dir;                 // events.log, global_state.bin, learner-<i>.step ("" = none)

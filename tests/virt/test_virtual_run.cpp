@@ -15,7 +15,6 @@
 #include "daemon/virt/dst.h"
 #include "daemon/virt/virtual_run.h"
 #include "daemon/virt/virtual_world.h"
-#include "kernels/gpt.h"
 #include "tests/train/local_run_testing.h"
 
 namespace diloco {
@@ -125,16 +124,13 @@ TEST_CASE("virtual clock: a killed syncer shard stops only its own fragments and
   cfg.train.steps = 120;
   cfg.timing.step_ms = 100;
   cfg.timing.link = {1000, 5, 0, 0};
-  const GptConfig gc = GptConfigOf(cfg.model);
-  const TensorTable table = gpt_tensor_table(gc);
-  std::vector<float> init(table.total_numel());
-  gpt_init_params(gc, cfg.train.seed, init.data());
+  const VirtualModel model = VirtualModelOf(cfg);
   VirtualWorldOptions wo;
   wo.config = &cfg;
   wo.run_dir = (tmp.path() / "run").string();
   std::filesystem::create_directories(wo.run_dir);
-  wo.table = &table;
-  wo.init_params = init.data();
+  wo.table = &model.table;
+  wo.init_params = model.init.data();
   wo.durable_syncer = true;
   std::unique_ptr<VirtualWorld> world;
   REQUIRE(VirtualWorld::Create(wo, &world).message() == "");
