@@ -68,20 +68,19 @@ Status Account(const Scenario& s, const RunConfig& cfg, const FragmentCosts& cos
                SimResult* out) {
   const int M = world.learners();
   const double tokens_per_step = (double)LearnerTokensPerStep(cfg);
+  std::vector<MergeEvent> merges;  // every shard's
+  for (int sh = 0; sh < world.shards(); sh++)
+    merges.insert(merges.end(), world.syncer(sh).merges().begin(), world.syncer(sh).merges().end());
   double end_s = s.hours * 3600;
   if (s.hours <= 0) {  // the run ends with its last step or merge
     end_s = 0;
     for (int i = 0; i < M; i++)
       for (const auto& l : world.incarnations(i)) end_s = std::max(end_s, (double)l->last_step_ns() / kNsPerS);
-    for (int sh = 0; sh < world.shards(); sh++)
-      for (const MergeEvent& m : world.syncer(sh).merges()) end_s = std::max(end_s, SecondsOfUnixMs(m.time_ms));
+    for (const MergeEvent& m : merges) end_s = std::max(end_s, SecondsOfUnixMs(m.time_ms));
   }
   GoodputInput in;
   in.wall_s = std::max(end_s, 1e-3);
   uint64_t contributors = 0;
-  std::vector<MergeEvent> merges;
-  for (int sh = 0; sh < world.shards(); sh++)
-    merges.insert(merges.end(), world.syncer(sh).merges().begin(), world.syncer(sh).merges().end());
   for (const MergeEvent& m : merges) {
     const double t = SecondsOfUnixMs(m.time_ms);
     if (t > in.wall_s) continue;  // still merging when the run ended

@@ -1,5 +1,6 @@
 #include "daemon/virt/timed_world.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "kernels/rng.h"
@@ -77,9 +78,7 @@ bool TimedWorld::AllEnded() const {
 }
 
 bool TimedWorld::AllShardsDone() const {
-  for (const auto& s : shards_)
-    if (!s->AllDone()) return false;
-  return true;
+  return std::all_of(shards_.begin(), shards_.end(), [](const auto& s) { return s->AllDone(); });
 }
 
 std::string TimedWorld::Describe() {

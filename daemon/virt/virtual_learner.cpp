@@ -78,7 +78,8 @@ VirtualLearner::VirtualLearner(VirtualScheduler& scheduler, Baton& baton, Virtua
       incarnation_(incarnation),
       metrics_(metrics),
       step_rng_(mix_seed(cfg_.timing.seed, 0x57e9, incarnation)),
-      steps_done_(options_.start_step) {}
+      steps_done_(options_.start_step),
+      requests_after_last_step_(cfg_.sync.syncers, 0) {}
 
 VirtualLearner::~VirtualLearner() {
   if (thread_.joinable()) thread_.join();
@@ -290,7 +291,6 @@ void VirtualLearner::SendUplink(int shard, net::Message&& m) {
 }
 
 void VirtualLearner::SendDealer(int shard, net::Message&& m) {
-  if ((size_t)shard >= requests_after_last_step_.size()) requests_after_last_step_.resize(shard + 1, 0);
   requests_after_last_step_[shard]++;
   network_.LearnerRequest(options_.index, shard, std::move(m));
 }

@@ -58,9 +58,7 @@ class VirtualLearner final : public LearnerPort {
   // sent most to: at the end, each after the first is a snapshot asked again (a request or a
   // part lost on the way); the shards are asked again each on its own, at once.
   int requests_after_last_step() const {
-    return requests_after_last_step_.empty()
-               ? 0
-               : *std::max_element(requests_after_last_step_.begin(), requests_after_last_step_.end());
+    return *std::max_element(requests_after_last_step_.begin(), requests_after_last_step_.end());
   }
   const Status& status() const { return status_; }
   const LearnerResult& result() const { return result_; }

@@ -66,6 +66,11 @@ void VirtualNetwork::ThroughIngress(int shard, size_t bytes, bool payload, std::
   });
 }
 
+int64_t VirtualNetwork::ThroughEgress(int shard, int64_t t_ns, size_t bytes, bool payload) {
+  const int64_t out = *shard_out_[shard]->Send(t_ns, bytes, payload);  // a NIC loses nothing
+  return nic_limited_ ? out : t_ns;
+}
+
 void VirtualNetwork::SyncerDown(int shard) {
   syncer_up_[shard] = false;
   syncer_epoch_[shard]++;
@@ -88,11 +93,13 @@ void VirtualNetwork::Carry(VirtualLink& link, int64_t t_ns, size_t bytes, bool p
   const auto at = link.Send(t_ns, bytes, payload);
   if (!at) return;
   const uint64_t syncer_epoch = to_shard >= 0 ? syncer_epoch_[to_shard] : 0;
-  auto arrive = [this, learner, to_shard, epoch = epoch_[learner], syncer_epoch, deliver](
+  auto arrive = [this, learner, to_shard, bytes, payload, epoch = epoch_[learner], syncer_epoch, deliver](
                     const std::shared_ptr<net::Message>& msg) {
-    return [this, learner, to_shard, epoch, syncer_epoch, deliver, msg] {
-      if (epoch == epoch_[learner] && (to_shard < 0 || syncer_epoch == syncer_epoch_[to_shard]))
-        deliver(std::move(*msg));
+    return [this, learner, to_shard, bytes, payload, epoch, syncer_epoch, deliver, msg] {
+      if (epoch != epoch_[learner]) return;
+      if (to_shard < 0) return deliver(std::move(*msg));
+      if (syncer_epoch == syncer_epoch_[to_shard])
+        ThroughIngress(to_shard, bytes, payload, [deliver, msg] { deliver(std::move(*msg)); });
     };
   };
   if (const auto copy = link.duplicate_ns()) scheduler_.At(*copy, arrive(std::make_shared<net::Message>(CopyMessage(m))));
@@ -112,11 +119,8 @@ void VirtualNetwork::PublishToShard(int learner, int shard, const std::string& t
   const size_t bytes = charged_bytes > 0 ? charged_bytes : m.bytes() + topic.size();
   const bool payload = charged_bytes > 0;
   Carry(*uplinks_[learner], scheduler_.now_ns(), bytes, payload, learner, shard, std::move(m),
-        [this, shard, learner, topic, bytes, payload](net::Message&& msg) {
-          auto held = std::make_shared<net::Message>(std::move(msg));
-          ThroughIngress(shard, bytes, payload, [this, shard, learner, topic, held] {
-            receivers_.syncer_uplink(shard, learner, topic, std::move(*held));
-          });
+        [this, shard, learner, topic](net::Message&& msg) {
+          receivers_.syncer_uplink(shard, learner, topic, std::move(msg));
         });
 }
 
@@ -124,11 +128,7 @@ void VirtualNetwork::LearnerRequest(int learner, int shard, net::Message&& m) {
   if (!syncer_up_[shard]) return;
   const size_t bytes = m.bytes();
   Carry(*uplinks_[learner], scheduler_.now_ns(), bytes, false, learner, shard, std::move(m),
-        [this, shard, learner, bytes](net::Message&& msg) {
-          auto held = std::make_shared<net::Message>(std::move(msg));
-          ThroughIngress(shard, bytes, false,
-                         [this, shard, learner, held] { receivers_.syncer_router(shard, learner, std::move(*held)); });
-        });
+        [this, shard, learner](net::Message&& msg) { receivers_.syncer_router(shard, learner, std::move(msg)); });
 }
 
 // A copy to each learner (a PUB over TCP sends one per subscriber), each through the shard's NIC
@@ -137,8 +137,8 @@ void VirtualNetwork::SyncerPublish(int shard, int64_t t_ns, const net::Message& 
   const size_t bytes = charged_bytes > 0 ? charged_bytes : m.bytes();
   for (int i = 0; i < learners(); i++) {
     if (!up_[i]) continue;
-    const int64_t out = *shard_out_[shard]->Send(t_ns, bytes, charged_bytes > 0);
-    Carry(*downlinks_[i], nic_limited_ ? out : t_ns, bytes, charged_bytes > 0, i, -1, CopyMessage(m),
+    Carry(*downlinks_[i], ThroughEgress(shard, t_ns, bytes, charged_bytes > 0), bytes, charged_bytes > 0, i, -1,
+          CopyMessage(m),
           [this, i](net::Message&& msg) { receivers_.learner_downlink(i, std::move(msg)); });
   }
 }
@@ -146,8 +146,7 @@ void VirtualNetwork::SyncerPublish(int shard, int64_t t_ns, const net::Message& 
 void VirtualNetwork::SyncerReply(int shard, int64_t t_ns, int learner, net::Message&& m) {
   if (!up_[learner]) return;
   const size_t bytes = m.bytes();
-  const int64_t out = *shard_out_[shard]->Send(t_ns, bytes, false);
-  Carry(*downlinks_[learner], nic_limited_ ? out : t_ns, bytes, false, learner, -1, std::move(m),
+  Carry(*downlinks_[learner], ThroughEgress(shard, t_ns, bytes, false), bytes, false, learner, -1, std::move(m),
         [this, learner](net::Message&& msg) { receivers_.learner_dealer(learner, std::move(msg)); });
 }
 

@@ -100,12 +100,14 @@ class VirtualNetwork {
 
   // Sends m on link at t_ns; at each arrival (none when lost, two when duplicated), deliver gets
   // it if the learner's connections are still the ones it was sent on, and (to_shard >= 0) that
-  // shard's too.
+  // shard's too, once it has passed the shard's NIC.
   void Carry(VirtualLink& link, int64_t t_ns, size_t bytes, bool payload, int learner, int to_shard,
              net::Message&& m, std::function<void(net::Message&&)> deliver);
   void PublishToShard(int learner, int shard, const std::string& topic, net::Message&& m, size_t charged_bytes);
   // A message for shard that arrived at its host at now: through its NIC, then deliver.
   void ThroughIngress(int shard, size_t bytes, bool payload, std::function<void()> deliver);
+  // A message shard hands its NIC at t_ns: when it leaves the host.
+  int64_t ThroughEgress(int shard, int64_t t_ns, size_t bytes, bool payload);
 };
 
 // A copy of m's frames (a PUB delivers one message to each subscriber).

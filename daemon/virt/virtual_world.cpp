@@ -26,12 +26,7 @@ Status VirtualWorld::Create(const VirtualWorldOptions& options, std::unique_ptr<
   w->network_ = std::make_unique<VirtualNetwork>(w->scheduler_, cfg, ReceiversOf(&w->shards_, &w->incarnations_));
   w->shards_.resize(cfg.sync.syncers);
   w->syncer_starts_.assign(cfg.sync.syncers, 0);
-  for (int s = 0; s < cfg.sync.syncers; s++) {
-    SyncerOptions so = VirtualSyncerOptions(cfg, options.run_dir, s);
-    so.on_merge = w->merge_tape_.Listener();
-    DL_RETURN_IF_ERROR(VirtualSyncer::Create(w->scheduler_, *w->network_, so, cfg.timing.merge_gbps, *options.table,
-                                             options.init_params, &w->shards_[s], options.durable_syncer));
-  }
+  for (int s = 0; s < cfg.sync.syncers; s++) DL_RETURN_IF_ERROR(w->CreateShard(s, /*resume=*/false));
   w->incarnations_.resize(M);
   w->down_.resize(M);
   w->pending_restarts_.assign(M, 0);
@@ -120,19 +115,26 @@ void VirtualWorld::KillSyncer(int shard, int64_t restart_after_ns) {
   scheduler_.After(restart_after_ns, [this, shard] { RestartSyncer(shard); });
 }
 
-void VirtualWorld::RestartSyncer(int shard) {
+// Shard `shard`'s next incarnation: the first from init_params, a restart resumed from its store.
+Status VirtualWorld::CreateShard(int shard, bool resume) {
   SyncerOptions so = VirtualSyncerOptions(*options_.config, options_.run_dir, shard);
-  so.resume = true;
+  so.resume = resume;
   so.on_merge = merge_tape_.Listener();
-  Status st = VirtualSyncer::Create(scheduler_, *network_, so, options_.config->timing.merge_gbps, *options_.table,
-                                    nullptr, &shards_[shard], /*durable=*/true, ++syncer_starts_[shard]);
-  if (!st.ok()) {
+  DL_RETURN_IF_ERROR(VirtualSyncer::Create(scheduler_, *network_, so, options_.config->timing.merge_gbps,
+                                           *options_.table, resume ? nullptr : options_.init_params,
+                                           &shards_[shard], options_.durable_syncer, syncer_starts_[shard]));
+  shards_[shard]->on_global = on_global_;
+  return Status::Ok();
+}
+
+void VirtualWorld::RestartSyncer(int shard) {
+  syncer_starts_[shard]++;
+  if (Status st = CreateShard(shard, /*resume=*/true); !st.ok()) {
     error_ = st.WithContext("restarting syncer shard " + std::to_string(shard));
     return;
   }
   network_->SyncerUp(shard);
   syncer_restarts_ns_.push_back(scheduler_.now_ns());
-  shards_[shard]->on_global = on_global_;
   shards_[shard]->Start();
 }
 

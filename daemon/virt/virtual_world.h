@@ -99,6 +99,7 @@ class VirtualWorld {
   void KillLearner(int i, int64_t restart_after_ns);
   void KillSyncer(int shard, int64_t restart_after_ns);
   void RestartSyncer(int shard);
+  Status CreateShard(int shard, bool resume);
   bool AllEnded() const;
   bool AllShardsUp() const;
   bool AllShardsDone() const;
