@@ -99,6 +99,7 @@ std::vector<ChaosAction> ExpandChaos(const ChaosConfig& chaos, int learners, dou
     ChaosAction start;
     start.kind = StartOf(e.kind);
     start.learner = e.kind == ChaosEventKind::kSyncerKill ? -1 : e.learner;
+    if (e.kind == ChaosEventKind::kSyncerKill) start.shard = e.shard;
     start.value = ValueOf(e);
     const double delay_s = FollowUpDelay(e);
     if (e.at_step >= 0) {
@@ -154,6 +155,7 @@ std::string ChaosSummary(const std::vector<ChaosAction>& actions) {
     const bool syncer =
         a.kind == ChaosActionKind::kSyncerKill || a.kind == ChaosActionKind::kSyncerRestart;
     if (!syncer) text += a.learner < 0 ? " all learners" : " learner " + std::to_string(a.learner);
+    if (syncer && a.shard >= 0) text += " shard " + std::to_string(a.shard);
     char value[64];
     if (a.kind == ChaosActionKind::kSlowStart) {
       std::snprintf(value, sizeof(value), " factor %g", a.value);

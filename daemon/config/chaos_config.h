@@ -11,7 +11,7 @@
 //       - {at_s: 50, partition: {learner: 3, duration_s: 10}}   # both directions of its link
 //       - {at_s: 60, drop: {prob: 0.05, duration_s: 30}}        # learner: optional, default all
 //       - {at_s: 60, corrupt: {prob: 0.01, duration_s: 10}}     # learner: optional, default all
-//       - {at_s: 80, syncer_kill: {restart_after_s: 5}}
+//       - {at_s: 80, syncer_kill: {restart_after_s: 5}}          # shard: s for one shard of several
 //     random: {mtbf_s: 600, mttr_s: 10, from_s: 0, until_s: 0}  # mtbf_s 0: off; until_s 0: end
 //
 // at_s counts seconds since training started; at_step is a step of the event's own learner, so
@@ -48,6 +48,7 @@ struct ChaosEvent {
   double prob = 0;              // drop, corrupt: per-message probability, in [0, 1]
   double duration_s = 0;        // slow, partition, drop, corrupt: > 0
   double restart_after_s = -1;  // kill, syncer_kill: < 0 = never restarted
+  int shard = -1;               // syncer_kill: the syncer shard (sync.syncers > 1); -1: every shard
   bool operator==(const ChaosEvent&) const = default;
 };
 
@@ -104,6 +105,7 @@ struct ChaosAction {
   // follow_up_after_s after firing.
   int step = -1;
   double follow_up_after_s = -1;  // step-triggered only; < 0: no follow-up (never restarted)
+  int shard = -1;                 // syncer_*: the syncer shard; -1: every shard
   bool operator==(const ChaosAction&) const = default;
 };
 

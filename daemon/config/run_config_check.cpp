@@ -169,6 +169,13 @@ Status CheckChaos(const RunConfig& c, const Origins& origins) {
       key.path = item + "." + key.path;
       DL_RETURN_IF_ERROR(CheckRange(key, origins));
     }
+    if (e.kind == ChaosEventKind::kSyncerKill && (e.shard < -1 || e.shard >= c.sync.syncers)) {
+      const std::string key = item + ".syncer_kill.shard";
+      return fail(key,
+                  std::to_string(e.shard) + " is not a syncer shard: sync.syncers is " + std::to_string(c.sync.syncers) +
+                      ", so shards are 0 .. " + std::to_string(c.sync.syncers - 1) + "; leave it out for every shard",
+                  {key, "sync.syncers"});
+    }
     // drop and corrupt leave learner out (-1) for every learner's link.
     const bool all_ok = !IsLearnerEvent(e.kind) && e.learner == -1;
     if (e.kind != ChaosEventKind::kSyncerKill && !all_ok && (e.learner < 0 || e.learner >= learners)) {

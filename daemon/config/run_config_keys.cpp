@@ -100,12 +100,14 @@ std::vector<Key> ChaosEventKeysOf(ChaosEvent* e) {
       {"corrupt.duration_s", &e->duration_s, Above(0), duration},
       {"syncer_kill.restart_after_s", &e->restart_after_s, {},
        "restart the syncer after this many seconds; absent or < 0: never"},
+      {"syncer_kill.shard", &e->shard, {}, "the syncer shard it kills (sync.syncers > 1); absent: every shard",
+       "a shard index (< sync.syncers)"},
   };
 }
 
 bool IsRequiredChaosKey(ChaosEventKind kind, const std::string& name) {
   if (name == "learner") return IsLearnerEvent(kind);
-  return name != "restart_after_s";
+  return name != "restart_after_s" && name != "shard";
 }
 
 std::vector<Key> KeysOf(RunConfig* c) {

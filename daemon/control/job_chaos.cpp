@@ -22,8 +22,9 @@ class QueuedChaosTarget final : public ChaosTarget {
   }
   void SetLoss(int l, double p) override { Push(ChaosActionKind::kDropStart, l, p); }
   void SetCorrupt(int l, double p) override { Push(ChaosActionKind::kCorruptStart, l, p); }
-  void KillSyncer() override { Push(ChaosActionKind::kSyncerKill, -1, 0); }
-  void RestartSyncer() override { Push(ChaosActionKind::kSyncerRestart, -1, 0); }
+  // A daemon job runs one syncer (CheckDaemonCanRun): the shard is that one.
+  void KillSyncer(int) override { Push(ChaosActionKind::kSyncerKill, -1, 0); }
+  void RestartSyncer(int) override { Push(ChaosActionKind::kSyncerRestart, -1, 0); }
   long LearnerStep(int l) const override {
     std::lock_guard<std::mutex> lock(mu_);
     return l >= 0 && l < (int)steps_.size() ? steps_[l] : 0;

@@ -121,10 +121,8 @@ Status DaemonImpl::StartSyncerRole(const std::string& id, const RoleOptions& ro,
   const RunConfig& cfg = ro.config;
   RoleOptions so = ro;
   so.device = pr.device;  // where it evaluates
-  so.uplink = config.listen.uplink;
-  so.downlink = config.listen.downlink;
-  so.snapshot = config.listen.snapshot;
-  if (so.uplink.empty() || so.downlink.empty() || so.snapshot.empty()) {
+  so.syncers = {SyncerEndpoints{config.listen.uplink, config.listen.downlink, config.listen.snapshot, ""}};
+  if (config.listen.uplink.empty() || config.listen.downlink.empty() || config.listen.snapshot.empty()) {
     return Status::Error("site " + config.site + " hosts the syncer of job " + id + " but " + config.source +
                          " lacks listen.uplink, listen.downlink or listen.snapshot");
   }
@@ -153,17 +151,15 @@ Status DaemonImpl::StartLearnerRole(const std::string& id, const RoleOptions& ro
   SetRingOptions(id, pr.learner, &lo);
   lo.device = pr.device;
   std::string server_key;
+  // One syncer (CheckDaemonCanRun), here or at a peer.
   if (cfg.placement.syncer == config.site) {
-    lo.uplink = ConnectableEndpoint(config.listen.uplink);
-    lo.downlink = ConnectableEndpoint(config.listen.downlink);
-    lo.snapshot = ConnectableEndpoint(config.listen.snapshot);
+    lo.syncers = {SyncerEndpoints{ConnectableEndpoint(config.listen.uplink), ConnectableEndpoint(config.listen.downlink),
+                                  ConnectableEndpoint(config.listen.snapshot), ""}};
     if (keys) server_key = keys->public_z85;
   } else {
     const PeerConfig* peer = config.FindPeer(cfg.placement.syncer);
     if (!peer) return Status::Error("the syncer's site '" + cfg.placement.syncer + "' is not among the peers in " + config.source);
-    lo.uplink = peer->endpoints.uplink;
-    lo.downlink = peer->endpoints.downlink;
-    lo.snapshot = peer->endpoints.snapshot;
+    lo.syncers = {SyncerEndpoints{peer->endpoints.uplink, peer->endpoints.downlink, peer->endpoints.snapshot, ""}};
     server_key = peer->public_key;
   }
   if (keys) lo.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, false, "dilocod", server_key};

@@ -20,9 +20,11 @@ ShardMap ShardMap::Of(const std::vector<Fragment>& fragments, int shards) {
   return m;
 }
 
-std::string ShardMap::NameOf(int shard) const {
-  return shards() == 1 ? std::string(kSyncerName) : std::string(kSyncerName) + "-" + std::to_string(shard);
+std::string SyncerShardName(int shard, int shards) {
+  return shards == 1 ? std::string(kSyncerName) : std::string(kSyncerName) + "-" + std::to_string(shard);
 }
+
+std::string ShardMap::NameOf(int shard) const { return SyncerShardName(shard, shards()); }
 
 int ShardMap::ShardNamed(const std::string& name) const {
   for (int s = 0; s < shards(); s++)

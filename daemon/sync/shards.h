@@ -22,6 +22,9 @@
 
 namespace diloco {
 
+// Shard shard's name in a run of shards shards.
+std::string SyncerShardName(int shard, int shards);
+
 class ShardMap {
  public:
   // One shard owning fragments fragments.

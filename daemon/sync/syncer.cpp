@@ -23,6 +23,8 @@ namespace diloco {
 // logs to run_dir.
 struct Syncer::Impl final : public SyncerPort {
   SyncerOptions options;
+  ShardMap shards;   // which shard merges which fragment
+  std::string name;  // this shard's (shards.h): "syncer" when it is the only one
   std::unique_ptr<net::SubChannel> uplink;
   std::unique_ptr<net::PubChannel> downlink;
   std::unique_ptr<net::RouterChannel> router;
@@ -54,7 +56,7 @@ struct Syncer::Impl final : public SyncerPort {
   void Checkpoint(const GlobalState& state) override {
     (void)store->Checkpoint(state, [this](const std::string& line) { Note(line); });
   }
-  void Note(const std::string& line) override { LogToStderr(LogWho("syncer", options.job_id), line); }
+  void Note(const std::string& line) override { LogToStderr(LogWho(name, options.job_id), line); }
 
   // Run's loop.
   Status Loop(Syncer& syncer);
@@ -90,12 +92,7 @@ Status CheckShard(const SyncerOptions& options) {
 
 Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, const TensorTable& table,
                       const float* init_params, std::unique_ptr<Syncer>* out) {
-  // The wall-clock roles (local mode, dilocod) run one syncer so far; sharding runs in the
-  // virtual runtime and the simulator.
-  if (options.sync.syncers != 1)
-    return Status::Error("sync.syncers: " + std::to_string(options.sync.syncers) +
-                         " shards run only with sync.clock: virtual and in `dilococtl simulate` so far; use "
-                         "sync.syncers: 1 for wall-clock runs and dilocod jobs");
+  DL_RETURN_IF_ERROR(CheckShard(options));
   if (!options.learner_keys.empty() && (int)options.learner_keys.size() != options.sync.learners)
     return Status::Error("syncer: " + std::to_string(options.learner_keys.size()) + " learner keys for " +
                          std::to_string(options.sync.learners) + " learners");
@@ -106,8 +103,9 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   const SyncConfig& sc = options.sync;
   DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(sc), &s->fragments_));
   const size_t P = s->fragments_.size();
-  SyncerStoreOptions store;
-  store.run_dir = options.run_dir;
+  im.shards = ShardMap::Of(s->fragments_, sc.syncers);
+  im.name = im.shards.NameOf(options.shard);
+  SyncerStoreOptions store = ShardStoreOptions(options.run_dir, im.shards, options.shard);
   store.resume = options.resume;
   uint64_t replayed = 0;
   DL_RETURN_IF_ERROR(SyncerStore::Open(store, table, s->fragments_, init_params, &s->state_, &replayed, &im.store));
@@ -124,12 +122,12 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   // Deltas are verified and decoded where ZeroMQ received them (no copy of the payload).
   ro.validator = net::EnvelopeValidatorInPlace(expect, im.parsed);
   ro.sequence_per_topic = true;  // the main and the liveness stream are numbered apart (protocol.h)
-  net::SocketOptions up = SyncerSocket(options, "syncer.uplink");
+  net::SocketOptions up = SyncerSocket(options, im.name + ".uplink");
   up.recv_hwm_msgs = net::kUplinkHwmMsgs;
   DL_RETURN_IF_ERROR(net::SubChannel::Create(context, up, ro, &im.uplink));
   DL_RETURN_IF_ERROR(im.uplink->Subscribe(""));
-  DL_RETURN_IF_ERROR(im.uplink->Bind(options.uplink_endpoint).WithContext("syncer uplink"));
-  net::SocketOptions down = SyncerSocket(options, "syncer.downlink");
+  DL_RETURN_IF_ERROR(im.uplink->Bind(options.endpoints.uplink).WithContext(im.name + " uplink"));
+  net::SocketOptions down = SyncerSocket(options, im.name + ".downlink");
   // Per subscriber, a few models' worth of Globals (one per fragment merge): one that never
   // reads cannot grow the syncer without bound; one that falls behind resyncs by snapshot.
   const int few_models = std::max(64, 4 * EffectiveFragments(options.sync));
@@ -139,21 +137,22 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
       2 * uint64_t(EffectiveFragments(options.sync)) + table.total_numel() * 4 / kChunkBytes;
   down.send_hwm_msgs = int(std::min<uint64_t>(std::max<uint64_t>(few_models, 4 * messages_per_model), 1 << 20));
   DL_RETURN_IF_ERROR(net::PubChannel::Create(context, down, &im.downlink));
-  DL_RETURN_IF_ERROR(im.downlink->Bind(options.downlink_endpoint).WithContext("syncer downlink"));
-  if (!options.snapshot_endpoint.empty()) {
+  DL_RETURN_IF_ERROR(im.downlink->Bind(options.endpoints.downlink).WithContext(im.name + " downlink"));
+  if (!options.endpoints.snapshot.empty()) {
     ParseOptions rexpect = expect;
     rexpect.accept = MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest);
     net::ReceiveOptions rro;
     rro.validator = net::EnvelopeValidator(rexpect, im.router_parsed);
-    net::SocketOptions ros = SyncerSocket(options, "syncer.snapshot");
+    net::SocketOptions ros = SyncerSocket(options, im.name + ".snapshot");
     ros.send_hwm_msgs = few_models;  // snapshots are throttled per learner too
     DL_RETURN_IF_ERROR(net::RouterChannel::Create(context, ros, rro, &im.router));
-    DL_RETURN_IF_ERROR(im.router->Bind(options.snapshot_endpoint).WithContext("syncer snapshot endpoint"));
+    DL_RETURN_IF_ERROR(im.router->Bind(options.endpoints.snapshot).WithContext(im.name + " snapshot endpoint"));
   }
   im.sockets.push_back(&im.uplink->socket());
   if (im.router) im.sockets.push_back(&im.router->socket());
 
   if (!options.run_dir.empty()) {
+    // The run's one events.log, which every shard appends to.
     DL_RETURN_IF_ERROR(im.events.Open((std::filesystem::path(options.run_dir) / "events.log").string()));
     im.have_events = true;
   }
@@ -170,8 +169,12 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   return Status::Ok();
 }
 
+int Syncer::shard() const { return impl_->options.shard; }
+const std::string& Syncer::state_path() const { return impl_->store->state_path(); }
+
 void Syncer::GlobalParams(float* flat) const {
-  for (size_t p = 0; p < fragments_.size(); p++) ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
+  for (uint32_t p : impl_->shards.FragmentsOf(impl_->options.shard))
+    ScatterFragment(fragments_[p], state_.fragments[p].theta.data(), flat);
 }
 
 SyncerStatusSnapshot Syncer::CurrentStatus() const {

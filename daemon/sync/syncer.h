@@ -47,6 +47,10 @@
 //     Θ_p, its version and CRC32C, and every fragment's version (the cut after which Globals apply).
 // SyncerStatus also goes out every status_interval_ms.
 //
+// Shards (sync.syncers > 1, shards.h): each shard is a Syncer of its own (options.shard) on its
+// own endpoints, merging its fragments only; its checkpoint and update log live in
+// run_dir/<shard name>/, its merges go to the run's events.log with the others'.
+//
 // The decisions above are SyncerCore's (syncer_core.h), a sans-IO core a virtual runtime drives
 // too; Syncer is its wall-clock runtime: the sockets, the poll loop, the files.
 //
@@ -72,6 +76,7 @@
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/sync/protocol.h"
+#include "daemon/sync/syncer_endpoints.h"
 #include "daemon/util/status.h"
 #include "kernels/tensor_table.h"
 
@@ -83,11 +88,12 @@ struct SyncerOptions {
   // fragments and signs as that shard's name.
   int shard = 0;
   std::string job_id = "local";
-  // Endpoints, all bound by the syncer: inproc:// in local mode, tcp:// between daemons.
-  std::string uplink_endpoint;    // SUB: learners' PUB connect here (Delta, Heartbeat)
-  std::string downlink_endpoint;  // PUB: learners' SUB connect here (Global, SyncerStatus)
-  std::string snapshot_endpoint;  // ROUTER: learners' DEALER connect here (Hello, SnapshotRequest)
-  std::string run_dir;            // events.log and global_state.bin go here ("" = none)
+  // Its endpoints, all bound by it: inproc:// in local mode, tcp:// between daemons (an empty
+  // snapshot endpoint: no ROUTER).
+  SyncerEndpoints endpoints;
+  // The run directory ("" = none): events.log goes here, global_state.bin and the update log too
+  // with one shard, else into the shard's own directory in it (ShardStoreOptions).
+  std::string run_dir;
   // Socket security, applied to every socket the syncer creates (socket.h): plaintext is only
   // ever allowed on inproc, ipc and loopback tcp; CURVE (curve.server = true: the syncer's key
   // pair, clients checked against the context's ZAP allowlist) for anything else.
@@ -183,9 +189,12 @@ class Syncer {
   SyncerStatusSnapshot CurrentStatus() const;
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
-  // After Run: Θ of every fragment scattered into a flat parameter buffer.
+  int shard() const;
+  // After Run: Θ of this shard's fragments (every fragment with one syncer) scattered into a flat
+  // parameter buffer; the other shards fill in theirs.
   void GlobalParams(float* flat) const;
   const GlobalState& state() const { return state_; }
+  const std::string& state_path() const;  // its global_state.bin ("" without a run directory)
   const SyncerResult& result() const { return result_; }
 
  private:

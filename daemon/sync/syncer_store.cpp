@@ -29,12 +29,15 @@ Status Resume(const std::string& run_dir, const std::string& path, const TensorT
 
 }  // namespace
 
+std::string ShardStoreDir(const std::string& run_dir, int shard, int shards) {
+  if (shards == 1 || run_dir.empty()) return run_dir;
+  return (fs::path(run_dir) / SyncerShardName(shard, shards)).string();
+}
+
 SyncerStoreOptions ShardStoreOptions(const std::string& run_dir, const ShardMap& shards, int shard) {
   SyncerStoreOptions o;
-  o.run_dir = run_dir;
-  if (shards.shards() == 1 || run_dir.empty()) return o;
-  o.run_dir = (fs::path(run_dir) / shards.NameOf(shard)).string();
-  o.events_log = (fs::path(run_dir) / "events.log").string();
+  o.run_dir = ShardStoreDir(run_dir, shard, shards.shards());
+  if (o.run_dir != run_dir) o.events_log = (fs::path(run_dir) / "events.log").string();
   return o;
 }
 

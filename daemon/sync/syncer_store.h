@@ -40,6 +40,8 @@ struct SyncerStoreOptions {
 // with several, each its own directory run_dir/<shard name> (its checkpoint and update log),
 // recalling merges from the run's events.log, which every shard appends to.
 SyncerStoreOptions ShardStoreOptions(const std::string& run_dir, const ShardMap& shards, int shard);
+// Where that store keeps its global_state.bin and update log.
+std::string ShardStoreDir(const std::string& run_dir, int shard, int shards);
 
 class SyncerStore {
  public:

@@ -5,8 +5,10 @@
 namespace diloco {
 
 nlohmann::json ChaosEventJson(double t_s, const ChaosAction& a) {
-  return {{"event", "chaos"}, {"t_s", t_s}, {"action", std::string(ToString(a.kind))}, {"learner", a.learner},
-          {"value", a.value}};
+  nlohmann::json j = {{"event", "chaos"}, {"t_s", t_s}, {"action", std::string(ToString(a.kind))},
+                      {"learner", a.learner}, {"value", a.value}};
+  if (a.shard >= 0) j["shard"] = a.shard;
+  return j;
 }
 
 ChaosRunner::ChaosRunner(std::vector<ChaosAction> actions, ChaosTarget* target,
@@ -50,8 +52,8 @@ void ChaosRunner::Play(const ChaosAction& a, double t_s) {
     case ChaosActionKind::kDropEnd: target_->SetLoss(a.learner, 0); break;
     case ChaosActionKind::kCorruptStart: target_->SetCorrupt(a.learner, a.value); break;
     case ChaosActionKind::kCorruptEnd: target_->SetCorrupt(a.learner, 0); break;
-    case ChaosActionKind::kSyncerKill: target_->KillSyncer(); break;
-    case ChaosActionKind::kSyncerRestart: target_->RestartSyncer(); break;
+    case ChaosActionKind::kSyncerKill: target_->KillSyncer(a.shard); break;
+    case ChaosActionKind::kSyncerRestart: target_->RestartSyncer(a.shard); break;
   }
 }
 

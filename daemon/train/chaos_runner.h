@@ -28,8 +28,8 @@ class ChaosTarget {
   virtual void SetPartitioned(int learner, bool partitioned) = 0;
   virtual void SetLoss(int learner, double prob) = 0;     // learner -1: every link; 0: back to normal
   virtual void SetCorrupt(int learner, double prob) = 0;  // the same
-  virtual void KillSyncer() = 0;
-  virtual void RestartSyncer() = 0;
+  virtual void KillSyncer(int shard) = 0;  // shard -1: every shard
+  virtual void RestartSyncer(int shard) = 0;
   virtual long LearnerStep(int learner) const = 0;
 };
 

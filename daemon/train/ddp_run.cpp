@@ -66,8 +66,8 @@ class DdpChaos final : public ChaosTarget {
   }
   void SetLoss(int, double) override {}
   void SetCorrupt(int, double) override {}
-  void KillSyncer() override {}
-  void RestartSyncer() override {}
+  void KillSyncer(int) override {}
+  void RestartSyncer(int) override {}
   long LearnerStep(int) const override { return step; }
 
  private:

@@ -33,13 +33,15 @@ namespace {
 
 using std::chrono::milliseconds;
 
-net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& name) {
+// A socket of the learner to syncer shard `shard` (its CURVE server key, when it has its own).
+net::SocketOptions LearnerSocket(const LearnerOptions& o, const std::string& name, int shard) {
   net::SocketOptions so;
   so.name = name;
   so.allow_plaintext = o.allow_plaintext;
   if (o.curve) {
     so.curve = o.curve;
     so.curve->server = false;
+    if (!o.syncers[shard].curve_server_key.empty()) so.curve->server_public_key_z85 = o.syncers[shard].curve_server_key;
   }
   so.link = o.link;
   return so;
@@ -70,9 +72,10 @@ class LearnerLoop final : public InnerLoopHook, public LearnerPort {
   // LearnerPort.
   SyncTime Now() override { return WallClock().Now(); }
   int64_t UnixMs() override { return WallClock().UnixMs(); }
-  // One syncer (Run refuses shards): shard is 0.
-  void SendUplink(int, net::Message&& m) override { (void)up_->Publish(o_.job_id, m); }
-  void SendDealer(int, net::Message&& m) override { (void)dealer_->Send(m, 0); }  // queued until connected
+  void SendUplink(int shard, net::Message&& m) override { (void)shard_[shard].up->Publish(o_.job_id, m); }
+  void SendDealer(int shard, net::Message&& m) override {
+    (void)shard_[shard].dealer->Send(m, 0);  // queued until connected
+  }
   void OnHeartbeat(const HeartbeatMsg& hb) override;
   void SaveStep(long step) override;
   Status SaveMoments(long done) override;
@@ -80,10 +83,14 @@ class LearnerLoop final : public InnerLoopHook, public LearnerPort {
   void Note(const std::string& line) override { LogToStderr(LogWho(me_, o_.job_id), line); }
 
  private:
-  // Setup.
-  Status OpenDownlink();
-  Status OpenUplink();
-  Status OpenSnapshotDealer();
+  // Setup: the sockets to syncer shard `shard`.
+  Status OpenDownlink(int shard);
+  Status OpenUplink(int shard);
+  Status OpenSnapshotDealer(int shard);
+  // "learner-0.uplink", or with several shards "learner-0.uplink@syncer-1".
+  std::string SocketName(const std::string& kind, int shard) const;
+  // Every shard's endpoints, or those of the shards that have not answered yet (for errors).
+  std::string DescribeShards(bool only_unjoined) const;
   // Phases of Run; *ended: crashed or stopped meanwhile.
   Status Handshake(bool* ended);
   Status AwaitJoinSnapshot(bool* ended);
@@ -105,13 +112,16 @@ class LearnerLoop final : public InnerLoopHook, public LearnerPort {
   LocalRing& ring_;
   LearnerCore core_;
 
-  // Sockets (this thread's).
-  std::shared_ptr<ParsedMessage> parsed_ = std::make_shared<ParsedMessage>();
-  std::unique_ptr<net::SubChannel> down_;
-  std::unique_ptr<net::PubChannel> up_;
-  std::shared_ptr<ParsedMessage> dparsed_ = std::make_shared<ParsedMessage>();
-  std::unique_ptr<net::DealerChannel> dealer_;
-  std::vector<net::Socket*> sockets_;
+  // Sockets (this thread's), per syncer shard.
+  struct ShardSockets {
+    std::shared_ptr<ParsedMessage> parsed = std::make_shared<ParsedMessage>();
+    std::unique_ptr<net::SubChannel> down;
+    std::unique_ptr<net::PubChannel> up;
+    std::shared_ptr<ParsedMessage> dparsed = std::make_shared<ParsedMessage>();
+    std::unique_ptr<net::DealerChannel> dealer;
+  };
+  std::vector<ShardSockets> shard_;
+  std::vector<net::Socket*> sockets_;  // polled: each shard's downlink and DEALER
   std::vector<bool> ready_;
   SyncTime last_downlink_ = WallClock().Now();
 
@@ -135,13 +145,18 @@ LearnerLoop::LearnerLoop(net::NetContext& context, const LearnerOptions& o, cons
 }
 
 Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResult* result) {
-  if (core_.shards().shards() != 1)
-    return Status::Error(me_ + ": sync.syncers > 1 runs only with sync.clock: virtual and in `dilococtl simulate` so far");
+  const int S = core_.shards().shards();
+  if ((int)o_.syncers.size() != S)
+    return Status::Error(me_ + ": " + std::to_string(o_.syncers.size()) + " syncer endpoints given for sync.syncers " +
+                         std::to_string(S));
   DL_RETURN_IF_ERROR(core_.SetUp());
-  // The downlink first, so nothing published after the handshake is missed.
-  DL_RETURN_IF_ERROR(OpenDownlink());
-  DL_RETURN_IF_ERROR(OpenUplink());
-  DL_RETURN_IF_ERROR(OpenSnapshotDealer());
+  shard_.resize(S);
+  for (int s = 0; s < S; s++) {
+    // The downlink first, so nothing published after the handshake is missed.
+    DL_RETURN_IF_ERROR(OpenDownlink(s));
+    DL_RETURN_IF_ERROR(OpenUplink(s));
+    DL_RETURN_IF_ERROR(OpenSnapshotDealer(s));
+  }
 
   bool ended = false;  // crashed or stopped before training
   DL_RETURN_IF_ERROR(Handshake(&ended));
@@ -169,38 +184,58 @@ Status LearnerLoop::Run(bool* loop_entered, uint32_t* loop_end_crc, LearnerResul
   return Status::Ok();
 }
 
-Status LearnerLoop::OpenDownlink() {
+std::string LearnerLoop::SocketName(const std::string& kind, int shard) const {
+  const ShardMap& map = core_.shards();
+  return me_ + "." + kind + (map.shards() > 1 ? "@" + map.NameOf(shard) : "");
+}
+
+std::string LearnerLoop::DescribeShards(bool only_unjoined) const {
+  const ShardMap& map = core_.shards();
+  std::string out;
+  for (int s = 0; s < map.shards(); s++) {
+    if (only_unjoined && core_.ShardJoined(s)) continue;
+    if (!out.empty()) out += "; ";
+    out += (map.shards() > 1 ? map.NameOf(s) + ": " : "") + DescribeEndpoints(o_.syncers[s]);
+  }
+  return out;
+}
+
+Status LearnerLoop::OpenDownlink(int shard) {
+  ShardSockets& ss = shard_[shard];
   net::ReceiveOptions ro;
   // Globals are verified and decoded where ZeroMQ received them (no copy of the payload).
-  ro.validator = net::EnvelopeValidatorInPlace(core_.downlink_expect(), parsed_);
-  net::SocketOptions so = LearnerSocket(o_, me_ + ".downlink");
+  ro.validator = net::EnvelopeValidatorInPlace(core_.downlink_expect(), ss.parsed);
+  net::SocketOptions so = LearnerSocket(o_, SocketName("downlink", shard), shard);
   so.recv_hwm_msgs = 100000;
-  DL_RETURN_IF_ERROR(net::SubChannel::Create(context_, so, ro, &down_));
-  DL_RETURN_IF_ERROR(down_->Subscribe(o_.job_id));
-  DL_RETURN_IF_ERROR(down_->Connect(o_.downlink_endpoint).WithContext(me_ + " downlink"));
+  DL_RETURN_IF_ERROR(net::SubChannel::Create(context_, so, ro, &ss.down));
+  DL_RETURN_IF_ERROR(ss.down->Subscribe(o_.job_id));
+  DL_RETURN_IF_ERROR(ss.down->Connect(o_.syncers[shard].downlink).WithContext(SocketName("downlink", shard)));
+  sockets_.push_back(&ss.down->socket());
   return Status::Ok();
 }
 
-Status LearnerLoop::OpenUplink() {
-  net::SocketOptions po = LearnerSocket(o_, me_ + ".uplink");
+Status LearnerLoop::OpenUplink(int shard) {
+  ShardSockets& ss = shard_[shard];
+  net::SocketOptions po = LearnerSocket(o_, SocketName("uplink", shard), shard);
   po.send_hwm_msgs = net::kUplinkHwmMsgs;
-  DL_RETURN_IF_ERROR(net::PubChannel::Create(context_, po, &up_));
-  DL_RETURN_IF_ERROR(up_->Connect(o_.uplink_endpoint).WithContext(me_ + " uplink"));
+  DL_RETURN_IF_ERROR(net::PubChannel::Create(context_, po, &ss.up));
+  DL_RETURN_IF_ERROR(ss.up->Connect(o_.syncers[shard].uplink).WithContext(SocketName("uplink", shard)));
   return Status::Ok();
 }
 
-Status LearnerLoop::OpenSnapshotDealer() {
+Status LearnerLoop::OpenSnapshotDealer(int shard) {
+  ShardSockets& ss = shard_[shard];
   net::ReceiveOptions dro;
-  dro.validator = net::EnvelopeValidator(core_.dealer_expect(), dparsed_);
+  dro.validator = net::EnvelopeValidator(core_.dealer_expect(), ss.dparsed);
   dro.track_sequence = false;  // replies to requests: the syncer numbers them across all learners
-  net::SocketOptions dso = LearnerSocket(o_, me_ + ".snapshot");
+  net::SocketOptions dso = LearnerSocket(o_, SocketName("snapshot", shard), shard);
   dso.recv_hwm_msgs = 100000;
   dso.linger_ms = 0;
-  DL_RETURN_IF_ERROR(net::DealerChannel::Create(context_, dso, dro, &dealer_));
-  if (o_.snapshot_endpoint.empty())
-    return Status::Error(me_ + ": no snapshot endpoint (the syncer's ROUTER) given");
-  DL_RETURN_IF_ERROR(dealer_->Connect(o_.snapshot_endpoint).WithContext(me_ + " snapshot endpoint"));
-  sockets_ = {&down_->socket(), &dealer_->socket()};
+  DL_RETURN_IF_ERROR(net::DealerChannel::Create(context_, dso, dro, &ss.dealer));
+  if (o_.syncers[shard].snapshot.empty())
+    return Status::Error(SocketName("snapshot", shard) + ": no snapshot endpoint (the syncer's ROUTER) given");
+  DL_RETURN_IF_ERROR(ss.dealer->Connect(o_.syncers[shard].snapshot).WithContext(SocketName("snapshot", shard)));
+  sockets_.push_back(&ss.dealer->socket());
   return Status::Ok();
 }
 
@@ -211,8 +246,7 @@ Status LearnerLoop::Handshake(bool* ended) {
   while (!core_.Joined()) {
     if ((*ended = EndedByFlags())) return Status::Ok();
     if (Now() - t0 > milliseconds(o_.handshake_timeout_ms))
-      return Status::Error(me_ + ": no answer from the syncer (uplink " + o_.uplink_endpoint + ", downlink " +
-                           o_.downlink_endpoint + ", snapshot " + o_.snapshot_endpoint + ") within " +
+      return Status::Error(me_ + ": no answer from the syncer (" + DescribeShards(/*only_unjoined=*/true) + ") within " +
                            std::to_string(o_.handshake_timeout_ms) + " ms; is it running, and are the keys right?");
     DL_RETURN_IF_ERROR(core_.OnJoinTimer());
     DL_RETURN_IF_ERROR(Poll(10));
@@ -228,7 +262,7 @@ Status LearnerLoop::AwaitJoinSnapshot(bool* ended) {
     DL_RETURN_IF_ERROR(core_.OnTimer());
     DL_RETURN_IF_ERROR(Poll(10));
     if (Now() - t0 > milliseconds(o_.handshake_timeout_ms))
-      return Status::Error(me_ + ": no snapshot from the syncer at " + o_.snapshot_endpoint + " within " +
+      return Status::Error(me_ + ": no snapshot from the syncer (" + DescribeShards(false) + ") within " +
                            std::to_string(o_.handshake_timeout_ms) + " ms");
   }
   return Status::Ok();
@@ -254,9 +288,12 @@ Status LearnerLoop::StartLiveness() {
   lo.job_id = o_.job_id;
   lo.sender = me_;
   lo.incarnation = core_.incarnation();
-  lo.endpoint = o_.uplink_endpoint;
-  lo.socket = LearnerSocket(o_, me_ + ".liveness");
-  lo.socket.linger_ms = 0;
+  for (int s = 0; s < core_.shards().shards(); s++) {
+    LivenessOptions::Target& t = lo.targets.emplace_back();
+    t.endpoint = o_.syncers[s].uplink;
+    t.socket = LearnerSocket(o_, SocketName("liveness", s), s);
+    t.socket.linger_ms = 0;
+  }
   lo.interval_ms = o_.heartbeat_interval_ms;
   lo.crash = o_.crash;
   DL_RETURN_IF_ERROR(LivenessSender::Start(context_, lo, &liveness_));
@@ -296,11 +333,13 @@ Status LearnerLoop::Finish(LearnerResult* result) {
 Status LearnerLoop::Poll(int timeout_ms) {
   if (timeout_ms > 0 && !net::PollReadable(sockets_, timeout_ms, &ready_)) return Status::Ok();
   net::Received r;
-  while (down_->Receive(&r, 0) == net::RecvResult::kMessage) {
-    last_downlink_ = Now();
-    DL_RETURN_IF_ERROR(core_.OnDownlink(r, *parsed_));
+  for (ShardSockets& ss : shard_) {
+    while (ss.down->Receive(&r, 0) == net::RecvResult::kMessage) {
+      last_downlink_ = Now();
+      DL_RETURN_IF_ERROR(core_.OnDownlink(r, *ss.parsed));
+    }
+    while (ss.dealer->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(core_.OnDealer(*ss.dparsed));
   }
-  while (dealer_->Receive(&r, 0) == net::RecvResult::kMessage) DL_RETURN_IF_ERROR(core_.OnDealer(*dparsed_));
   return Status::Ok();
 }
 
@@ -315,7 +354,7 @@ Status LearnerLoop::WaitUntil(const std::function<bool()>& done, const std::stri
     DL_RETURN_IF_ERROR(core_.OnTimer());
     const SyncTime now = Now();
     if (now - last_downlink_ > milliseconds(o_.syncer_timeout_ms))
-      return Status::Error(me_ + ": no word from the syncer (downlink " + o_.downlink_endpoint + ") for " +
+      return Status::Error(me_ + ": no word from the syncer (" + DescribeShards(false) + ") for " +
                            std::to_string(o_.syncer_timeout_ms / 1000) + " s while " + what +
                            "; is it running? (LearnerOptions::syncer_timeout_ms)");
     if (now - last_said > std::chrono::seconds(30)) {

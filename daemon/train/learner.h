@@ -20,8 +20,9 @@
 // the Globals of its deltas in flight, sends the work left, and waits for that to be merged
 // (until flush_timeout_ms pass with no learner stepping), so no trained token is left out of the global model.
 //
-// Start (every learner): subscribe to the downlink, connect the uplink and the snapshot DEALER,
-// then the startup exchange: Heartbeat(kJoining) on the uplink and Hello on the DEALER until the
+// Start (every learner): subscribe to the downlink, connect the uplink and the snapshot DEALER
+// (of every syncer shard: sync.syncers, shards.h; heartbeats go to all, each fragment's delta to
+// its owner), then the startup exchange: Heartbeat(kJoining) on the uplink and Hello on the DEALER until the
 // syncer answers Welcome (accepted only once it has heard this learner on the uplink; a layout
 // mismatch is a clear error) and a downlink message has arrived. Only then does training start,
 // so no delta is published before the PUB/SUB connections are up (a lost first delta used to
@@ -48,6 +49,7 @@
 #include "daemon/net/context.h"
 #include "daemon/net/envelope.h"
 #include "daemon/net/socket.h"
+#include "daemon/sync/syncer_endpoints.h"
 #include "daemon/util/jsonl_writer.h"
 #include "daemon/util/status.h"
 
@@ -65,13 +67,12 @@ struct LearnerOptions {
   int index = 0;  // this learner's name is LearnerName(index) = "learner-<index>"
   const RunConfig* config = nullptr;
   std::string job_id = "local";
-  // The syncer's endpoints (inproc:// in local mode, tcp:// between daemons); all connected.
-  std::string uplink_endpoint;    // the syncer's SUB (Delta, Heartbeat)
-  std::string downlink_endpoint;  // the syncer's PUB (Global, SyncerStatus)
-  std::string snapshot_endpoint;  // the syncer's ROUTER (Hello/Welcome, SnapshotRequest/Snapshot)
+  // Each syncer shard's endpoints (index = shard, shards.h; one with sync.syncers: 1): inproc://
+  // in local mode, tcp:// between daemons; all connected, a socket of each kind per shard.
+  std::vector<SyncerEndpoints> syncers;
   // Socket security for every socket of the learner (net/socket.h): plaintext only on inproc,
   // ipc and loopback tcp; else CURVE with this learner's key pair and the syncer's public key
-  // (curve->server_public_key_z85; server is forced false).
+  // (curve->server_public_key_z85, or a shard's own curve_server_key; server is forced false).
   bool allow_plaintext = true;
   std::optional<net::CurveOptions> curve;
   std::shared_ptr<net::Link> link;  // emulated WAN between this learner and the syncer; may be null

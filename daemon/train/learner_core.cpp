@@ -124,9 +124,11 @@ Status LearnerCore::OnJoinTimer() {
 
 bool LearnerCore::Joined() const {
   for (int s = 0; s < shards_.shards(); s++)
-    if (!welcomed_[s] || !downlink_seen_[s]) return false;
+    if (!ShardJoined(s)) return false;
   return true;
 }
+
+bool LearnerCore::ShardJoined(int shard) const { return welcomed_[shard] && downlink_seen_[shard]; }
 
 HelloMsg LearnerCore::Hello() const {
   HelloMsg hello;
@@ -597,8 +599,8 @@ Status LearnerCore::OnDealer(ParsedMessage& m) {
     if (w->result == JoinResult::kAccepted) {
       welcomed_[shard] = true;
     } else if (w->result != JoinResult::kBusy) {
-      return Status::Error(me_ + ": " + m.header.sender + " (at " + o_.snapshot_endpoint +
-                           ") refused this learner: " + w->reason);
+      const std::string at = shard < (int)o_.syncers.size() ? " (at " + o_.syncers[shard].snapshot + ")" : "";
+      return Status::Error(me_ + ": " + m.header.sender + at + " refused this learner: " + w->reason);
     }
     return Status::Ok();
   }

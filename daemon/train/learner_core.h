@@ -82,6 +82,7 @@ class LearnerCore {
   // shard's Welcome and a downlink message from each have arrived (Joined).
   Status OnJoinTimer();
   bool Joined() const;
+  bool ShardJoined(int shard) const;  // its Welcome and a downlink message from it are in
   // From init_params (version 0 of every fragment; buffered Globals apply), or from a snapshot:
   // requested now, AwaitingSnapshot() until it is installed.
   Status Start(bool join_from_snapshot);

@@ -42,10 +42,13 @@ void LivenessSender::Stop() {
 }
 
 void LivenessSender::Run(net::NetContext& context, std::promise<Status>* started) {
-  // The socket lives and dies on this thread (ZeroMQ sockets are not shared between threads).
-  std::unique_ptr<net::PubChannel> pub;
-  Status st = net::PubChannel::Create(context, options_.socket, &pub);
-  if (st.ok()) st = pub->Connect(options_.endpoint).WithContext(options_.sender + " liveness uplink");
+  // The sockets live and die on this thread (ZeroMQ sockets are not shared between threads).
+  std::vector<std::unique_ptr<net::PubChannel>> pubs(options_.targets.size());
+  Status st = Status::Ok();
+  for (size_t t = 0; t < pubs.size() && st.ok(); t++) {
+    st = net::PubChannel::Create(context, options_.targets[t].socket, &pubs[t]);
+    if (st.ok()) st = pubs[t]->Connect(options_.targets[t].endpoint).WithContext(options_.sender + " liveness uplink");
+  }
   started->set_value(st);
   if (!st.ok()) return;
   const std::string topic = LivenessTopic(options_.job_id);
@@ -63,13 +66,16 @@ void LivenessSender::Run(net::NetContext& context, std::promise<Status>* started
     h.sent_unix_ms = (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();
-    OutgoingMessage om;
-    if (!BuildMessage(h, beat_, {}, &om).ok()) continue;  // the training thread's beat is checked there too
-    const uint64_t bytes = om.wire_bytes();
-    net::Message m = net::ToMessage(std::move(om), nullptr);
+    const HeartbeatMsg beat = beat_;
     lock.unlock();
-    (void)pub->Publish(topic, m);  // PUB never blocks; a full queue drops the beat
-    bytes_sent_ += bytes;
+    for (auto& pub : pubs) {
+      OutgoingMessage om;
+      if (!BuildMessage(h, beat, {}, &om).ok()) break;  // the training thread's beat is checked there too
+      const uint64_t bytes = om.wire_bytes();
+      net::Message m = net::ToMessage(std::move(om), nullptr);
+      (void)pub->Publish(topic, m);  // PUB never blocks; a full queue drops the beat
+      bytes_sent_ += bytes;
+    }
     lock.lock();
   }
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <future>
 #include <thread>
+#include <vector>
 
 #include "daemon/net/context.h"
 #include "daemon/net/envelope.h"
@@ -24,15 +25,20 @@ struct LivenessOptions {
   std::string job_id;
   std::string sender;        // the learner's name
   uint64_t incarnation = 0;  // the learner's (its main stream's) incarnation
-  std::string endpoint;      // the syncer's uplink SUB
-  net::SocketOptions socket; // security and link, as the learner's other sockets
+  // Every syncer shard's uplink SUB (each hears every beat), with its socket's security and link
+  // (as the learner's other sockets to that shard).
+  struct Target {
+    std::string endpoint;
+    net::SocketOptions socket;
+  };
+  std::vector<Target> targets;
   int interval_ms = 200;
   const std::atomic<bool>* crash = nullptr;  // set: send nothing more
 };
 
 class LivenessSender {
  public:
-  // Connects a PUB on its thread; returns once it is connected (or failed).
+  // Connects a PUB per target on its thread; returns once they are connected (or one failed).
   static Status Start(net::NetContext& context, const LivenessOptions& options, std::unique_ptr<LivenessSender>* out);
   ~LivenessSender();  // Stop()
 

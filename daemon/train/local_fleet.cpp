@@ -3,80 +3,104 @@
 #include <chrono>
 #include <cstdio>
 
+#include "daemon/sync/shards.h"
 #include "daemon/util/unix_time.h"
 
 namespace diloco {
 
-// ---- LocalSyncer ----
+// ---- LocalSyncers ----
 
-Status LocalSyncer::Start(net::NetContext& context, RoleOptions options) {
+Status LocalSyncers::Start(net::NetContext& context, RoleOptions options) {
   context_ = &context;
   options_ = std::move(options);
   std::lock_guard<std::mutex> lock(mu_);
-  return StartRole(options_);
-}
-
-// Call with mu_ held.
-Status LocalSyncer::StartRole(RoleOptions options) {
-  DL_RETURN_IF_ERROR(Role::StartSyncer(*context_, options, &role_));
-  // Built on the role's thread: the learners start once it is (or not, when it cannot be).
-  while (!role_->syncer() && !role_->done()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  if (!role_->syncer()) {
-    role_->Join();
-    const Status st = role_->outcome();
-    role_.reset();
-    return st;
-  }
+  roles_.resize(shards());
+  // Every shard builds at once (each on its role's thread), then each is awaited.
+  for (int s = 0; s < shards(); s++) DL_RETURN_IF_ERROR(StartShard(s, options_));
+  for (int s = 0; s < shards(); s++) DL_RETURN_IF_ERROR(AwaitBuilt(s));
   return Status::Ok();
 }
 
-void LocalSyncer::Kill() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!role_) return;
-  role_->Kill();
-  role_->Join();
-  role_.reset();  // its sockets close: the learners' messages go nowhere until the restart
+Status LocalSyncers::StartShard(int shard, const RoleOptions& options) {
+  RoleOptions o = options;
+  o.shard = shard;
+  return Role::StartSyncer(*context_, o, &roles_[shard]);
 }
 
-void LocalSyncer::Restart() {
+// Built on the role's thread: the learners start once it is (or not, when it cannot be).
+Status LocalSyncers::AwaitBuilt(int shard) {
+  std::unique_ptr<Role>& role = roles_[shard];
+  while (!role->syncer() && !role->done()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (role->syncer()) return Status::Ok();
+  role->Join();
+  const Status st = role->outcome();
+  role.reset();
+  return st;
+}
+
+void LocalSyncers::Kill(int shard) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (role_) return;
+  for (int s = 0; s < shards(); s++) {
+    if ((shard >= 0 && s != shard) || !roles_[s]) continue;
+    roles_[s]->Kill();
+    roles_[s]->Join();
+    roles_[s].reset();  // its sockets close: the learners' messages go nowhere until the restart
+  }
+}
+
+void LocalSyncers::Restart(int shard) {
+  std::lock_guard<std::mutex> lock(mu_);
   RoleOptions o = options_;
   o.resume = true;
-  o.init_params = nullptr;  // the model comes from global_state.bin
+  o.init_params = nullptr;  // the model comes from the shard's global_state.bin
   o.bind_retry_s = 15;      // loopback ports of the killed one may take a moment
-  if (Status st = StartRole(o); !st.ok() && status_.ok()) status_ = st.WithContext("restarting the syncer");
+  for (int s = 0; s < shards(); s++) {
+    if ((shard >= 0 && s != shard) || roles_[s]) continue;
+    Status st = StartShard(s, o);
+    if (st.ok()) st = AwaitBuilt(s);
+    if (!st.ok() && status_.ok()) status_ = st.WithContext("restarting " + SyncerShardName(s, shards()));
+  }
 }
 
-Status LocalSyncer::Stop() {
+Status LocalSyncers::Stop() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (role_) {
-    role_->RequestStop();
-    role_->Join();
-    if (Status st = role_->outcome(); !st.ok() && status_.ok()) status_ = st;
+  for (auto& role : roles_)
+    if (role) role->RequestStop();
+  for (auto& role : roles_) {
+    if (!role) continue;
+    role->Join();
+    if (Status st = role->outcome(); !st.ok() && status_.ok()) status_ = st.WithContext(role->name());
   }
   return status_;
 }
 
-Syncer* LocalSyncer::get() const {
+Syncer* LocalSyncers::get(int shard) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return role_ ? role_->syncer() : nullptr;
+  return roles_[shard] ? roles_[shard]->syncer() : nullptr;
 }
 
-SyncerStatusSnapshot LocalSyncer::CurrentStatus() const {
+SyncerStatusSnapshot LocalSyncers::CurrentStatus(int shard) const {
   std::lock_guard<std::mutex> lock(mu_);
-  Syncer* s = role_ ? role_->syncer() : nullptr;
+  Syncer* s = roles_[shard] ? roles_[shard]->syncer() : nullptr;
   return s ? s->CurrentStatus() : SyncerStatusSnapshot();
+}
+
+uint64_t LocalSyncers::Merges() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t merges = 0;
+  for (const auto& role : roles_)
+    if (Syncer* s = role ? role->syncer() : nullptr) merges += s->CurrentStatus().merges;
+  return merges;
 }
 
 // ---- LocalFleet ----
 
 LocalFleet::LocalFleet(net::NetContext& context, int learners, std::function<RoleOptions(int)> role_of,
-                       LocalSyncer* syncer, std::vector<std::shared_ptr<net::Link>> links,
+                       LocalSyncers* syncers, std::vector<std::shared_ptr<net::Link>> links,
                        net::LinkParams base_link)
     : context_(context),
       role_of_(std::move(role_of)),
-      syncer_(syncer),
+      syncers_(syncers),
       links_(std::move(links)),
       base_link_(base_link),
       slots_(learners) {}

@@ -1,4 +1,4 @@
-// The moving parts of a local multi-learner run: the syncer on a thread (LocalSyncer) and each
+// The moving parts of a local multi-learner run: the syncer shards on threads (LocalSyncers) and each
 // learner as a series of incarnations of the daemon's learner role (LocalFleet), so that chaos
 // (chaos_runner.h) can kill and restart them, slow them down and cut or spoil their links.
 #pragma once
@@ -19,25 +19,30 @@
 
 namespace diloco {
 
-// Local mode's syncer: the daemon's syncer role (train/roles.h) as a series of incarnations.
-class LocalSyncer {
+// Local mode's syncer: the daemon's syncer role (train/roles.h) for each shard (sync.syncers,
+// shards.h), each a series of incarnations.
+class LocalSyncers {
  public:
-  // Returns once the syncer is built (its sockets bound, a resumed state restored), or with
-  // the error that kept it from starting.
+  // options.syncers: every shard's endpoints. Returns once every shard is built (its sockets
+  // bound, a resumed state restored), or with the error that kept one from starting.
   Status Start(net::NetContext& context, RoleOptions options);
-  void Kill();     // as kill -9: nothing more is merged or saved (the update log remains)
-  void Restart();  // from its run directory (global_state.bin + the update log)
-  Status Stop();   // a clean end: merges what is pending, saves; the first error of any run
+  int shards() const { return (int)options_.syncers.size(); }
+  // shard -1: every shard.
+  void Kill(int shard);     // as kill -9: nothing more is merged or saved (the update log remains)
+  void Restart(int shard);  // from its store (global_state.bin + the update log); a live one stays
+  Status Stop();            // a clean end: merges what is pending, saves; the first error of any run
   // Null while killed. The pointer stays valid until the next Kill/Restart (the caller's thread).
-  Syncer* get() const;
-  SyncerStatusSnapshot CurrentStatus() const;
+  Syncer* get(int shard) const;
+  SyncerStatusSnapshot CurrentStatus(int shard) const;
+  uint64_t Merges() const;  // every live shard's, now
 
  private:
-  Status StartRole(RoleOptions options);
+  Status StartShard(int shard, const RoleOptions& options);  // with mu_ held
+  Status AwaitBuilt(int shard);                              // the same
   net::NetContext* context_ = nullptr;
   RoleOptions options_;
-  mutable std::mutex mu_;  // guards role_ against Kill/Restart from the chaos thread
-  std::unique_ptr<Role> role_;
+  mutable std::mutex mu_;  // guards roles_ against Kill/Restart from the chaos thread
+  std::vector<std::unique_ptr<Role>> roles_;  // per shard; null while killed
   Status status_;
 };
 
@@ -49,7 +54,7 @@ class LocalFleet final : public ChaosTarget {
   // role_of(i): learner i's role for its first incarnation (a restart resumes from the syncer's
   // snapshot at the step the last one reached). links: one per learner, or empty (then no link
   // chaos); base_link: their parameters outside chaos.
-  LocalFleet(net::NetContext& context, int learners, std::function<RoleOptions(int)> role_of, LocalSyncer* syncer,
+  LocalFleet(net::NetContext& context, int learners, std::function<RoleOptions(int)> role_of, LocalSyncers* syncers,
              std::vector<std::shared_ptr<net::Link>> links, net::LinkParams base_link);
   ~LocalFleet() override;
 
@@ -72,8 +77,8 @@ class LocalFleet final : public ChaosTarget {
   void SetPartitioned(int learner, bool partitioned) override;
   void SetLoss(int learner, double prob) override;
   void SetCorrupt(int learner, double prob) override;
-  void KillSyncer() override { syncer_->Kill(); }
-  void RestartSyncer() override { syncer_->Restart(); }
+  void KillSyncer(int shard) override { syncers_->Kill(shard); }
+  void RestartSyncer(int shard) override { syncers_->Restart(shard); }
   long LearnerStep(int learner) const override;
 
  private:
@@ -91,7 +96,7 @@ class LocalFleet final : public ChaosTarget {
 
   net::NetContext& context_;
   std::function<RoleOptions(int)> role_of_;
-  LocalSyncer* syncer_;
+  LocalSyncers* syncers_;
   std::vector<std::shared_ptr<net::Link>> links_;
   net::LinkParams base_link_;
   mutable std::mutex mu_;  // guards slots_ (the chaos thread restarts while the main one waits)

@@ -16,7 +16,9 @@
 #include "daemon/net/context.h"
 #include "daemon/net/link_shaper.h"
 #include "daemon/sync/global_state.h"
+#include "daemon/sync/shards.h"
 #include "daemon/sync/syncer.h"
+#include "daemon/sync/syncer_store.h"
 #include "daemon/train/ddp_run.h"
 #include "daemon/train/learner.h"
 #include "daemon/train/learner_link.h"
@@ -60,6 +62,41 @@ std::string LoopbackEndpoint() {
   return "tcp://127.0.0.1:" + std::to_string(port);
 }
 
+// Every syncer shard's endpoints in this process: inproc, or loopback TCP when a syncer may be
+// killed and started again (loopback TCP reconnects, inproc does not).
+std::vector<SyncerEndpoints> LocalEndpoints(int shards, const std::string& tag, bool tcp) {
+  std::vector<SyncerEndpoints> out(shards);
+  for (int s = 0; s < shards; s++) {
+    const std::string name = tag + (shards > 1 ? "-" + std::to_string(s) : "");
+    out[s] = tcp ? SyncerEndpoints{LoopbackEndpoint(), LoopbackEndpoint(), LoopbackEndpoint(), ""}
+                 : SyncerEndpoints{"inproc://dilocod-uplink-" + name, "inproc://dilocod-downlink-" + name,
+                                   "inproc://dilocod-snapshot-" + name, ""};
+  }
+  return out;
+}
+
+// Each shard's global_state.bin (one: the run directory's own).
+std::vector<std::string> ShardStatePaths(const std::string& run_dir, int shards) {
+  std::vector<std::string> paths;
+  for (int s = 0; s < shards; s++) paths.push_back((fs::path(ShardStoreDir(run_dir, s, shards)) / "global_state.bin").string());
+  return paths;
+}
+
+// The run's global model as its shards last saved it (for a resumed run's evaluation baseline).
+Status LoadShardStates(const std::vector<std::string>& paths, const TensorTable& table,
+                       const std::vector<Fragment>& frags, GlobalState* joined) {
+  std::vector<GlobalState> states(paths.size());
+  std::vector<const GlobalState*> parts;
+  for (size_t s = 0; s < paths.size(); s++) {
+    DL_RETURN_IF_ERROR(LoadGlobalState(paths[s], &states[s]).WithContext("cannot resume"));
+    DL_RETURN_IF_ERROR(CheckGlobalStateFits(states[s], table, frags)
+                           .WithContext("cannot resume from '" + paths[s] + "' with this config"));
+    parts.push_back(&states[s]);
+  }
+  *joined = JoinShardStates(parts, ShardMap::Of(frags, (int)paths.size()));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalRunHooks& hooks,
@@ -73,7 +110,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   std::string device_check;  // the learners' devices exist, or they may share them (LearnerDevice)
   DL_RETURN_IF_ERROR(LearnerDevice(cfg.train, 0, M, &device_check));
 
-  const fs::path state_path = fs::path(options.run_dir) / "global_state.bin";
+  const std::vector<std::string> state_paths = ShardStatePaths(options.run_dir, sc.syncers);
+  const fs::path state_path = state_paths.front();
   std::vector<long> start_steps(M, 0);
   if (options.resume) {
     if (!fs::exists(state_path))
@@ -101,11 +139,9 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   if (options.resume) {
     // The model to start from is the syncer's global state; init only feeds the evaluation.
     GlobalState gs;
-    DL_RETURN_IF_ERROR(LoadGlobalState(state_path.string(), &gs).WithContext("cannot resume"));
     std::vector<Fragment> frags;
     DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(sc), &frags));
-    DL_RETURN_IF_ERROR(CheckGlobalStateFits(gs, table, frags)
-                           .WithContext("cannot resume from '" + state_path.string() + "' with this config"));
+    DL_RETURN_IF_ERROR(LoadShardStates(state_paths, table, frags, &gs));
     for (size_t p = 0; p < frags.size(); p++) ScatterFragment(frags[p], gs.fragments[p].theta.data(), init.data());
   }
   DL_RETURN_IF_ERROR(frame->Begin(options.resume, {{"start_steps", start_steps}}));
@@ -122,16 +158,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   base.allow_plaintext = true;  // inproc or loopback, in this process
   base.resume = options.resume;
   base.init_params = init.data();
-  base.uplink = "inproc://dilocod-uplink-" + tag;
-  base.downlink = "inproc://dilocod-downlink-" + tag;
-  base.snapshot = "inproc://dilocod-snapshot-" + tag;
-  if (NeedsTcp(cfg.chaos)) {
-    // A syncer killed and started again must find its learners reconnecting: loopback TCP
-    // reconnects, inproc does not.
-    base.uplink = LoopbackEndpoint();
-    base.downlink = LoopbackEndpoint();
-    base.snapshot = LoopbackEndpoint();
-  }
+  base.syncers = LocalEndpoints(sc.syncers, tag, NeedsTcp(cfg.chaos));
   // The syncer: the run frame evaluates the model and saves its checkpoint.
   RoleOptions sro = base;
   sro.evaluate = false;
@@ -156,8 +183,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
         return fragment == f && version == v;
       };
   };
-  LocalSyncer syncer;
-  DL_RETURN_IF_ERROR(syncer.Start(*ctx, sro));
+  LocalSyncers syncers;
+  DL_RETURN_IF_ERROR(syncers.Start(*ctx, sro));
 
   std::vector<std::shared_ptr<net::Link>> links;
   const net::LinkParams base_link = LinkParamsOf(sc.link);
@@ -180,7 +207,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     ro.metrics_mu = frame->learner_metrics().mu(i);
     return ro;
   };
-  LocalFleet fleet(*ctx, M, role_options, &syncer, links, base_link);
+  LocalFleet fleet(*ctx, M, role_options, &syncers, links, base_link);
 
   // Test hooks: one learner crashes; the others may be held until the syncer counts it out.
   std::mutex hold_mu;
@@ -202,7 +229,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     if (crashed_out) return true;
     if (!fleet.Ended(crashing)) return false;
     if (crashed_at == Clock::time_point{}) crashed_at = Clock::now();
-    const SyncerStatusSnapshot st = syncer.CurrentStatus();
+    const SyncerStatusSnapshot st = syncers.CurrentStatus(0);  // every shard hears every learner
     if (st.taken > crashed_at && !st.learners.empty() && !st.learners[crashing].live) crashed_out = true;
     return crashed_out.load();
   };
@@ -238,6 +265,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     chaos = std::make_unique<ChaosRunner>(actions, &fleet, [&](double t_s, const ChaosAction& a) {
       std::string who;  // appended, not " " + name: GCC 12 warns falsely (-Wrestrict) on that
       if (a.learner >= 0) who.append(" ").append(LearnerName(a.learner));
+      if (a.shard >= 0) who.append(" ").append(SyncerShardName(a.shard, sc.syncers));
       std::fprintf(stderr, "chaos: t=%.1fs %s%s\n", t_s, std::string(ToString(a.kind)).c_str(), who.c_str());
       (void)frame->metrics().Write(ChaosEventJson(t_s, a));
     });
@@ -255,8 +283,8 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
     {
       std::unique_lock<std::mutex> lock(hold_mu);
       while (!others_done() && !out_of_quorum()) hold_cv.wait_for(lock, std::chrono::milliseconds(10));
-      const uint64_t merges0 = syncer.CurrentStatus().merges;
-      while (!others_done() && syncer.CurrentStatus().merges < merges0 + hooks.restart_after_merges)
+      const uint64_t merges0 = syncers.Merges();
+      while (!others_done() && syncers.Merges() < merges0 + hooks.restart_after_merges)
         hold_cv.wait_for(lock, std::chrono::milliseconds(10));
     }
     const std::vector<const LearnerResult*> first = fleet.Results()[crashing];
@@ -270,11 +298,16 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   }
   fleet.JoinAll(chaos.get());
   if (chaos) chaos->Stop();
-  const Status syncer_status = syncer.Stop();
+  const Status syncer_status = syncers.Stop();
   DL_RETURN_IF_ERROR(fleet.FirstError());
   DL_RETURN_IF_ERROR(syncer_status.WithContext("syncer"));
-  Syncer* const final_syncer = syncer.get();
-  if (final_syncer == nullptr) return Status::Error("the syncer was killed and never restarted (chaos)");
+  std::vector<const GlobalState*> shard_states;
+  for (int s = 0; s < syncers.shards(); s++) {
+    const Syncer* shard = syncers.get(s);
+    if (shard == nullptr)
+      return Status::Error(SyncerShardName(s, syncers.shards()) + " was killed and never restarted (chaos)");
+    shard_states.push_back(&shard->state());
+  }
 
   RunEnd end;
   end.incarnations = fleet.Results();
@@ -282,13 +315,18 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
   end.end_unix_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   end.merges = &merges;
-  const SyncerResult& sr = final_syncer->result();
-  end.outer_steps = sr.merges;
-  end.dropped_deltas = sr.dropped_deltas;
-  end.rejected_deltas = sr.rejected_deltas;
-  end.versions = sr.versions;
+  // The shards' states as one (each fragment from its owner, counters summed).
+  const GlobalState joined = JoinShardStates(shard_states, ShardMap::Of(syncers.get(0)->fragments(), syncers.shards()));
+  if (syncers.shards() > 1) {
+    DL_RETURN_IF_ERROR(SaveGlobalState((fs::path(options.run_dir) / "global_state.bin").string(), joined));
+    for (const GlobalState* st : shard_states) end.shard_merges.push_back(st->merges);
+  }
+  end.outer_steps = joined.merges;
+  end.dropped_deltas = joined.dropped_deltas;
+  end.rejected_deltas = joined.rejected_deltas;
+  for (const FragmentGlobal& f : joined.fragments) end.versions.push_back(f.version);
   std::vector<float> global(table.total_numel());
-  final_syncer->GlobalParams(global.data());
+  for (int s = 0; s < syncers.shards(); s++) syncers.get(s)->GlobalParams(global.data());
   end.global_params = global.data();
   end.peak_rss_mb = peak_rss_mb();
   links.clear();

@@ -10,7 +10,9 @@
 
 #include "daemon/sync/live_goodput.h"
 #include "daemon/sync/fragments.h"
+#include "daemon/sync/shards.h"
 #include "daemon/sync/syncer.h"
+#include "daemon/sync/syncer_store.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/train/checkpoint.h"
 #include "daemon/train/trainer.h"
@@ -95,16 +97,18 @@ struct Role::Impl {
     SyncerOptions so;
     so.sync = cfg.sync;
     so.job_id = options.job_id;
-    so.uplink_endpoint = options.uplink;
-    so.downlink_endpoint = options.downlink;
-    so.snapshot_endpoint = options.snapshot;
+    so.shard = options.shard;
+    if (options.shard < 0 || options.shard >= (int)options.syncers.size())
+      return Status::Error("no endpoints for syncer shard " + std::to_string(options.shard));
+    so.endpoints = options.syncers[options.shard];
     so.run_dir = options.run_dir;
     so.count_limits = CountLimitsOf(cfg);
     so.allow_plaintext = options.allow_plaintext;
     so.curve = options.curve;
     if (so.curve) so.curve->server = true;
     so.learner_keys = options.learner_keys;
-    so.resume = options.resume && fs::exists(fs::path(options.run_dir) / "global_state.bin");
+    so.resume = options.resume &&
+                fs::exists(fs::path(ShardStoreDir(options.run_dir, options.shard, cfg.sync.syncers)) / "global_state.bin");
     so.exit_when_all_finished = true;
     // A resumed syncer's job keeps the merges it made before (status, goodput).
     if (Status st = merges.Load((fs::path(options.run_dir) / "events.log").string()); !st.ok())
@@ -167,7 +171,7 @@ std::unique_ptr<Role> Role::Make(const std::string& name, const RoleOptions& opt
 }
 
 Status Role::StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out) {
-  std::unique_ptr<Role> role = Make(kSyncerName, options, -1);
+  std::unique_ptr<Role> role = Make(SyncerShardName(options.shard, options.config.sync.syncers), options, -1);
   Impl& im = *role->impl_;
   im.is_syncer = true;
   DL_RETURN_IF_ERROR(PrepareRunDir(options.run_dir, options.config));
@@ -193,7 +197,7 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   nlohmann::json goodput;
   Observe();
   if (GoodputReport g; im.goodput->Report(UnixMsNow(), &g).ok()) goodput = GoodputToJson(g);
-  const std::string state_path = (fs::path(im.options.run_dir) / "global_state.bin").string();
+  const std::string state_path = im.syncer->state_path();
   // Killed on purpose (chaos): nothing saved, as after kill -9; the update log holds every
   // published version.
   if (killed_) return Status::Error("killed (chaos)");
@@ -385,9 +389,7 @@ Status Role::RunLearnerRole(net::NetContext& context, nlohmann::json* result) {
   lo.index = im.index;
   lo.config = &im.options.config;
   lo.job_id = im.options.job_id;
-  lo.uplink_endpoint = im.options.uplink;
-  lo.downlink_endpoint = im.options.downlink;
-  lo.snapshot_endpoint = im.options.snapshot;
+  lo.syncers = im.options.syncers;
   lo.allow_plaintext = im.options.allow_plaintext;
   lo.curve = im.options.curve;
   lo.init_params = init;

@@ -47,8 +47,10 @@ struct RoleOptions {
   // A learner: the first device of its ring; the syncer: where it evaluates (train/role_plan.h);
   // empty: train.device for a learner, "cpu" for the syncer.
   std::string device;
-  // The syncer's endpoints: bound by a syncer role, connected by a learner role.
-  std::string uplink, downlink, snapshot;
+  // Each syncer shard's endpoints (index = shard, shards.h): a syncer role binds its own
+  // (syncers[shard]), a learner role connects to them all.
+  std::vector<SyncerEndpoints> syncers;
+  int shard = 0;  // a syncer role: which of the sync.syncers shards it is
   bool allow_plaintext = false;
   std::optional<net::CurveOptions> curve;  // syncer: server keys; learner: client keys + server key
   bool resume = false;                     // continue after a daemon restart
@@ -97,6 +99,7 @@ class Role {
   // Start the role's thread, which builds the role (corpus, model, sockets) and runs it: what
   // fails there (a port taken, a corpus that does not load) is the role's outcome. Only cheap
   // checks (the run directory, the device) fail here.
+  // The syncer role is named after its shard (shards.h: "syncer", or "syncer-<s>").
   static Status StartSyncer(net::NetContext& context, const RoleOptions& options, std::unique_ptr<Role>* out);
   static Status StartLearner(net::NetContext& context, const RoleOptions& options, int index,
                              std::unique_ptr<Role>* out);

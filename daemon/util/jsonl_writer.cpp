@@ -1,5 +1,8 @@
 #include "daemon/util/jsonl_writer.h"
 
+#include <sys/file.h>
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -19,12 +22,24 @@ Status JsonlWriter::Open(const std::string& path, int64_t rotate_bytes) {
   return Status::Ok();
 }
 
+// Several writers may append to one file (the syncer shards of a run share its events.log): the
+// first to rotate moves the file; the others find a new file at the path and reopen it instead of
+// moving that one over the first's part. A lock on the file being rotated makes the look and the
+// move one step, across threads and processes.
 Status JsonlWriter::Rotate() {
+  const int fd = fileno(file_);
+  (void)::flock(fd, LOCK_EX);
+  struct stat ours = {}, at_path = {};
+  const bool still_ours = ::fstat(fd, &ours) == 0 && ::stat(path_.c_str(), &at_path) == 0 &&
+                          ours.st_dev == at_path.st_dev && ours.st_ino == at_path.st_ino;
+  const std::string old = path_ + ".1";
+  Status moved = Status::Ok();
+  if (still_ours && std::rename(path_.c_str(), old.c_str()) != 0)
+    moved = Status::Error("cannot rotate '" + path_ + "' to '" + old + "': " + std::strerror(errno));
+  (void)::flock(fd, LOCK_UN);
   std::fclose(file_);
   file_ = nullptr;
-  const std::string old = path_ + ".1";
-  if (std::rename(path_.c_str(), old.c_str()) != 0)
-    return Status::Error("cannot rotate '" + path_ + "' to '" + old + "': " + std::strerror(errno));
+  DL_RETURN_IF_ERROR(moved);
   return Open(path_, rotate_bytes_);
 }
 

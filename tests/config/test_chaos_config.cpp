@@ -104,6 +104,9 @@ TEST_CASE("chaos: each validation error names the place and the full key", "[uni
        "run.yaml:5:33: chaos.events.0.corrupt.prob: must be in [0, 1], got -0.1"},
       {"chaos:\n  events:\n    - {at_s: 1, partition: {learner: 1, duration_s: 0}}\n",
        "run.yaml:5:53: chaos.events.0.partition.duration_s: must be > 0, got 0"},
+      {"chaos:\n  events:\n    - {at_s: 1, syncer_kill: {shard: 1}}\n",
+       "run.yaml:5:38: chaos.events.0.syncer_kill.shard: 1 is not a syncer shard: sync.syncers is 1, so shards are "
+       "0 .. 0; leave it out for every shard"},
       {"chaos:\n  events:\n    - {at_s: -1, syncer_kill: {}}\n",
        "run.yaml:5:14: chaos.events.0.at_s: must be >= 0"},
       {"chaos:\n  events:\n    - {at_step: -2, kill: {learner: 0}}\n",

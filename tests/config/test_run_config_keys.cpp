@@ -191,7 +191,7 @@ void LeavesOf(const YAML::Node& node, const std::string& path, std::set<std::str
 TEST_CASE("the key list, the reader and the writer agree on every key", "[unit][config]") {
   // Every list has items, every optional section is given, and each chaos action appears once.
   const std::string text = std::string(kMinimal) +
-                           "sync: {learners: 2}\n"
+                           "sync: {learners: 2, fragments: 2, syncers: 2}\n"
                            "learners: [{slowdown: 2, link: {loss: 0.1}}, {jitter: 0.5}]\n"
                            "placement: {syncer: s, learners: [a, b]}\n"
                            "chaos:\n  events:\n"
@@ -200,7 +200,7 @@ TEST_CASE("the key list, the reader and the writer agree on every key", "[unit][
                            "    - {at_s: 2, partition: {learner: 0, duration_s: 4}}\n"
                            "    - {at_s: 2, drop: {learner: 1, prob: 0.1, duration_s: 4}}\n"
                            "    - {at_s: 2, corrupt: {learner: 0, prob: 0.1, duration_s: 4}}\n"
-                           "    - {at_s: 9, syncer_kill: {restart_after_s: 3}}\n"
+                           "    - {at_s: 9, syncer_kill: {shard: 1, restart_after_s: 3}}\n"
                            "  random: {mtbf_s: 100}\n";
   RunConfig config;
   REQUIRE(Parse(text, {}, &config).message() == "");

@@ -113,7 +113,7 @@ struct Fixture {
     o.index = 0;
     o.config = &cfg;
     o.job_id = kJob;
-    o.snapshot_endpoint = "inproc://unused";
+    o.syncers = {SyncerEndpoints{"inproc://unused", "inproc://unused", "inproc://unused", ""}};
     REQUIRE(LocalRing::Create(LocalRingOptionsOf(cfg, 1), &ring).ok());
     init.resize(ring->backend(0).num_params());
     Rng rng(11);

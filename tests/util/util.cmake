@@ -1,5 +1,6 @@
 # Tests of daemon/util (test_crc32c.cpp is part of train_tests).
 diloco_test(util_tests
+  util/test_jsonl_writer.cpp
   util/test_lock_file.cpp
   util/test_sd_notify.cpp
   util/test_status.cpp
