@@ -72,9 +72,10 @@ int RunClusterDemoCommand(const ClusterDemoCommand& cmd) {
     }
     dir = pattern;
   }
-  std::vector<std::string> sites = {cfg.placement.syncer};
-  for (const std::string& s : cfg.placement.learners)
-    if (std::find(sites.begin(), sites.end(), s) == sites.end()) sites.push_back(s);
+  std::vector<std::string> sites;  // the syncer's first, each once
+  for (const std::vector<std::string>* list : {&cfg.placement.syncer, &cfg.placement.learners})
+    for (const std::string& s : *list)
+      if (std::find(sites.begin(), sites.end(), s) == sites.end()) sites.push_back(s);
 
   LocalClusterOptions options;
   options.dir = dir;

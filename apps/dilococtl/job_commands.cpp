@@ -94,6 +94,12 @@ std::string RenderJobStatus(const nlohmann::json& s, bool color) {
         << " batches)";
   }
   out << "\n";
+  // Each syncer shard (sync.syncers > 1) on its site; the line above joins them.
+  for (const auto& sh : s.value("shards", nlohmann::json::array())) {
+    const nlohmann::json shp = sh.contains("progress") ? sh["progress"] : sh.value("result", nlohmann::json::object());
+    out << "  shard " << Num(sh, "shard", 0) << " on " << Pad(sh.value("site", "?"), 10) << " " << Pad(sh.value("state", "?"), 10)
+        << " merges " << Num(shp, "merges", 0) << "\n";
+  }
   if (sp.contains("last_merge")) {
     const nlohmann::json& m = sp["last_merge"];
     out << "         last merge: fragment " << Num(m, "fragment", 0) << " -> v" << Num(m, "version", 0) << " ("
@@ -210,8 +216,15 @@ int RunListCommand(const ListCommand& cmd) {
     const nlohmann::json here = j.value("roles", nlohmann::json::object());
     for (const auto& [name, r] : here.items()) roles += (roles.empty() ? "" : ",") + name;
     const nlohmann::json placement = j.value("placement", nlohmann::json::object());
+    // One site, or one per syncer shard.
+    std::string syncer = "-";
+    if (placement.contains("syncer") && placement["syncer"].is_string()) syncer = placement["syncer"];
+    if (placement.contains("syncer") && placement["syncer"].is_array()) {
+      syncer.clear();
+      for (const auto& site : placement["syncer"]) syncer += (syncer.empty() ? "" : ",") + site.get<std::string>();
+    }
     std::printf("%-22s %-10s %-9s %-22s %s\n", j.value("id", "?").c_str(), j.value("state", "?").c_str(),
-                placement.value("syncer", "-").c_str(), roles.empty() ? "-" : roles.c_str(),
+                syncer.c_str(), roles.empty() ? "-" : roles.c_str(),
                 j.value("submitted_to", "?").c_str());
   }
   return 0;

@@ -332,6 +332,21 @@ std::string ConnectableEndpoint(const std::string& bound) {
   return bound;
 }
 
+Status ShardListen(const DaemonEndpoints& listen, int n, DaemonEndpoints* out) {
+  *out = listen;
+  if (n == 0) return Status::Ok();
+  for (std::string* e : {&out->uplink, &out->downlink, &out->snapshot}) {
+    const size_t colon = e->rfind(':');
+    const std::string port = colon == std::string::npos ? "" : e->substr(colon + 1);
+    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+        std::stoi(port) + kShardPortStride * n > 65535)
+      return Status::Error("endpoint '" + *e + "' has no port a syncer shard can add " +
+                           std::to_string(kShardPortStride * n) + " to");
+    *e = e->substr(0, colon + 1) + std::to_string(std::stoi(port) + kShardPortStride * n);
+  }
+  return Status::Ok();
+}
+
 Status ParseDaemonConfig(const std::string& yaml_text, const std::string& source_name,
                          const std::string& base_dir, DaemonConfig* out) {
   YAML::Node root;

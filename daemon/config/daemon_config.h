@@ -148,4 +148,11 @@ Status CheckJobFitsSiteHosts(const std::string& site, int site_hosts_count, int 
 // (tcp://*:7101, tcp://0.0.0.0:7101) becomes 127.0.0.1.
 std::string ConnectableEndpoint(const std::string& bound);
 
+// A job's n-th syncer shard on a site binds the site's listen endpoints with each port +
+// kShardPortStride × n (uplink, downlink and snapshot; n = 0: the endpoints themselves), so one
+// daemon runs several shards and every peer knows where each listens (7101-7103, then 7201-7203).
+// An endpoint without a port, or past 65535, is an error.
+inline constexpr int kShardPortStride = 100;
+Status ShardListen(const DaemonEndpoints& listen, int n, DaemonEndpoints* out);
+
 }  // namespace diloco

@@ -148,10 +148,24 @@ struct TimingConfig {
 // is for local mode only (`dilococtl train`); submit refuses it. When set, learners has exactly
 // sync.learners entries.
 struct PlacementConfig {
-  std::string syncer;
+  // The syncer's site: one (every shard of sync.syncers there) or one per shard (SyncerSite).
+  std::vector<std::string> syncer;
   std::vector<std::string> learners;
   bool empty() const { return syncer.empty() && learners.empty(); }
   bool operator==(const PlacementConfig&) const = default;
+  // Syncer shard `shard`'s site ("" when unplaced).
+  std::string SyncerSite(int shard) const {
+    if (syncer.empty()) return "";
+    return syncer.size() == 1 ? syncer.front() : syncer.at(shard);
+  }
+  // The shards of `shards` placed on site, in shard order (a site's n-th shard binds its listen
+  // ports + n: ShardListen, daemon_config.h).
+  std::vector<int> ShardsOn(const std::string& site, int shards) const {
+    std::vector<int> out;
+    for (int s = 0; s < shards; s++)
+      if (SyncerSite(s) == site) out.push_back(s);
+    return out;
+  }
 };
 
 struct RunConfig {

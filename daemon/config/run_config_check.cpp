@@ -142,7 +142,13 @@ Status CheckPlacement(const RunConfig& c, const Origins& origins) {
                 "is required when placement.learners is set: the site that hosts the syncer, e.g. "
                 "placement: {syncer: site-s, learners: [site-a, site-b]}");
   }
-  if (!IsSiteName(p.syncer)) return fail("placement.syncer", not_a_site(p.syncer));
+  for (const std::string& site : p.syncer)
+    if (!IsSiteName(site)) return fail("placement.syncer", not_a_site(site));
+  if (p.syncer.size() != 1 && p.syncer.size() != static_cast<size_t>(c.sync.syncers)) {
+    return fail("placement.syncer", "names " + std::to_string(p.syncer.size()) + " sites but sync.syncers is " +
+                                        std::to_string(c.sync.syncers) +
+                                        "; give one site (every shard there) or one per shard (a site may repeat)");
+  }
   if (p.learners.size() != static_cast<size_t>(c.sync.learners)) {
     return fail("placement.learners", "names " + std::to_string(p.learners.size()) + " sites but sync.learners is " +
                                           std::to_string(c.sync.learners) +

@@ -32,7 +32,7 @@ std::string TypeOf(const FieldRef& field) {
     return e->names == std::vector<std::string>(kBoolNames.begin(), kBoolNames.end()) ? "bool" : "enum";
   }
   if (std::holds_alternative<ListField>(field)) return "list of sections";
-  if (std::holds_alternative<StringListField>(field)) return "list of names";
+  if (const auto* l = std::get_if<StringListField>(&field)) return l->one_may_be_scalar ? "name or list" : "list of names";
   if (std::holds_alternative<ChaosEventsField>(field)) return "list of events";
   return "optional section";
 }

@@ -45,6 +45,8 @@ struct ListField {
 // A list of plain strings, e.g. placement.learners: [site-a, site-b].
 struct StringListField {
   std::vector<std::string>* value;
+  // One name may be written alone (a scalar, as one item); one item is written so.
+  bool one_may_be_scalar = false;
 };
 
 // chaos.events: a list whose items each hold one of several action sections, read and written

@@ -40,7 +40,13 @@ Status ReadValue(const Key& key, const YAML::Node& node, const std::string& wher
   } else if (auto* field = std::get_if<StringListField>(&key.field)) {
     field->value->clear();
     if (node.IsNull()) return Status::Ok();
-    if (!node.IsSequence()) return expected("a list of names, e.g. [site-a, site-b]");
+    if (field->one_may_be_scalar && node.IsScalar()) {
+      field->value->push_back(node.Scalar());
+      return Status::Ok();
+    }
+    if (!node.IsSequence())
+      return expected(field->one_may_be_scalar ? "a name or a list of names, e.g. site-s or [site-s, site-t]"
+                                               : "a list of names, e.g. [site-a, site-b]");
     for (size_t i = 0; i < node.size(); ++i) {
       if (!node[i].IsScalar()) return expected("a list of names, e.g. [site-a, site-b]");
       field->value->push_back(node[i].Scalar());

@@ -57,6 +57,8 @@ YAML::Node ValueOf(const Key& key) {
   if (auto* field = std::get_if<PathField>(&key.field)) return YAML::Node(*field->value);
   if (auto* field = std::get_if<EnumField>(&key.field)) return YAML::Node(field->names.at(field->get()));
   if (auto* field = std::get_if<ChaosEventsField>(&key.field)) return ChaosEventsToYaml(*field->value);
+  if (auto* field = std::get_if<StringListField>(&key.field); field && field->one_may_be_scalar && field->value->size() == 1)
+    return YAML::Node(field->value->front());
   YAML::Node list(YAML::NodeType::Sequence);  // a list of names, or "[]" until an item makes it a block
   list.SetStyle(YAML::EmitterStyle::Flow);
   if (auto* field = std::get_if<StringListField>(&key.field)) {

@@ -35,6 +35,7 @@
 #include "daemon/net/envelope.h"
 #include "daemon/net/local_socket.h"
 #include "daemon/sync/protocol.h"
+#include "daemon/sync/shards.h"
 #include "daemon/train/chaos_runner.h"
 #include "daemon/train/role_plan.h"
 #include "daemon/util/jsonl_writer.h"
@@ -103,7 +104,7 @@ struct DaemonImpl {
       for (const auto& [t, c] : chaos_due)
         if (c.action == SiteChaosAction::kRestart) return true;
       for (const std::string& name : killed)
-        if (chaos_runner && chaos_runner->RestartPending(name == kSyncerName ? -1 : LearnerIndexOf(name))) return true;
+        if (chaos_runner && chaos_runner->RestartPending(IsSyncerRoleName(name) ? -1 : LearnerIndexOf(name))) return true;
       return false;
     }
   };
@@ -216,6 +217,7 @@ struct DaemonImpl {
   // The syncer and a learner of the plan (train/role_plan.h) with this site's endpoints and keys.
   Status StartSyncerRole(const std::string& id, const RoleOptions& ro, const PlannedRole& pr, std::unique_ptr<Role>* role);
   Status StartLearnerRole(const std::string& id, const RoleOptions& ro, const PlannedRole& pr, std::unique_ptr<Role>* role);
+  Status ShardEndpoints(const RunConfig& cfg, bool bound, std::vector<SyncerEndpoints>* out) const;
   // Takes a new job: persists it and starts its roles here.
   Status AcceptJob(const std::string& id, const RunConfig& cfg, const std::string& submitted_to);
   // The job to hosts 1 .. train.hosts - 1 of this site, each of which starts its ring members; any
@@ -254,6 +256,9 @@ struct DaemonImpl {
   bool OpenRunMetrics(const std::string& id, Job& job);  // false: logged, the job goes on without
   void SettleEndedJob(const std::string& id, const RunConfig& cfg, const JobRecord& rec);
   void WriteRunMetrics(const std::string& id, const Job& job, const nlohmann::json& line);
+  bool EndedRoleResult(const std::string& id, const Job& job, const std::string& site, const std::string& name,
+                       std::map<std::string, nlohmann::json>* views, nlohmann::json* result);
+  bool JoinedSyncerResult(const std::string& id, const Job& job, nlohmann::json* result);
   bool LearnerResults(const std::string& id, const Job& job, std::vector<nlohmann::json>* results);
   void WriteDueSummaries();
   // ---- job_status.cpp ----

@@ -22,9 +22,8 @@ class QueuedChaosTarget final : public ChaosTarget {
   }
   void SetLoss(int l, double p) override { Push(ChaosActionKind::kDropStart, l, p); }
   void SetCorrupt(int l, double p) override { Push(ChaosActionKind::kCorruptStart, l, p); }
-  // A daemon job runs one syncer (CheckDaemonCanRun): the shard is that one.
-  void KillSyncer(int) override { Push(ChaosActionKind::kSyncerKill, -1, 0); }
-  void RestartSyncer(int) override { Push(ChaosActionKind::kSyncerRestart, -1, 0); }
+  void KillSyncer(int shard) override { Push(ChaosActionKind::kSyncerKill, -1, 0, shard); }
+  void RestartSyncer(int shard) override { Push(ChaosActionKind::kSyncerRestart, -1, 0, shard); }
   long LearnerStep(int l) const override {
     std::lock_guard<std::mutex> lock(mu_);
     return l >= 0 && l < (int)steps_.size() ? steps_[l] : 0;
@@ -41,9 +40,11 @@ class QueuedChaosTarget final : public ChaosTarget {
  private:
   // The runner's calls name the effect; slow 1 / loss 0 / corrupt 0 are the ends (SiteChaosOf
   // maps a start with value 0 to "back to normal" as well).
-  void Push(ChaosActionKind kind, int learner, double value) {
+  void Push(ChaosActionKind kind, int learner, double value, int shard = -1) {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({kind, learner, value});
+    ChaosAction a{kind, learner, value};
+    a.shard = shard;
+    queue_.push_back(a);
   }
   mutable std::mutex mu_;
   std::vector<ChaosAction> queue_;
@@ -64,7 +65,7 @@ std::vector<std::string> ChaosRoles(const SiteChaosCommand& c, const Names& amon
   const bool roles_too = c.action == SiteChaosAction::kKill || c.action == SiteChaosAction::kRestart;
   for (const auto& entry : among) {
     const std::string& name = NameOf(entry);
-    const bool is_syncer = name == kSyncerName;
+    const bool is_syncer = IsSyncerRoleName(name);
     if (c.syncer ? is_syncer : c.learner >= 0 ? name == LearnerName(c.learner) : (!is_syncer || roles_too))
       out.push_back(name);
   }
@@ -190,7 +191,7 @@ void DaemonImpl::ChaosTick() {
     std::erase_if(job.dying, [](const std::unique_ptr<Role>& r) { return r->done(); });
     if (job.chaos_target) {
       std::vector<long> steps(job.config.placement.learners.size(), 0);
-      auto sit = job.roles.find(kSyncerName);
+      auto sit = job.roles.find(SyncerShardName(0, job.config.sync.syncers));  // the home shard hears every learner
       if (sit != job.roles.end()) {
         const nlohmann::json p = sit->second->Progress();
         for (const auto& l : p.value("learners", nlohmann::json::array())) {
@@ -200,7 +201,16 @@ void DaemonImpl::ChaosTick() {
       }
       job.chaos_target->SetSteps(std::move(steps));
       for (const ChaosAction& a : job.chaos_target->Take()) {
-        for (const SiteChaosCommand& c : SiteChaosOf(a, job.config.placement.learners, job.config.placement.syncer))
+        // A syncer action goes to the site of its shard (every shard's, shard -1); it kills or
+        // restarts every syncer shard of the job on that site.
+        std::vector<std::string> syncer_sites;
+        for (int s = 0; s < job.config.sync.syncers; s++) {
+          const std::string site = job.config.placement.SyncerSite(s);
+          if ((a.shard < 0 || a.shard == s) &&
+              std::find(syncer_sites.begin(), syncer_sites.end(), site) == syncer_sites.end())
+            syncer_sites.push_back(site);
+        }
+        for (const SiteChaosCommand& c : SiteChaosOf(a, job.config.placement.learners, syncer_sites))
           SendChaos(id, c);
       }
     }

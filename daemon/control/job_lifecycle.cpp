@@ -77,7 +77,8 @@ Status DaemonImpl::StartRoles(const std::string& id, const RunConfig& cfg, bool 
   // Into the job's entry (a rejoin restarts some roles of a job whose others keep running).
   Job& entry = jobs[id];
   entry.config = cfg;
-  const bool syncer_started = job.roles.count(kSyncerName) > 0;
+  // The home shard's site (shard 0's: sync/shards.h) keeps the run's lines and plays its chaos.
+  const bool syncer_started = job.roles.count(SyncerShardName(0, cfg.sync.syncers)) > 0;
   for (auto& [name, role] : job.roles) entry.roles[name] = std::move(role);
   if (syncer_started && OpenRunMetrics(id, entry))
     WriteRunMetrics(id, entry, RunStartLine(cfg, resume, plan.threads_per_role));
@@ -105,7 +106,7 @@ bool DaemonImpl::OpenRunMetrics(const std::string& id, Job& job) {
 void DaemonImpl::SettleEndedJob(const std::string& id, const RunConfig& cfg, const JobRecord& rec) {
   Job& job = jobs[id];
   job.config = cfg;
-  const auto sr = rec.roles.find(kSyncerName);
+  const auto sr = rec.roles.find(SyncerShardName(0, cfg.sync.syncers));
   if (sr != rec.roles.end() && sr->second.state == JobState::kCompleted && OpenRunMetrics(id, job))
     job.ExpectSummary(sr->second.result);
   JobLog(id, "every role here had ended before this restart: the job is settled now");
@@ -116,16 +117,49 @@ void DaemonImpl::WriteRunMetrics(const std::string& id, const Job& job, const nl
   if (Status st = job.run_metrics->Write(line); !st.ok()) JobLog(id, "metrics.jsonl: " + st.message());
 }
 
+// Every syncer shard's endpoints as this site reaches them (placement.syncer; a site's n-th shard
+// on its listen ports + n: ShardListen), with its site's key. bound: this site's own shards as it
+// binds them (else as its learners connect to them).
+Status DaemonImpl::ShardEndpoints(const RunConfig& cfg, bool bound, std::vector<SyncerEndpoints>* out) const {
+  const int S = cfg.sync.syncers;
+  out->assign(S, {});
+  for (int s = 0; s < S; s++) {
+    const std::string site = cfg.placement.SyncerSite(s);
+    const std::vector<int> there = cfg.placement.ShardsOn(site, S);
+    const int n = (int)(std::find(there.begin(), there.end(), s) - there.begin());
+    DaemonEndpoints listen;
+    std::string key;
+    if (site == config.site) {
+      listen = config.listen;
+      if (!bound) {
+        for (std::string* e : {&listen.uplink, &listen.downlink, &listen.snapshot}) *e = ConnectableEndpoint(*e);
+      }
+      if (keys) key = keys->public_z85;
+      if (listen.uplink.empty() || listen.downlink.empty() || listen.snapshot.empty())
+        return Status::Error("site " + config.site + " hosts " + SyncerShardName(s, S) + " but " + config.source +
+                             " lacks listen.uplink, listen.downlink or listen.snapshot");
+    } else {
+      const PeerConfig* peer = config.FindPeer(site);
+      if (!peer)
+        return Status::Error("the site of " + SyncerShardName(s, S) + ", '" + site + "', is not among the peers in " +
+                             config.source);
+      listen = peer->endpoints;
+      key = peer->public_key;
+    }
+    DaemonEndpoints shifted;
+    DL_RETURN_IF_ERROR(ShardListen(listen, n, &shifted).WithContext(SyncerShardName(s, S) + " on site " + site));
+    (*out)[s] = SyncerEndpoints{shifted.uplink, shifted.downlink, shifted.snapshot, key};
+  }
+  return Status::Ok();
+}
+
 Status DaemonImpl::StartSyncerRole(const std::string& id, const RoleOptions& ro, const PlannedRole& pr,
                                    std::unique_ptr<Role>* role) {
   const RunConfig& cfg = ro.config;
   RoleOptions so = ro;
   so.device = pr.device;  // where it evaluates
-  so.syncers = {SyncerEndpoints{config.listen.uplink, config.listen.downlink, config.listen.snapshot, ""}};
-  if (config.listen.uplink.empty() || config.listen.downlink.empty() || config.listen.snapshot.empty()) {
-    return Status::Error("site " + config.site + " hosts the syncer of job " + id + " but " + config.source +
-                         " lacks listen.uplink, listen.downlink or listen.snapshot");
-  }
+  so.shard = pr.shard;
+  DL_RETURN_IF_ERROR(ShardEndpoints(cfg, /*bound=*/true, &so.syncers));
   if (keys) {
     so.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, true, "dilocod", ""};
     // Each learner speaks only with the key of the site the job placed it on.
@@ -136,33 +170,22 @@ Status DaemonImpl::StartSyncerRole(const std::string& id, const RoleOptions& ro,
     }
   }
   for (auto& [other_id, other] : jobs) {
-    if (other.roles.count(kSyncerName)) {
-      return Status::Refused("site " + config.site + " already hosts the syncer of job " + other_id +
-                             " (one syncer per site: its listen endpoints are taken); stop it or wait");
+    for (const auto& [name, other_role] : other.roles) {
+      if (other_id != id && IsSyncerRoleName(name))
+        return Status::Refused("site " + config.site + " already hosts the syncer of job " + other_id +
+                               " (one job's syncer per site: its listen endpoints are taken); stop it or wait");
     }
   }
-  return Role::StartSyncer(*context, so, role).WithContext("starting the syncer");
+  return Role::StartSyncer(*context, so, role).WithContext("starting " + pr.name);
 }
 
 Status DaemonImpl::StartLearnerRole(const std::string& id, const RoleOptions& ro, const PlannedRole& pr,
                                     std::unique_ptr<Role>* role) {
-  const RunConfig& cfg = ro.config;
   RoleOptions lo = ro;
   SetRingOptions(id, pr.learner, &lo);
   lo.device = pr.device;
-  std::string server_key;
-  // One syncer (CheckDaemonCanRun), here or at a peer.
-  if (cfg.placement.syncer == config.site) {
-    lo.syncers = {SyncerEndpoints{ConnectableEndpoint(config.listen.uplink), ConnectableEndpoint(config.listen.downlink),
-                                  ConnectableEndpoint(config.listen.snapshot), ""}};
-    if (keys) server_key = keys->public_z85;
-  } else {
-    const PeerConfig* peer = config.FindPeer(cfg.placement.syncer);
-    if (!peer) return Status::Error("the syncer's site '" + cfg.placement.syncer + "' is not among the peers in " + config.source);
-    lo.syncers = {SyncerEndpoints{peer->endpoints.uplink, peer->endpoints.downlink, peer->endpoints.snapshot, ""}};
-    server_key = peer->public_key;
-  }
-  if (keys) lo.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, false, "dilocod", server_key};
+  DL_RETURN_IF_ERROR(ShardEndpoints(ro.config, /*bound=*/false, &lo.syncers));
+  if (keys) lo.curve = net::CurveOptions{keys->public_z85, keys->secret_z85, false, "dilocod", lo.syncers[0].curve_server_key};
   return Role::StartLearner(*context, lo, pr.learner, role).WithContext("starting " + pr.name);
 }
 
@@ -184,7 +207,8 @@ Status DaemonImpl::AcceptJob(const std::string& id, const RunConfig& cfg, const 
     return Status::Error("site " + config.site + " already runs " + std::to_string(jobs.size()) +
                          " jobs, its max_jobs (" + config.source + "); stop one or wait");
   DL_RETURN_IF_ERROR(CheckCorpusAllowed(config.site, cfg.data.corpus, config.data_roots, config.source));
-  DL_RETURN_IF_ERROR(CheckJobFitsMemory(config.site, cfg, here, cfg.placement.syncer == config.site, MachineMemoryBytes()));
+  const bool syncer_here = !cfg.placement.ShardsOn(config.site, cfg.sync.syncers).empty();
+  DL_RETURN_IF_ERROR(CheckJobFitsMemory(config.site, cfg, here, syncer_here, MachineMemoryBytes()));
   if (!cfg.chaos.empty() && !config.chaos)
     return Status::Error("the job has a chaos: section, which site " + config.site + " refuses: its daemon config (" +
                          config.source + ") says chaos: false (set chaos: true on test clusters only)");
@@ -296,7 +320,7 @@ void DaemonImpl::ResumeJobs() {
         continue;
       }
       st = StartRoles(id, cfg, true, &rec, &unfinished);
-      if (st.ok() && unfinished.count(kSyncerName)) AskLearnersToRejoin(id, cfg);
+      if (st.ok() && std::any_of(unfinished.begin(), unfinished.end(), IsSyncerRoleName)) AskLearnersToRejoin(id, cfg);
     }
     if (!st.ok()) {
       rec.state = JobState::kFailed;
@@ -336,7 +360,8 @@ void DaemonImpl::Reap() {
         const bool stopped = job.stop_requested || rr.result.value("stopped", false);
         rr.state = stopped ? JobState::kStopped : JobState::kCompleted;
         JobLog(id, rit->first + " " + ToString(rr.state) + ": " + JsonText(rr.result));
-        if (rit->first == kSyncerName && rr.state == JobState::kCompleted && job.run_metrics)
+        if (rit->first == SyncerShardName(0, job.config.sync.syncers) && rr.state == JobState::kCompleted &&
+            job.run_metrics)
           job.ExpectSummary(rr.result);  // WriteDueSummaries
       }
       changed = true;
@@ -371,32 +396,54 @@ void DaemonImpl::Reap() {
   }
 }
 
-// Every learner's role result when all of them have ended, on this site or (from what the
-// background refresh of peer views has) on theirs; false while any is running or unknown.
+// Role `name`'s result once it has ended, on this site or (from what the background refresh of
+// peer views has) on `site`; false while it runs or is unknown. views: the peer views read so far.
+bool DaemonImpl::EndedRoleResult(const std::string& id, const Job& job, const std::string& site, const std::string& name,
+                                 std::map<std::string, nlohmann::json>* views, nlohmann::json* result) {
+  nlohmann::json view;
+  if (site == config.site) {
+    JobRecord rec;
+    if (job.roles.count(name) || !store->Load(id, &rec).ok()) return false;
+    view = JobRecordToJson(rec);
+  } else if (views->count(site)) {
+    view = (*views)[site];
+  } else {
+    const PeerViews::View v = peer_views->Get(site, id, /*wait=*/false);
+    if (!v.ok || !v.error.empty()) return false;
+    view = (*views)[site] = v.json;
+  }
+  if (!view.is_object() || !view.contains("roles") || !view["roles"].contains(name)) return false;
+  const nlohmann::json& role = view["roles"][name];
+  JobState js;
+  if (!ParseJobState(role.value("state", ""), &js) || !IsFinal(js)) return false;
+  *result = role.value("result", nlohmann::json());
+  return true;
+}
+
+// Every learner's role result when all of them have ended; false while any is running or unknown.
 bool DaemonImpl::LearnerResults(const std::string& id, const Job& job, std::vector<nlohmann::json>* results) {
   results->clear();
   std::map<std::string, nlohmann::json> views;
   for (size_t i = 0; i < job.config.placement.learners.size(); i++) {
-    const std::string& site = job.config.placement.learners[i];
-    const std::string name = LearnerName((int)i);
-    nlohmann::json view;
-    if (site == config.site) {
-      JobRecord rec;
-      if (job.roles.count(name) || !store->Load(id, &rec).ok()) return false;
-      view = JobRecordToJson(rec);
-    } else if (views.count(site)) {
-      view = views[site];
-    } else {
-      const PeerViews::View v = peer_views->Get(site, id, /*wait=*/false);
-      if (!v.ok || !v.error.empty()) return false;
-      view = views[site] = v.json;
-    }
-    if (!view.is_object() || !view.contains("roles") || !view["roles"].contains(name)) return false;
-    const nlohmann::json& role = view["roles"][name];
-    JobState js;
-    if (!ParseJobState(role.value("state", ""), &js) || !IsFinal(js)) return false;
-    results->push_back(role.value("result", nlohmann::json()));
+    nlohmann::json r;
+    if (!EndedRoleResult(id, job, job.config.placement.learners[i], LearnerName((int)i), &views, &r)) return false;
+    results->push_back(r);
   }
+  return true;
+}
+
+// The syncer's result: the home shard's own (syncer_result), joined with every other shard's once
+// each has ended (JoinShardResults); false while any is running or unknown.
+bool DaemonImpl::JoinedSyncerResult(const std::string& id, const Job& job, nlohmann::json* result) {
+  const int S = job.config.sync.syncers;
+  std::vector<nlohmann::json> shards = {job.syncer_result};
+  std::map<std::string, nlohmann::json> views;
+  for (int s = 1; s < S; s++) {
+    nlohmann::json r;
+    if (!EndedRoleResult(id, job, job.config.placement.SyncerSite(s), SyncerShardName(s, S), &views, &r)) return false;
+    shards.push_back(r);
+  }
+  *result = JoinShardResults(shards, ShardMapOf(job.config));
   return true;
 }
 
@@ -404,12 +451,14 @@ void DaemonImpl::CheckLearnersEnded() {
   if (Clock::now() - last_learner_check < std::chrono::seconds(3)) return;
   last_learner_check = Clock::now();
   for (auto& [id, job] : jobs) {
-    auto sit = job.roles.find(kSyncerName);
-    if (sit == job.roles.end() || sit->second->done() || job.syncer_stop_sent) continue;
+    std::vector<Role*> syncers;  // the job's syncer shards here
+    for (auto& [name, role] : job.roles)
+      if (IsSyncerRoleName(name) && !role->done()) syncers.push_back(role.get());
+    if (syncers.empty() || job.syncer_stop_sent) continue;
     std::vector<nlohmann::json> results;
     if (LearnerResults(id, job, &results)) {
       JobLog(id, "every learner has ended; the syncer merges what is pending and stops");
-      sit->second->RequestStop();
+      for (Role* s : syncers) s->RequestStop();
       job.syncer_stop_sent = true;
     }
   }
@@ -423,10 +472,11 @@ void DaemonImpl::WriteDueSummaries() {
   for (auto& [id, job] : jobs) {
     if (!job.summary_due) continue;
     std::vector<nlohmann::json> results;
-    const bool known = LearnerResults(id, job, &results);
+    nlohmann::json sr;
+    const bool known = LearnerResults(id, job, &results) && JoinedSyncerResult(id, job, &sr);
     if (!known && Clock::now() - job.summary_due_since < std::chrono::seconds(60)) continue;
     job.summary_due = false;
-    const nlohmann::json& sr = job.syncer_result;
+    if (!known) sr = job.syncer_result;
     nlohmann::json summary = known ? JobSummaryObject(job.config, sr, results, store->RunDir(id), id) : nullptr;
     if (!summary.is_null())
       for (size_t i = 0; i < results.size(); i++) WriteRunMetrics(id, job, LearnerDoneLine((int)i, results[i]));
@@ -455,7 +505,7 @@ Status DaemonImpl::RejoinLearners(const std::string& id) {
   Job& job = it->second;
   std::vector<std::string> names;
   for (auto& [name, role] : job.roles)
-    if (name != kSyncerName && !role->done()) names.push_back(name);
+    if (!IsSyncerRoleName(name) && !role->done()) names.push_back(name);
   for (const std::string& name : names) {
     job.roles[name]->RequestShutdown();
     job.dying.push_back(std::move(job.roles[name]));

@@ -115,10 +115,6 @@ Status CheckDaemonCanRun(const RunConfig& cfg, const std::string& config_source)
   if (cfg.sync.clock == ClockSource::kVirtual)
     return Status::Refused(config_source + ": sync.clock virtual runs every role in one process on virtual time; run it "
                                          "with `dilococtl train`, or submit with sync.clock: wall");
-  if (cfg.sync.syncers > 1)
-    return Status::Refused(config_source + ": sync.syncers " + std::to_string(cfg.sync.syncers) +
-                           ": dilocod jobs run one syncer so far; shards run in `dilococtl train` (local and "
-                           "virtual) and `dilococtl simulate`; submit with sync.syncers: 1");
   return Status::Ok();
 }
 

@@ -52,10 +52,33 @@ nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& sr,
   s.checkpoint = sr.value("checkpoint", "");
   s.global_state = sr.value("global_state", "");
   s.wall_s = Number(sr, "wall_s", 0.0);
+  if (sr.contains("shard_merges") && sr["shard_merges"].is_array())
+    for (const auto& m : sr["shard_merges"]) s.shard_merges.push_back(m.is_number_unsigned() ? m.get<uint64_t>() : 0);
   nlohmann::json j = TrainSummaryObject(s);
   j["job"] = job_id;
   if (sr.contains("goodput")) j.update(sr["goodput"]);  // the syncer's view (control/live_goodput.h)
   return j;
+}
+
+nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results, const ShardMap& shards) {
+  if (shard_results.size() == 1) return shard_results.front();
+  nlohmann::json joined = shard_results.front().is_object() ? shard_results.front() : nlohmann::json::object();
+  for (const char* key : {"merges", "dropped_deltas", "rejected_deltas", "bytes_received", "bytes_published",
+                          "snapshots_served"}) {
+    uint64_t sum = 0;
+    for (const nlohmann::json& r : shard_results) sum += Number(r, key, uint64_t{0});
+    joined[key] = sum;
+  }
+  nlohmann::json versions = nlohmann::json::array();
+  for (size_t p = 0; p < (size_t)std::max(0, (int)joined.value("versions", nlohmann::json::array()).size()); p++) {
+    const nlohmann::json& owner = shard_results[shards.OwnerOf(p)];
+    const bool known = owner.is_object() && owner.contains("versions") && owner["versions"].size() > p;
+    versions.push_back(known ? owner["versions"][p] : nlohmann::json(0));
+  }
+  joined["versions"] = versions;
+  joined["shard_merges"] = nlohmann::json::array();
+  for (const nlohmann::json& r : shard_results) joined["shard_merges"].push_back(Number(r, "merges", uint64_t{0}));
+  return joined;
 }
 
 }  // namespace diloco

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/config/run_config.h"
+#include "daemon/sync/shards.h"
 
 namespace diloco {
 
@@ -23,5 +24,10 @@ nlohmann::json LearnerDoneLine(int learner, const nlohmann::json& result);
 nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& syncer_result,
                                 const std::vector<nlohmann::json>& learner_results, const std::string& run_dir,
                                 const std::string& job_id);
+
+// The syncer shards' results (or progress objects), index = shard, as one syncer's: counters
+// summed, each fragment's version from the shard that merges it (shards), "shard_merges" per
+// shard; the rest (the evaluation, the checkpoint, goodput) from the home shard, shard 0.
+nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results, const ShardMap& shards);
 
 }  // namespace diloco

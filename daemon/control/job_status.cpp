@@ -22,14 +22,63 @@ nlohmann::json StatusSummary(const RunConfig& cfg, const nlohmann::json& status)
                           status.value("id", ""));
 }
 
+// out["syncer"]: the syncer's role (state, progress, result) from its site; with shards the shards
+// joined (JoinShardResults: versions from each fragment's owner, counters summed) and each shard's
+// own in out["shards"]. A shard whose site did not answer leaves the join out.
+void SetSyncerView(const RunConfig& cfg, const nlohmann::json& sites, nlohmann::json* out) {
+  const int S = cfg.sync.syncers;
+  std::vector<nlohmann::json> roles;
+  bool home_found = false;
+  for (int s = 0; s < S; s++) {
+    const std::string site = cfg.placement.SyncerSite(s);
+    const std::string name = SyncerShardName(s, S);
+    nlohmann::json r = {{"shard", s}, {"site", site}};
+    const nlohmann::json& sj = sites.contains(site) ? sites[site] : nlohmann::json::object();
+    if (sj.contains("roles") && sj["roles"].contains(name)) {
+      r.update(sj["roles"][name]);
+      home_found = home_found || s == 0;
+    } else {
+      r["state"] = sj.contains("unreachable") ? "unreachable" : "unknown";
+    }
+    roles.push_back(r);
+  }
+  if (S == 1) {
+    roles[0].erase("shard");
+    if (home_found) (*out)["syncer"] = roles[0];
+    return;
+  }
+  (*out)["shards"] = roles;
+  nlohmann::json joined = roles[0];
+  const ShardMap shards = ShardMapOf(cfg);
+  for (const char* part : {"progress", "result"}) {
+    std::vector<nlohmann::json> each;
+    for (const nlohmann::json& r : roles) each.push_back(r.value(part, nlohmann::json()));
+    if (std::all_of(each.begin(), each.end(), [](const nlohmann::json& j) { return j.is_object(); }))
+      joined[part] = JoinShardResults(each, shards);
+    else
+      joined.erase(part);
+  }
+  joined.erase("shard");
+  (*out)["syncer"] = joined;
+}
+
 }  // namespace
 
-// The sites a job's placement names, syncer first, each once.
+// The sites a job's placement names, the home shard's first, each once.
 std::vector<std::string> SitesOf(const RunConfig& cfg) {
-  std::vector<std::string> sites = {cfg.placement.syncer};
-  for (const std::string& s : cfg.placement.learners)
-    if (std::find(sites.begin(), sites.end(), s) == sites.end()) sites.push_back(s);
-  return sites;
+  std::vector<std::string> sites;
+  for (int s = 0; s < cfg.sync.syncers; s++) sites.push_back(cfg.placement.SyncerSite(s));
+  sites.insert(sites.end(), cfg.placement.learners.begin(), cfg.placement.learners.end());
+  std::vector<std::string> once;
+  for (const std::string& s : sites)
+    if (!s.empty() && std::find(once.begin(), once.end(), s) == once.end()) once.push_back(s);
+  return once;
+}
+
+// placement.syncer as written: one site, or one per shard.
+nlohmann::json SyncerPlacementJson(const PlacementConfig& p) {
+  if (p.syncer.size() == 1) return p.syncer.front();
+  return p.syncer;
 }
 
 // This site's view of a job: its record, config placement and its roles' progress.
@@ -47,7 +96,7 @@ nlohmann::json DaemonImpl::LocalView(const std::string& id) {
   }
   RunConfig cfg;
   if (LoadJobConfig(id, &cfg).ok()) {
-    j["placement"] = {{"syncer", cfg.placement.syncer}, {"learners", cfg.placement.learners}};
+    j["placement"] = {{"syncer", SyncerPlacementJson(cfg.placement)}, {"learners", cfg.placement.learners}};
     j["steps"] = cfg.train.steps;
   }
   return j;
@@ -73,8 +122,9 @@ ControlArgs DaemonImpl::JobStatus(const std::string& id) {
     }
   }
   nlohmann::json out = {{"id", id}, {"placement", local["placement"]}, {"steps", local["steps"]}, {"sites", sites}};
-  // The syncer's site decides the job's state.
-  const nlohmann::json& ss = sites[cfg.placement.syncer];
+  // The home shard's site decides the job's state.
+  const std::string home = cfg.placement.SyncerSite(0);
+  const nlohmann::json& ss = sites[home];
   out["state"] = ss.contains("state") ? ss["state"] : local["state"];
   if (ss.contains("error")) out["error"] = ss["error"];
   if (local.contains("error") && !out.contains("error")) out["error"] = local["error"];
@@ -82,7 +132,7 @@ ControlArgs DaemonImpl::JobStatus(const std::string& id) {
   for (const auto& [site, view] : sites.items())
     if (view.contains("store_error")) out["store_error"][site] = view["store_error"];
   out["run_dir"] = ss.value("run_dir", "");
-  out["syncer_site"] = cfg.placement.syncer;
+  out["syncer_site"] = home;
   // Per role, wherever it runs.
   nlohmann::json learners = nlohmann::json::array();
   for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
@@ -108,10 +158,7 @@ ControlArgs DaemonImpl::JobStatus(const std::string& id) {
       if (!out.contains("error")) out["error"] = "learner-" + std::to_string(l.value("learner", 0)) + " on " + l.value("site", "?") + ": " + l.value("error", "failed");
     }
   }
-  if (ss.contains("roles") && ss["roles"].contains(kSyncerName)) {
-    out["syncer"] = ss["roles"][kSyncerName];
-    out["syncer"]["site"] = cfg.placement.syncer;
-  }
+  SetSyncerView(cfg, sites, &out);
   if (out["state"] == "completed") {
     nlohmann::json summary = StatusSummary(cfg, out);
     if (!summary.is_null()) out["summary"] = summary;

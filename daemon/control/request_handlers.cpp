@@ -192,11 +192,13 @@ ControlArgs DaemonImpl::FinishSubmit(const std::string& id, const RunConfig& cfg
       }, [](const PeerAnswers&) {});
     return {{"error", "job " + id + " not started: " + st.message()}};
   }
-  JobLog(id, "submitted (" + source + "), placement: syncer " + cfg.placement.syncer + ", learners " + [&] {
+  auto names = [](const std::vector<std::string>& sites) {
     std::string s;
-    for (const auto& l : cfg.placement.learners) s += (s.empty() ? "" : ",") + l;
+    for (const auto& l : sites) s += (s.empty() ? "" : ",") + l;
     return s;
-  }());
+  };
+  JobLog(id, "submitted (" + source + "), placement: syncer " + names(cfg.placement.syncer) + ", learners " +
+                 names(cfg.placement.learners));
   UpdateSdStatus();
   return {{"ok", "1"}, {"job", id}, {"run_dir", store->RunDir(id)}};
 }

@@ -128,7 +128,7 @@ std::string Describe(const SiteChaosCommand& c) {
 }
 
 std::vector<SiteChaosCommand> SiteChaosOf(const ChaosAction& a, const std::vector<std::string>& learners,
-                                          const std::string& syncer_site) {
+                                          const std::vector<std::string>& syncer_sites) {
   SiteChaosCommand c;
   c.learner = a.learner;
   auto one_learner = [&](SiteChaosAction action, double value) -> std::vector<SiteChaosCommand> {
@@ -166,8 +166,12 @@ std::vector<SiteChaosCommand> SiteChaosOf(const ChaosAction& a, const std::vecto
       c.action = a.kind == ChaosActionKind::kSyncerKill ? SiteChaosAction::kKill : SiteChaosAction::kRestart;
       c.learner = -1;
       c.syncer = true;
-      c.site = syncer_site;
-      return {c};
+      std::vector<SiteChaosCommand> out;
+      for (const std::string& site : syncer_sites) {
+        c.site = site;
+        out.push_back(c);
+      }
+      return out;
   }
   return {};
 }

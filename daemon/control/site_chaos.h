@@ -54,9 +54,10 @@ std::optional<SiteChaosCommand> UndoOf(const SiteChaosCommand& command, double* 
 std::string Describe(const SiteChaosCommand& command);
 
 // One action of a job's chaos timeline (ExpandChaos) as the command for the site that runs the
-// learner it names (placement_learners[i]) or the syncer (syncer_site). Drop and corrupt on every
-// learner (learner -1) give one command per learner site, so this returns a list.
+// learner it names (placement_learners[i]) or the syncer (one command per site of syncer_sites,
+// those of the shards it hits). Drop and corrupt on every learner (learner -1) give one command
+// per learner site, so this returns a list.
 std::vector<SiteChaosCommand> SiteChaosOf(const ChaosAction& action, const std::vector<std::string>& placement_learners,
-                                          const std::string& syncer_site);
+                                          const std::vector<std::string>& syncer_sites);
 
 }  // namespace diloco

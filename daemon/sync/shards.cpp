@@ -24,6 +24,13 @@ std::string SyncerShardName(int shard, int shards) {
   return shards == 1 ? std::string(kSyncerName) : std::string(kSyncerName) + "-" + std::to_string(shard);
 }
 
+bool IsSyncerRoleName(const std::string& name) {
+  const std::string prefix = std::string(kSyncerName) + "-";
+  if (name == kSyncerName) return true;
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return false;
+  return std::all_of(name.begin() + (long)prefix.size(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::string ShardMap::NameOf(int shard) const { return SyncerShardName(shard, shards()); }
 
 int ShardMap::ShardNamed(const std::string& name) const {

@@ -22,8 +22,11 @@
 
 namespace diloco {
 
-// Shard shard's name in a run of shards shards.
+// Shard shard's name in a run of shards shards. Shard 0 is the job's home: in a dilocod job its
+// site keeps the run's metrics and summary and evaluates the joined model.
 std::string SyncerShardName(int shard, int shards);
+// "syncer" or "syncer-<s>": a syncer role's name.
+bool IsSyncerRoleName(const std::string& name);
 
 class ShardMap {
  public:

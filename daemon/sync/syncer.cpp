@@ -61,6 +61,7 @@ struct Syncer::Impl final : public SyncerPort {
   // Run's loop.
   Status Loop(Syncer& syncer);
   bool ShouldLeave(const Syncer& syncer);
+  Status ServeHome(const Syncer& syncer);
   Status Receive(SyncTime wake, bool* closed);
   bool DrainUplink();
   Status DrainRouter();
@@ -141,6 +142,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   if (!options.endpoints.snapshot.empty()) {
     ParseOptions rexpect = expect;
     rexpect.accept = MessageBit(MessageType::kHello) | MessageBit(MessageType::kSnapshotRequest);
+    if (options.shard != 0) rexpect.allowed_senders.push_back(im.shards.NameOf(0));  // the home, at the end
     net::ReceiveOptions rro;
     rro.validator = net::EnvelopeValidator(rexpect, im.router_parsed);
     net::SocketOptions ros = SyncerSocket(options, im.name + ".snapshot");
@@ -241,10 +243,26 @@ Status Syncer::Impl::Loop(Syncer& syncer) {
   DL_RETURN_IF_ERROR(core->Flush());
   DL_RETURN_IF_ERROR(port_error);
   DL_RETURN_IF_ERROR(store->SaveFinal(syncer.state_));
+  DL_RETURN_IF_ERROR(ServeHome(syncer));
   syncer.result_.merges = syncer.state_.merges;
   syncer.result_.dropped_deltas = syncer.state_.dropped_deltas;
   syncer.result_.rejected_deltas = syncer.state_.rejected_deltas;
   syncer.RefreshStatus(false);
+  return Status::Ok();
+}
+
+// A shard other than the home answers the home's request for its final fragments (syncer_core:
+// only from now on), for at most serve_home_ms; learners' requests are answered meanwhile too.
+Status Syncer::Impl::ServeHome(const Syncer& syncer) {
+  if (options.serve_home_ms <= 0 || options.shard == 0 || !router) return Status::Ok();
+  const SyncTime give_up = Now() + std::chrono::milliseconds(options.serve_home_ms);
+  Note("final: waiting up to " + std::to_string(options.serve_home_ms / 1000) + " s for " + shards.NameOf(0) +
+       " to take this shard's fragments");
+  std::vector<net::Socket*> only_router = {&router->socket()};
+  while (core->counters().home_fetches == 0 && Now() < give_up && !syncer.abort_) {
+    if (net::PollReadable(only_router, 20, &ready)) DL_RETURN_IF_ERROR(DrainRouter());
+  }
+  if (core->counters().home_fetches == 0) Note(shards.NameOf(0) + " did not ask for this shard's fragments");
   return Status::Ok();
 }
 

@@ -103,6 +103,13 @@ struct SyncerOptions {
   // placed it on); others are dropped and counted as impostors. Empty: names are not bound to
   // keys (local mode, plaintext).
   std::vector<std::string> learner_keys;
+  // With shards in a dilocod job: shard s's site key (shard_keys[s]), which the home shard's
+  // request for this shard's final fragments must come with (ServeHome). Empty: not checked.
+  std::vector<std::string> shard_keys;
+  // A shard other than the home (shard 0) of a dilocod job: after its end (merged, saved) it
+  // answers the home's request for its fragments (the home evaluates the joined model) and
+  // leaves once it has, or after this long. 0: leaves at once.
+  int serve_home_ms = 0;
   // Restore Θ, u, versions, counters and the ledger from run_dir/global_state.bin (must exist
   // and fit this model and fragment layout); versions continue from there, never go back.
   bool resume = false;

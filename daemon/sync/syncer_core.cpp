@@ -111,6 +111,7 @@ Status SyncerCore::PublishStatusIfDue(SyncTime now, SyncTime* next_wake) {
 Status SyncerCore::Flush() {
   for (size_t p = 0; p < P_; p++)
     if (book_.HasPending((uint32_t)p)) DL_RETURN_IF_ERROR(Merge(p, "flush", 0));
+  flushed_ = true;
   return Status::Ok();
 }
 
@@ -244,6 +245,7 @@ Status SyncerCore::OnRequest(const net::Received& r, const ParsedMessage& m) {
   last_message_ = now;
   counters_.bytes_received += m.wire_bytes;
   const int learner = LearnerIndexOf(m.header.sender);
+  if (learner < 0 && m.header.sender == shards_.NameOf(0) && options_.shard != 0) return HandleHomeRequest(r, m);
   if (learner < 0 || learner >= M_ || Impostor(learner, r.peer_key)) return Status::Ok();
   if (m.get<HelloMsg>()) return HandleHello(learner, r.peer, m);
   if (m.get<SnapshotRequestMsg>()) {
@@ -257,6 +259,20 @@ Status SyncerCore::OnRequest(const net::Received& r, const ParsedMessage& m) {
     return HandleSnapshotRequest(r.peer, m);
   }
   return Status::Ok();
+}
+
+// Only a snapshot request, only with the home site's key, and only once this shard is final: the
+// home asks again until then.
+Status SyncerCore::HandleHomeRequest(const net::Received& r, const ParsedMessage& m) {
+  const std::vector<std::string>& keys = options_.shard_keys;
+  if (!keys.empty() && r.peer_key != keys[0]) {
+    port_.Note("dropped a request naming " + m.header.sender + " sent with key " +
+               (r.peer_key.empty() ? std::string("(none)") : r.peer_key) + ", not its site's");
+    return Status::Ok();
+  }
+  if (!m.get<SnapshotRequestMsg>() || !flushed_) return Status::Ok();
+  counters_.home_fetches++;
+  return HandleSnapshotRequest(r.peer, m);
 }
 
 // Hello -> Welcome (see syncer.h): layout checks, then wait for the learner's uplink.

@@ -60,6 +60,7 @@ struct SyncerCounters {
   uint64_t snapshots_throttled = 0;  // requests inside kSnapshotMinIntervalMs of the last one
   uint64_t welcomes = 0, refusals = 0;
   uint64_t impostors = 0;  // messages naming a learner, sent with another key (learner_keys)
+  uint64_t home_fetches = 0;  // the home shard's requests for this shard's final fragments answered
 };
 
 class SyncerCore {
@@ -87,7 +88,8 @@ class SyncerCore {
   // learner's heartbeat timeout, the next periodic status); the runtime clamps it (the wall
   // loop turns at least every 20 ms) and calls OnTimer after every message as well.
   Status OnTimer(SyncTime* next_wake);
-  // Merges every pending delta (reason "flush"): the run is over.
+  // Merges every pending delta (reason "flush"): the run is over. From here on the home shard's
+  // request for this shard's fragments is answered (before, it would get a state still moving).
   Status Flush();
 
   bool AllDone() const { return book_.AllDone(); }  // every learner said kFinished
@@ -113,6 +115,8 @@ class SyncerCore {
   Status PublishStatusIfDue(SyncTime now, SyncTime* next_wake);
   // Receiving.
   bool Impostor(int learner, const std::string& key);
+  // The home shard (shard 0 of several, at a dilocod job's end) asking for this shard's fragments.
+  Status HandleHomeRequest(const net::Received& r, const ParsedMessage& m);
   void NoteHeard(int learner, const ParsedMessage& m, SyncTime now);
   void HandleHeartbeat(int learner, const HeartbeatMsg& hb, SyncTime now);
   void HandleDelta(int learner, const ParsedMessage& m, SyncTime now);
@@ -135,6 +139,7 @@ class SyncerCore {
   const SyncerOptions options_;
   const SyncConfig& sc_;  // options_.sync
   const std::vector<Fragment>& fragments_;
+  bool flushed_ = false;  // Flush ran: the state is final
   const ShardMap shards_;
   const std::string name_;  // this shard's, the sender of everything it sends
   GlobalState& state_;

@@ -3,7 +3,10 @@
 #include <algorithm>
 
 #include "daemon/sync/protocol.h"
+#include "daemon/sync/shards.h"
+#include "daemon/train/trainer.h"
 #include "kernels/backend.h"
+#include "kernels/gpt.h"
 
 namespace diloco {
 namespace {
@@ -29,10 +32,13 @@ const PlannedRole* RolePlan::Find(const std::string& name) const {
 
 RolePlan PlanSite(const RunConfig& cfg, const std::string& site, int host, int cores) {
   RolePlan plan;
-  const bool syncer_site = cfg.placement.syncer == site;
-  plan.roles_here = syncer_site + (int)std::count(cfg.placement.learners.begin(), cfg.placement.learners.end(), site);
+  const int S = cfg.sync.syncers;
+  const std::vector<int> shards_here = cfg.placement.ShardsOn(site, S);
+  plan.roles_here =
+      (int)shards_here.size() + (int)std::count(cfg.placement.learners.begin(), cfg.placement.learners.end(), site);
   plan.threads_per_role = std::max(1, cores / std::max(1, plan.roles_here));
-  if (syncer_site && host == 0) plan.roles.push_back({kSyncerName, -1, false, ""});
+  if (host == 0)
+    for (int s : shards_here) plan.roles.push_back({SyncerShardName(s, S), -1, false, "", s});
   for (size_t i = 0; i < cfg.placement.learners.size(); i++) {
     if (cfg.placement.learners[i] != site) continue;
     if (host > 0 && host >= cfg.train.hosts) continue;  // a host the learner's ring does not span
@@ -47,10 +53,17 @@ RolePlan PlanLocal(const RunConfig& cfg, bool own_devices, int cores) {
   const int learners = cfg.sync.learners;
   plan.roles_here = learners;  // the syncer's work is light next to theirs
   plan.threads_per_role = std::max(1, cores / std::max(1, learners));
-  plan.roles.push_back({kSyncerName, -1, false, ""});
+  for (int s = 0; s < cfg.sync.syncers; s++) plan.roles.push_back({SyncerShardName(s, cfg.sync.syncers), -1, false, "", s});
   for (int i = 0; i < learners; i++) plan.roles.push_back({LearnerName(i), i, false, ""});
   SetDevices(cfg, own_devices, &plan);
   return plan;
+}
+
+ShardMap ShardMapOf(const RunConfig& cfg) {
+  std::vector<Fragment> frags;
+  if (!PartitionFragments(gpt_tensor_table(GptConfigOf(cfg.model)), EffectiveFragments(cfg.sync), &frags).ok())
+    return ShardMap();
+  return ShardMap::Of(frags, cfg.sync.syncers);
 }
 
 bool LearnersOwnDevices(const TrainConfig& tc, int learners) {

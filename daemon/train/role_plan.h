@@ -16,18 +16,20 @@
 #include <vector>
 
 #include "daemon/config/run_config.h"
+#include "daemon/sync/shards.h"
 
 namespace diloco {
 
 struct PlannedRole {
-  std::string name;          // "syncer", "learner-<i>"
-  int learner = -1;          // its index in placement.learners (local: 0 .. sync.learners - 1); -1: the syncer
+  std::string name;          // "syncer" (or a shard's "syncer-<s>"), "learner-<i>"
+  int learner = -1;          // its index in placement.learners (local: 0 .. sync.learners - 1); -1: a syncer
   bool ring_member = false;  // host h > 0's part of the learner's ring across its site's hosts
   std::string device;        // a learner: the first device of its ring; the syncer: where it evaluates
+  int shard = -1;            // a syncer: which of the sync.syncers shards (shards.h)
 };
 
 struct RolePlan {
-  std::vector<PlannedRole> roles;  // the syncer first (when here), then learners by index
+  std::vector<PlannedRole> roles;  // the syncer's shards first (those here), then learners by index
   std::string eval_device = "cpu";
   int roles_here = 0;  // the roles that share this machine's cores (threads_per_role each)
   int threads_per_role = 1;
@@ -36,13 +38,16 @@ struct RolePlan {
 };
 
 // The roles host `host` of `site` runs for a job placed by cfg.placement; `cores` are the
-// daemon's threads. The syncer runs on host 0; hosts 1 .. train.hosts - 1 run ring members of
-// the site's learners; other hosts run nothing.
+// daemon's threads. The syncer shards placed on the site run on host 0; hosts 1 .. train.hosts - 1
+// run ring members of the site's learners; other hosts run nothing.
 RolePlan PlanSite(const RunConfig& cfg, const std::string& site, int host, int cores);
 
-// Local mode: the syncer and sync.learners learners in this process. own_devices: each learner has
+// Local mode: the syncer's shards and sync.learners learners in this process. own_devices: each learner has
 // train.ranks GPUs of its own (LearnersOwnDevices); else they share train.device.
 RolePlan PlanLocal(const RunConfig& cfg, bool own_devices, int cores);
+
+// Which syncer shard merges which fragment of the run's model (sync.syncers, sync/shards.h).
+ShardMap ShardMapOf(const RunConfig& cfg);
 
 // Whether `learners` learners of train.ranks ranks each find GPUs of their own on this machine
 // (false on the CPU): PlanLocal's own_devices, as LearnerDevice (trainer.h) decides it.

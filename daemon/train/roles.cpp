@@ -10,6 +10,7 @@
 
 #include "daemon/sync/live_goodput.h"
 #include "daemon/sync/fragments.h"
+#include "daemon/sync/shard_fetch.h"
 #include "daemon/sync/shards.h"
 #include "daemon/sync/syncer.h"
 #include "daemon/sync/syncer_store.h"
@@ -107,6 +108,11 @@ struct Role::Impl {
     so.curve = options.curve;
     if (so.curve) so.curve->server = true;
     so.learner_keys = options.learner_keys;
+    if (so.curve)
+      for (const SyncerEndpoints& e : options.syncers) so.shard_keys.push_back(e.curve_server_key);
+    // A dilocod job's other shards stay to hand the home their final fragments (it evaluates the
+    // joined model); local mode joins its shards in-process (evaluate false).
+    if (options.evaluate && cfg.sync.syncers > 1 && options.shard != 0) so.serve_home_ms = 180000;
     so.resume = options.resume &&
                 fs::exists(fs::path(ShardStoreDir(options.run_dir, options.shard, cfg.sync.syncers)) / "global_state.bin");
     so.exit_when_all_finished = true;
@@ -134,6 +140,23 @@ struct Role::Impl {
     go.start_unix_ms = UnixMsNow();
     goodput = std::make_unique<LiveGoodput>(go);
     return Status::Ok();
+  }
+  // The home shard (shard 0 of a dilocod job's several): the other shards' final fragments into
+  // flat and versions (sync/shard_fetch.h).
+  Status FetchOtherShards(net::NetContext& context, float* flat, std::vector<uint64_t>* versions) {
+    const RunConfig& cfg = options.config;
+    const TensorTable table = gpt_tensor_table(GptConfigOf(cfg.model));
+    std::vector<Fragment> frags;
+    DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
+    ShardFetchOptions fo;
+    fo.job_id = options.job_id;
+    fo.syncers = options.syncers;
+    fo.allow_plaintext = options.allow_plaintext;
+    fo.curve = options.curve;
+    fo.model_params = table.total_numel();
+    Log("taking the other shards' final fragments for the joined model");
+    return FetchShardFragments(context, fo, frags, ShardMap::Of(frags, cfg.sync.syncers), flat, versions)
+        .WithContext("the joined model");
   }
   std::mutex metrics_mu;
   mutable std::mutex progress_mu;
@@ -209,7 +232,9 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   }
   DL_RETURN_IF_ERROR(st);
   const SyncerResult& sr = im.syncer->result();
-  if (!im.options.evaluate) {  // local mode: its run frame evaluates and saves (run_frame.h)
+  // Local mode: its run frame evaluates and saves (run_frame.h); a shard other than the home: the
+  // home evaluates the joined model.
+  if (!im.options.evaluate || im.options.shard != 0) {
     *result = SyncerCountersJson(sr);
     return Status::Ok();
   }
@@ -219,6 +244,8 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   omp_set_num_threads(std::max(1, im.options.threads));
   std::vector<float> global(gpt_tensor_table(gc).total_numel());
   im.syncer->GlobalParams(global.data());
+  std::vector<uint64_t> versions = sr.versions;
+  if (cfg.sync.syncers > 1) DL_RETURN_IF_ERROR(im.FetchOtherShards(context, global.data(), &versions));
   // The merged model as a trainer checkpoint too, for `dilococtl sample` and the demo.
   std::string ckpt_path;
   DL_RETURN_IF_ERROR(SaveMergedCheckpoint(im.options.run_dir, cfg, global.data(), sr.merges, &ckpt_path));
@@ -228,6 +255,7 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, im.InitialModel(), val, cfg.eval.batches, &initial_val_loss));
   DL_RETURN_IF_ERROR(EvaluateParams(eval_device, gc, global.data(), val, cfg.eval.batches, &final_val_loss));
   *result = SyncerCountersJson(sr);
+  (*result)["versions"] = versions;
   result->update({{"initial_val_loss", initial_val_loss},
                   {"final_val_loss", final_val_loss},
                   {"final_val_batches", cfg.eval.batches},

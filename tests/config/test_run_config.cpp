@@ -393,7 +393,7 @@ TEST_CASE("placement names a syncer site and one site per learner", "[unit][conf
   REQUIRE(Parse(std::string(kMinimal) + "sync: {learners: 2}\nplacement: {syncer: s, learners: [a, b]}\n", {},
                 &config)
               .message() == "");
-  CHECK(config.placement.syncer == "s");
+  CHECK(config.placement.syncer == std::vector<std::string>{"s"});
   CHECK(config.placement.learners == std::vector<std::string>{"a", "b"});
   // It survives the round trip through the resolved YAML a daemon stores.
   RunConfig again;
@@ -414,6 +414,30 @@ TEST_CASE("placement names a syncer site and one site per learner", "[unit][conf
              Catch::Contains("'a b' is not a site name"));
   CHECK_THAT(ErrorOf(std::string(kMinimal) + "placement: {sycner: s}\n"),
              StartsWith("run.yaml:3:13: unknown key 'placement.sycner'"));
+}
+
+TEST_CASE("placement.syncer names one site for every shard or one site per shard", "[unit][config]") {
+  const std::string sharded = std::string(kMinimal) + "sync: {learners: 2, fragments: 4, syncers: 2}\n";
+  RunConfig config;
+  REQUIRE(Parse(sharded + "placement: {syncer: [s, t], learners: [a, b]}\n", {}, &config).message() == "");
+  CHECK(config.placement.syncer == std::vector<std::string>{"s", "t"});
+  CHECK(config.placement.SyncerSite(1) == "t");
+  CHECK(config.placement.ShardsOn("t", 2) == std::vector<int>{1});
+  RunConfig again;
+  REQUIRE(Parse(RunConfigToYaml(config), {}, &again).message() == "");
+  CHECK(again == config);
+  // One site: both shards there (its daemon runs both, on its listen ports + 0 and + 1).
+  REQUIRE(Parse(sharded + "placement: {syncer: s, learners: [a, b]}\n", {}, &config).message() == "");
+  CHECK(config.placement.ShardsOn("s", 2) == std::vector<int>{0, 1});
+  CHECK(RunConfigToYaml(config).find("syncer: s\n") != std::string::npos);  // written as it was given
+  // A list whose length is not S; a name that is no site.
+  CHECK_THAT(ErrorOf(sharded + "placement: {syncer: [s, t, u], learners: [a, b]}\n"),
+             Catch::Contains("placement.syncer: names 3 sites but sync.syncers is 2; give one site (every shard "
+                             "there) or one per shard"));
+  CHECK_THAT(ErrorOf(sharded + "placement: {syncer: [s, 't u'], learners: [a, b]}\n"),
+             Catch::Contains("placement.syncer: 't u' is not a site name"));
+  CHECK_THAT(ErrorOf(sharded + "placement: {syncer: {a: 1}, learners: [a, b]}\n"),
+             Catch::Contains("a name or a list of names"));
 }
 
 }  // namespace

@@ -31,6 +31,12 @@ add_test(NAME netns_chaos COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cluster/netns_chao
 set_tests_properties(netns_chaos PROPERTIES LABELS cluster SKIP_RETURN_CODE 77 TIMEOUT 300 PROCESSORS 3
   ENVIRONMENT "DILOCO_BIN=${PROJECT_BINARY_DIR}/bin;NETNS_CHAOS_STEPS=${_netns_chaos_steps}")
 
+# The syncer as two shards on two sites, one site killed with -9 for 20 s while the job trains
+# (about 90 s). Skipped (77) as netns_chaos is.
+add_test(NAME netns_shards COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cluster/netns_shards_test.sh)
+set_tests_properties(netns_shards PROPERTIES LABELS cluster SKIP_RETURN_CODE 77 TIMEOUT 400 PROCESSORS 3
+  ENVIRONMENT "DILOCO_BIN=${PROJECT_BINARY_DIR}/bin;NETNS_SHARDS_STEPS=${_netns_chaos_steps}")
+
 # A learner whose ring spans the two hosts of its site (scripts/netns-cluster.sh up 3 --hosts 2:
 # five daemons), one host killed with -9 and restarted while the job trains: the learner's
 # incarnation ends and a new one rejoins (about 2 minutes). Skipped (77) as netns_chaos is.

@@ -324,3 +324,28 @@ TEST_CASE("a job's train.hosts must fit its site's hosts", "[unit]") {
 }
 
 }  // namespace diloco
+
+namespace diloco {
+namespace {
+
+TEST_CASE("a site's second syncer shard listens 100 ports up; an endpoint without a port is refused", "[unit]") {
+  const DaemonEndpoints listen{"tcp://10.0.0.2:7100", "tcp://10.0.0.2:7101", "tcp://10.0.0.2:7102", "tcp://10.0.0.2:7103"};
+  DaemonEndpoints out;
+  REQUIRE(ShardListen(listen, 0, &out).ok());
+  CHECK(out == listen);
+  REQUIRE(ShardListen(listen, 1, &out).ok());
+  CHECK(out.uplink == "tcp://10.0.0.2:7201");
+  CHECK(out.downlink == "tcp://10.0.0.2:7202");
+  CHECK(out.snapshot == "tcp://10.0.0.2:7203");
+  CHECK(out.control == listen.control);  // one control socket per daemon
+  DaemonEndpoints no_port = listen;
+  no_port.snapshot = "ipc:///run/dilocod.sock";
+  const Status st = ShardListen(no_port, 1, &out);
+  CHECK_THAT(st.message(), Catch::Contains("'ipc:///run/dilocod.sock' has no port a syncer shard can add 100 to"));
+  DaemonEndpoints high = listen;
+  high.uplink = "tcp://10.0.0.2:65500";
+  CHECK_FALSE(ShardListen(high, 1, &out).ok());
+}
+
+}  // namespace
+}  // namespace diloco

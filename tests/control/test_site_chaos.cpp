@@ -102,7 +102,7 @@ TEST_CASE("what undoes a chaos command, and when", "[unit]") {
 TEST_CASE("a job's chaos timeline goes to the sites its placement names", "[unit]") {
   const std::vector<std::string> learners = {"site-a", "site-b", "site-a"};
   auto one = [&](ChaosActionKind kind, int learner, double value = 0) {
-    const std::vector<SiteChaosCommand> out = SiteChaosOf({kind, learner, value}, learners, "site-s");
+    const std::vector<SiteChaosCommand> out = SiteChaosOf({kind, learner, value}, learners, {"site-s"});
     REQUIRE(out.size() == 1);
     return out[0];
   };
@@ -120,12 +120,12 @@ TEST_CASE("a job's chaos timeline goes to the sites its placement names", "[unit
   c = one(ChaosActionKind::kSyncerRestart, -1);
   CHECK((c.action == SiteChaosAction::kRestart && c.syncer && c.site == "site-s"));
   // Every learner's link: one command per learner site, each for every learner there.
-  const std::vector<SiteChaosCommand> drops = SiteChaosOf({ChaosActionKind::kDropStart, -1, 0.05}, learners, "site-s");
+  const std::vector<SiteChaosCommand> drops = SiteChaosOf({ChaosActionKind::kDropStart, -1, 0.05}, learners, {"site-s"});
   REQUIRE(drops.size() == 2);
   CHECK((drops[0].site == "site-a" && drops[1].site == "site-b"));
   for (const SiteChaosCommand& d : drops) CHECK((d.action == SiteChaosAction::kDrop && d.value == 0.05 && d.learner == -1));
   // A learner the placement does not have: nothing to send.
-  CHECK(SiteChaosOf({ChaosActionKind::kKill, 7, 0}, learners, "site-s").empty());
+  CHECK(SiteChaosOf({ChaosActionKind::kKill, 7, 0}, learners, {"site-s"}).empty());
 }
 
 }  // namespace diloco

@@ -7,7 +7,7 @@ namespace {
 
 RunConfig Placed(const std::string& syncer, std::vector<std::string> learners, const std::string& device) {
   RunConfig cfg;
-  cfg.placement.syncer = syncer;
+  cfg.placement.syncer = {syncer};
   cfg.placement.learners = std::move(learners);
   cfg.train.device = device;
   cfg.train.ranks = 1;
@@ -68,6 +68,22 @@ TEST_CASE("local mode: every role in the process, learners own or share the GPUs
   CHECK(shared.threads_per_role == 1);
   cfg.train.device = "cpu";
   CHECK(PlanLocal(cfg, false, 4).eval_device == "cpu");
+}
+
+TEST_CASE("a site's plan runs the syncer shards placed on it", "[unit]") {
+  RunConfig cfg = Placed("s", {"a", "b"}, "cpu");
+  cfg.sync.fragments = 4;
+  cfg.sync.syncers = 3;
+  cfg.placement.syncer = {"s", "a", "s"};
+  CHECK(Names(PlanSite(cfg, "s", 0, 8)) == std::vector<std::string>{"syncer-0@cpu", "syncer-2@cpu"});
+  const RolePlan a = PlanSite(cfg, "a", 0, 8);
+  CHECK(Names(a) == std::vector<std::string>{"syncer-1@cpu", "learner-0@cpu"});
+  CHECK(a.roles[0].shard == 1);
+  CHECK(Names(PlanSite(cfg, "b", 0, 8)) == std::vector<std::string>{"learner-1@cpu"});
+  // Local mode: every shard.
+  cfg.sync.learners = 2;
+  CHECK(Names(PlanLocal(cfg, false, 2)) ==
+        std::vector<std::string>{"syncer-0@cpu", "syncer-1@cpu", "syncer-2@cpu", "learner-0@cpu", "learner-1@cpu"});
 }
 
 }  // namespace
