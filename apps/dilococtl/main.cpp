@@ -219,6 +219,8 @@ int main(int argc, char** argv) {
   syncer->add_option("--codec", bench_syncer.codec, "Uplink codec: fp32, bf16, int8 or int4")->capture_default_str();
   syncer->add_option("--down-codec", bench_syncer.down_codec, "Downlink codec")->capture_default_str();
   syncer->add_option("--threads", bench_syncer.threads, "Merge threads (0: sync.merge_threads' default)")->capture_default_str();
+  syncer->add_option("--syncers", bench_syncer.syncers, "Shards S merging their fragments at once (each --threads)")
+      ->capture_default_str();
   syncer->add_option("--rounds", bench_syncer.rounds, "Timed rounds (median)")->capture_default_str();
   syncer->add_flag("--json", bench_syncer.json, "Print one JSON object");
 

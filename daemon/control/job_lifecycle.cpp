@@ -443,7 +443,7 @@ bool DaemonImpl::JoinedSyncerResult(const std::string& id, const Job& job, nlohm
     if (!EndedRoleResult(id, job, job.config.placement.SyncerSite(s), SyncerShardName(s, S), &views, &r)) return false;
     shards.push_back(r);
   }
-  *result = JoinShardResults(shards, ShardMapOf(job.config));
+  *result = JoinShardResults(shards, ShardLayoutOf(job.config));
   return true;
 }
 

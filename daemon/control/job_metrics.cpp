@@ -60,7 +60,30 @@ nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& sr,
   return j;
 }
 
-nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results, const ShardMap& shards) {
+namespace {
+
+// Σ_s shares[s] × g_s for every number of the goodput objects (goodput.h's report: its ratios and
+// token counts, each shard's over its own fragments), nested objects (waste) alike.
+nlohmann::json WeightedGoodput(const std::vector<nlohmann::json>& each, const std::vector<double>& shares) {
+  nlohmann::json out = each.front();
+  for (auto& [key, value] : out.items()) {
+    if (value.is_object()) {
+      std::vector<nlohmann::json> inner;
+      for (const nlohmann::json& g : each) inner.push_back(g.value(key, nlohmann::json::object()));
+      value = WeightedGoodput(inner, shares);
+    } else if (value.is_number()) {
+      double sum = 0;
+      for (size_t s = 0; s < each.size(); s++) sum += shares[s] * Number(each[s], key.c_str(), 0.0);
+      value = sum;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results, const ShardLayout& layout) {
+  const ShardMap& shards = layout.map;
   if (shard_results.size() == 1) return shard_results.front();
   nlohmann::json joined = shard_results.front().is_object() ? shard_results.front() : nlohmann::json::object();
   for (const char* key : {"merges", "dropped_deltas", "rejected_deltas", "bytes_received", "bytes_published",
@@ -76,6 +99,13 @@ nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results
     versions.push_back(known ? owner["versions"][p] : nlohmann::json(0));
   }
   joined["versions"] = versions;
+  std::vector<nlohmann::json> goodputs;
+  for (const nlohmann::json& r : shard_results)
+    if (r.is_object() && r.contains("goodput") && r["goodput"].is_object()) goodputs.push_back(r["goodput"]);
+  if (goodputs.size() == shard_results.size() && layout.shares.size() == goodputs.size())
+    joined["goodput"] = WeightedGoodput(goodputs, layout.shares);
+  else
+    joined.erase("goodput");  // a shard's is missing: no figure rather than a partial one
   joined["shard_merges"] = nlohmann::json::array();
   for (const nlohmann::json& r : shard_results) joined["shard_merges"].push_back(Number(r, "merges", uint64_t{0}));
   return joined;

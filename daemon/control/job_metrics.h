@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "daemon/config/run_config.h"
-#include "daemon/sync/shards.h"
+#include "daemon/train/role_plan.h"
 
 namespace diloco {
 
@@ -26,8 +26,9 @@ nlohmann::json JobSummaryObject(const RunConfig& cfg, const nlohmann::json& sync
                                 const std::string& job_id);
 
 // The syncer shards' results (or progress objects), index = shard, as one syncer's: counters
-// summed, each fragment's version from the shard that merges it (shards), "shard_merges" per
-// shard; the rest (the evaluation, the checkpoint, goodput) from the home shard, shard 0.
-nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results, const ShardMap& shards);
+// summed, each fragment's version from the shard that merges it, "shard_merges" per shard,
+// goodput the shards' (each over its own fragments) weighted by their shares of the model; the
+// rest (the evaluation, the checkpoint) from the home shard, shard 0.
+nlohmann::json JoinShardResults(const std::vector<nlohmann::json>& shard_results, const ShardLayout& shards);
 
 }  // namespace diloco

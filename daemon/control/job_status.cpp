@@ -49,7 +49,7 @@ void SetSyncerView(const RunConfig& cfg, const nlohmann::json& sites, nlohmann::
   }
   (*out)["shards"] = roles;
   nlohmann::json joined = roles[0];
-  const ShardMap shards = ShardMapOf(cfg);
+  const ShardLayout shards = ShardLayoutOf(cfg);
   for (const char* part : {"progress", "result"}) {
     std::vector<nlohmann::json> each;
     for (const nlohmann::json& r : roles) each.push_back(r.value(part, nlohmann::json()));

@@ -5,7 +5,9 @@
 //   site      dilocod_jobs{state}
 //   learner   dilocod_learner_{steps, tokens_total, loss, tokens_per_second,
 //             deltas_sent_total, globals_applied_total}{job,learner}
-//   syncer    dilocod_syncer_{merges_total, version{fragment}, dropped_deltas_total,
+//   syncer    (each series also labelled shard: "0" .. sync.syncers - 1; a shard's versions are
+//             those of the fragments it merges)
+//             dilocod_syncer_{merges_total, version{fragment}, dropped_deltas_total,
 //             rejected_deltas_total, received_bytes_total, published_bytes_total, live_learners,
 //             impostor_messages_total, rounds_total{reason}}
 //             staleness of what was merged: dilocod_syncer_merged_staleness_versions_total and
@@ -15,7 +17,8 @@
 //             dilocod_syncer_learner_up{job,learner} (heard within the liveness window),
 //             dilocod_syncer_learner_merged_deltas_total, _dropped_deltas_total,
 //             _rejected_deltas_total, _merged_tokens_total {job,learner}
-//   job       dilocod_job_goodput_ratio, dilocod_job_uptime_ratio, dilocod_job_waste_ratio{cause}
+//   job       dilocod_job_goodput_ratio, dilocod_job_uptime_ratio, dilocod_job_waste_ratio{cause},
+//             {job,shard}: each shard's over its own fragments
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -67,7 +67,8 @@ struct BenchSyncerCommand {
   int open_rounds = 0;             // fragments whose rounds are open at once (0: all P, the worst case)
   std::string codec = "int4";      // the uplink codec of the deltas
   std::string down_codec = "int8";  // the downlink codec of the updates (sync.codec.down's default)
-  int threads = 0;                 // merge threads (0: sync.merge_threads' default)
+  int threads = 0;                 // merge threads (0: sync.merge_threads' default), per shard
+  int syncers = 1;                 // S: shards merging their fragments at once
   int rounds = 3;                  // timed rounds; the median is reported
   bool json = false;               // one JSON object: merge_GBps, copy_GBps, peak_rss_mb, ...
 };

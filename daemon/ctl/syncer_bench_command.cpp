@@ -10,6 +10,10 @@
 // feedback, Θ += the decoded update, CRC32C of Θ).
 // Learner-side work (making and encoding the deltas) is not timed.
 //
+// --syncers S: the fragments split over S shards by the syncers' rule (sync/shards.h), each
+// running its own fragments' rounds on threads of its own (--threads each) at the same time; the
+// merge GB/s is then their sum (each shard's fp32 bytes over its median round).
+//
 // --open-rounds K: only K fragments' rounds open at a time (waves of K: their deltas, then their
 // merges), as on the staggered schedule where a round closes about when the next fragment's opens.
 //
@@ -26,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -40,6 +45,7 @@
 #include "daemon/sync/merger.h"
 #include "daemon/sync/protocol.h"
 #include "daemon/sync/round_book.h"
+#include "daemon/sync/shards.h"
 #include "daemon/util/crc32c.h"
 #include "kernels/tensor_table.h"
 
@@ -126,148 +132,202 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// What every shard's rounds share: the model's fragments and state, the learners' deltas' source.
+struct BenchSetup {
+  const BenchSyncerCommand* cmd = nullptr;
+  SyncConfig sc;
+  CodecOptions up_codec;
+  CodecKind up = CodecKind::kInt4;
+  std::vector<Fragment> fragments;
+  std::vector<float> source;  // the learners' deltas: shifted, scaled windows of it
+  // The syncer's state per fragment (each shard touches only its own).
+  std::vector<std::vector<float>> theta, momentum;
+  std::vector<uint64_t> versions;
+};
+
+// One syncer shard's part: its fragments' rounds (one untimed, then cmd.rounds timed), as
+// RunBenchSyncerCommand describes them. after_round (may be empty) runs after each timed round.
+struct ShardRun {
+  std::vector<uint32_t> owned;
+  uint64_t fp32_bytes = 0;  // M × its parameters × 4: what one round merges
+  std::vector<double> round_s, arrive_s, merge_s;
+  uint32_t crc = 0;
+  Status status;
+};
+
+Status RunShardRounds(BenchSetup& b, ShardRun* run, const std::function<void(double round_s)>& after_round) {
+  const BenchSyncerCommand& cmd = *b.cmd;
+  const int M = cmd.learners;
+  const size_t P = b.fragments.size();
+  FragmentMerger merger(b.sc);
+  HeldDeltaRecycler recycler(run->owned.size() * ((size_t)M + 1));  // as the syncer keeps them
+  RoundBookOptions bo;
+  bo.learners = M;
+  bo.fragments = (int)P;
+  bo.inner_steps = b.sc.inner_steps;
+  bo.max_staleness = b.sc.max_staleness;
+  bo.norm_limit = b.sc.norm_limit;
+  RoundBook book(bo, BenchClock::now());
+  for (int m = 0; m < M; m++) book.OnHeard(m, 1, BenchClock::now());
+  size_t largest = 0;
+  for (uint32_t p : run->owned) largest = std::max(largest, b.fragments[p].numel);
+  std::vector<float> delta(largest);
+  std::vector<uint8_t> payload;
+  std::vector<uint64_t> tensor_bytes;
+  // Round 0 is not timed: it warms what a running syncer has warm (its recycled buffers, pages).
+  const size_t n = run->owned.size();
+  const size_t open = cmd.open_rounds > 0 ? std::min<size_t>(n, (size_t)cmd.open_rounds) : n;
+  for (int round = 0; round <= cmd.rounds; round++) {
+    double arrivals_timed = 0, merges_timed = 0;
+    // Waves of `open` fragments: their deltas arrive, then they merge.
+    for (size_t wave = 0; wave < n; wave += open) {
+      const size_t wave_end = std::min(n, wave + open);
+      for (size_t k = wave; k < wave_end; k++) {
+        const uint32_t p = run->owned[k];
+        const Fragment& frag = b.fragments[p];
+        const std::vector<uint64_t> numels = FragmentNumels(frag);
+        for (int m = 0; m < M; m++) {
+          // The learner's side (not timed): its delta, encoded.
+          const float scale = 1.0f + 0.1f * (float)((m + round) % 5);
+          for (size_t i = 0; i < frag.numel; i++) delta[i] = scale * b.source[i + (size_t)m * 7919];
+          DL_RETURN_IF_ERROR(EncodeTensors(b.up_codec, std::span(delta.data(), frag.numel), numels, &payload, &tensor_bytes));
+          // The syncer's side of an arriving delta.
+          const auto t0 = BenchClock::now();
+          DeltaArrival a;
+          a.learner = m;
+          a.fragment = p;
+          a.base_version = b.versions[p];
+          a.c_steps = 10;
+          a.c_tokens = 1000 * (uint64_t)(m + 1);
+          a.learner_step = 10 * (uint64_t)(round + 1);
+          const std::span<const uint8_t> whole(payload);
+          const bool fp32 = b.up == CodecKind::kFp32;
+          a.held = recycler.Take(fp32 ? 0 : payload.size(), fp32 ? frag.numel : 0);
+          DL_RETURN_IF_ERROR(HoldPayload(frag, b.up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool()));
+          if (!book.Admit(std::move(a), b.versions[p], BenchClock::now())) {
+            const std::vector<DeltaDrop> drops = book.TakeDrops();
+            return Status::Error(std::string("a delta was refused: ") + (drops.empty() ? "" : drops[0].why + " " + drops[0].detail));
+          }
+          arrivals_timed += Seconds(t0);
+        }
+      }
+      // The merges (Syncer::Merge's maths, as the syncer runs them).
+      const auto t0 = BenchClock::now();
+      for (size_t k = wave; k < wave_end; k++) {
+        const uint32_t p = run->owned[k];
+        std::vector<PendingDelta> ok = book.TakeForMerge(p, b.versions[p]);
+        FragmentGlobal fg;
+        fg.theta.swap(b.theta[p]);
+        fg.momentum.swap(b.momentum[p]);
+        MergeOutcome mo;
+        const Status st = merger.Merge(b.fragments[p], p, ok, &fg, &mo);
+        fg.theta.swap(b.theta[p]);
+        fg.momentum.swap(b.momentum[p]);
+        DL_RETURN_IF_ERROR(st);
+        run->crc ^= mo.theta_crc32c;
+        for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
+        b.versions[p]++;
+      }
+      merges_timed += Seconds(t0);
+      (void)book.TakeDrops();
+    }
+    if (round == 0) continue;
+    run->arrive_s.push_back(arrivals_timed);
+    run->merge_s.push_back(merges_timed);
+    run->round_s.push_back(arrivals_timed + merges_timed);
+    if (after_round) after_round(run->round_s.back());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
-  CodecKind up, down;
-  if (!ParseCodecKind(cmd.codec, &up) || !ParseCodecKind(cmd.down_codec, &down)) {
+  BenchSetup b;
+  b.cmd = &cmd;
+  CodecKind down;
+  if (!ParseCodecKind(cmd.codec, &b.up) || !ParseCodecKind(cmd.down_codec, &down)) {
     std::fprintf(stderr, "dilococtl bench syncer: codecs are fp32, bf16, int8 or int4\n");
     return 2;
   }
-  if (cmd.params < 1000 || cmd.learners < 1 || cmd.fragments < 1 || cmd.rounds < 1 || cmd.threads < 0) {
+  if (cmd.params < 1000 || cmd.learners < 1 || cmd.fragments < 1 || cmd.rounds < 1 || cmd.threads < 0 ||
+      cmd.syncers < 1 || cmd.syncers > cmd.fragments) {
     std::fprintf(stderr,
                  "dilococtl bench syncer: --params >= 1000, --learners, --fragments, --rounds >= 1, "
-                 "--threads >= 0\n");
+                 "--threads >= 0, 1 <= --syncers <= --fragments\n");
     return 2;
   }
-  SyncConfig sc;  // the syncer's defaults: token weights, RDA, outer lr / momentum
-  if (cmd.threads > 0) sc.merge_threads = cmd.threads;
-  const int threads = sc.merge_threads;
-  CopyProbe copy(threads);
+  // The syncer's defaults: token weights, RDA, outer lr / momentum.
+  if (cmd.threads > 0) b.sc.merge_threads = cmd.threads;
+  const int threads = b.sc.merge_threads;
+  const int S = cmd.syncers;
+  CopyProbe copy(threads * S);
   const double base_rss_mb = CurrentRssMb();  // the process before any model state (libraries, the probe)
   const TensorTable table = SyntheticTable((size_t)cmd.params);
-  std::vector<Fragment> fragments;
-  if (Status st = PartitionFragments(table, cmd.fragments, &fragments); !st.ok()) {
+  if (Status st = PartitionFragments(table, cmd.fragments, &b.fragments); !st.ok()) {
     std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
     return 2;
   }
   const size_t N = table.total_numel();
   const int M = cmd.learners;
-  const size_t P = fragments.size();
+  const size_t P = b.fragments.size();
   size_t largest = 0;
-  for (const Fragment& f : fragments) largest = std::max(largest, f.numel);
-
-  sc.learners = M;
-  sc.fragments = (int)P;
-  sc.codec.down = down;
-  const CodecOptions up_codec{up, sc.codec.block, 0};
-
+  for (const Fragment& f : b.fragments) largest = std::max(largest, f.numel);
+  b.sc.learners = M;
+  b.sc.fragments = (int)P;
+  b.sc.codec.down = down;
+  b.up_codec = CodecOptions{b.up, b.sc.codec.block, 0};
   // The syncer's state: Θ_p, u_p per fragment (Θ from a Gaussian "model").
-  std::vector<std::vector<float>> theta(P), momentum(P);
+  b.theta.resize(P);
+  b.momentum.resize(P);
   for (size_t p = 0; p < P; p++) {
-    theta[p] = GaussianData(fragments[p].numel, 99 + p, 1e-3);
-    momentum[p].assign(fragments[p].numel, 0.0f);
+    b.theta[p] = GaussianData(b.fragments[p].numel, 99 + p, 1e-3);
+    b.momentum[p].assign(b.fragments[p].numel, 0.0f);
   }
-  std::vector<uint64_t> versions(P, 0);
-  FragmentMerger merger(sc);
-  HeldDeltaRecycler recycler(P * ((size_t)M + 1));  // as the syncer keeps them
-  RoundBookOptions bo;
-  bo.learners = M;
-  bo.fragments = (int)P;
-  bo.inner_steps = sc.inner_steps;
-  bo.max_staleness = sc.max_staleness;
-  bo.norm_limit = sc.norm_limit;
-  RoundBook book(bo, BenchClock::now());
-  for (int m = 0; m < M; m++) book.OnHeard(m, 1, BenchClock::now());
-
+  b.versions.assign(P, 0);
   // The learners' deltas come from one Gaussian vector, shifted and scaled per learner.
-  const std::vector<float> source = GaussianData(largest + (size_t)M * 7919, 7, 1e-3);
-  std::vector<float> delta(largest);
-  std::vector<uint8_t> payload;
-  std::vector<uint64_t> tensor_bytes;
+  b.source = GaussianData(largest + (size_t)M * 7919, 7, 1e-3);
 
-  std::vector<double> round_s, arrive_s, merge_s, copy_s, ratio_s;
-  uint32_t crc_sink = 0;
-  // Round 0 is not timed: it warms what a running syncer has warm (its recycled buffers, pages).
-  const size_t open = cmd.open_rounds > 0 ? std::min<size_t>(P, (size_t)cmd.open_rounds) : P;
-  for (int round = 0; round <= cmd.rounds; round++) {
-    double timed = 0, arrivals_timed = 0, merges_timed = 0;
-    // Waves of `open` fragments: their deltas arrive, then they merge.
-    for (size_t wave = 0; wave < P; wave += open) {
-      const size_t wave_end = std::min(P, wave + open);
-      for (size_t p = wave; p < wave_end; p++) {
-        const Fragment& frag = fragments[p];
-        const std::vector<uint64_t> numels = FragmentNumels(frag);
-        for (int m = 0; m < M; m++) {
-          // The learner's side (not timed): its delta, encoded.
-          const float scale = 1.0f + 0.1f * (float)((m + round) % 5);
-          for (size_t i = 0; i < frag.numel; i++) delta[i] = scale * source[i + (size_t)m * 7919];
-          if (Status st = EncodeTensors(up_codec, std::span(delta.data(), frag.numel), numels, &payload, &tensor_bytes);
-              !st.ok()) {
-            std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
-            return 1;
-          }
-          // The syncer's side of an arriving delta.
-          const auto t0 = BenchClock::now();
-          DeltaArrival a;
-          a.learner = m;
-          a.fragment = (uint32_t)p;
-          a.base_version = versions[p];
-          a.c_steps = 10;
-          a.c_tokens = 1000 * (uint64_t)(m + 1);
-          a.learner_step = 10 * (uint64_t)(round + 1);
-          const std::span<const uint8_t> whole(payload);
-          a.held = recycler.Take(up == CodecKind::kFp32 ? 0 : payload.size(), up == CodecKind::kFp32 ? frag.numel : 0);
-          if (Status st = HoldPayload(frag, up_codec, std::span(&whole, 1), tensor_bytes, &a.held, merger.pool());
-              !st.ok()) {
-            std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
-            return 1;
-          }
-          if (!book.Admit(std::move(a), versions[p], BenchClock::now())) {
-            const std::vector<DeltaDrop> drops = book.TakeDrops();
-            std::fprintf(stderr, "dilococtl bench syncer: a delta was refused: %s %s\n",
-                         drops.empty() ? "" : drops[0].why.c_str(), drops.empty() ? "" : drops[0].detail.c_str());
-            return 1;
-          }
-          timed += Seconds(t0);
-        }
-      }
-      arrivals_timed += timed;
-      timed = 0;
-      // The merges (Syncer::Merge's maths, as the syncer runs them).
-      const auto t0 = BenchClock::now();
-      for (size_t p = wave; p < wave_end; p++) {
-        const Fragment& frag = fragments[p];
-        std::vector<PendingDelta> ok = book.TakeForMerge((uint32_t)p, versions[p]);
-        FragmentGlobal fg;
-        fg.theta.swap(theta[p]);
-        fg.momentum.swap(momentum[p]);
-        MergeOutcome mo;
-        const Status st = merger.Merge(frag, (uint32_t)p, ok, &fg, &mo);
-        fg.theta.swap(theta[p]);
-        fg.momentum.swap(momentum[p]);
-        if (!st.ok()) {
-          std::fprintf(stderr, "dilococtl bench syncer: %s\n", st.message().c_str());
-          return 1;
-        }
-        crc_sink ^= mo.theta_crc32c;
-        for (PendingDelta& pd : ok) recycler.Give(std::move(pd.held));
-        versions[p]++;
-      }
-      merges_timed += Seconds(t0);
-      (void)book.TakeDrops();
-    }
-    timed = arrivals_timed + merges_timed;
-    if (round == 0) continue;
-    arrive_s.push_back(arrivals_timed);
-    merge_s.push_back(merges_timed);
-    round_s.push_back(timed);
-    copy_s.push_back(copy.GBps());
-    ratio_s.push_back((double)M * (double)N * 4.0 / timed / 1e9 / copy_s.back());
+  // The shards (sync.syncers' rule, shards.h), each on threads of its own, all at once: the
+  // aggregate merge rate is the sum of theirs.
+  const ShardMap shards = ShardMap::Of(b.fragments, S);
+  std::vector<ShardRun> runs(S);
+  for (int s = 0; s < S; s++) {
+    runs[s].owned = shards.FragmentsOf(s);
+    for (uint32_t p : runs[s].owned) runs[s].fp32_bytes += (uint64_t)M * b.fragments[p].numel * 4;
   }
-  const double seconds = Median(round_s), arrivals = Median(arrive_s), merges = Median(merge_s);
+  std::vector<double> copy_s, ratio_s;
+  if (S == 1) {
+    // The copy bandwidth right after each round, beside it (this VM's moves from second to second).
+    runs[0].status = RunShardRounds(b, &runs[0], [&](double round_s) {
+      copy_s.push_back(copy.GBps());
+      ratio_s.push_back((double)M * (double)N * 4.0 / round_s / 1e9 / copy_s.back());
+    });
+  } else {
+    std::vector<std::thread> pool;
+    for (int s = 0; s < S; s++) pool.emplace_back([&, s] { runs[s].status = RunShardRounds(b, &runs[s], {}); });
+    for (auto& t : pool) t.join();
+  }
+  uint32_t crc_sink = 0;
+  for (const ShardRun& r : runs) {
+    if (!r.status.ok()) {
+      std::fprintf(stderr, "dilococtl bench syncer: %s\n", r.status.message().c_str());
+      return 1;
+    }
+    crc_sink ^= r.crc;
+  }
+  double merge_gbps = 0, seconds = 0, arrivals = 0, merges = 0;
+  for (const ShardRun& r : runs) {
+    merge_gbps += (double)r.fp32_bytes / Median(r.round_s) / 1e9;
+    seconds = std::max(seconds, Median(r.round_s));
+    arrivals = std::max(arrivals, Median(r.arrive_s));
+    merges = std::max(merges, Median(r.merge_s));
+  }
+  if (S > 1) {
+    for (int r = 0; r < cmd.rounds; r++) copy_s.push_back(copy.GBps());
+    ratio_s.push_back(merge_gbps / Median(copy_s));
+  }
   const double peak_rss_mb = PeakRssMb();
-  const double merge_gbps = (double)M * (double)N * 4.0 / seconds / 1e9;
   const double copy_gbps = Median(copy_s), ratio = Median(ratio_s);
   // The syncer's state and buffers: peak RSS above the process's own (the CUDA libraries dilococtl
   // links alone are ~150 MB).
@@ -283,7 +343,8 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     j["params"] = N;
     j["learners"] = M;
     j["fragments"] = P;
-    j["open_rounds"] = open;
+    j["syncers"] = S;
+    j["open_rounds"] = cmd.open_rounds > 0 ? std::min<size_t>(P, (size_t)cmd.open_rounds) : P;
     j["codec"] = cmd.codec;
     j["down_codec"] = cmd.down_codec;
     j["threads"] = threads;
@@ -294,10 +355,10 @@ int RunBenchSyncerCommand(const BenchSyncerCommand& cmd) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf(
-        "syncer: %zu params, %d learners, %zu fragments (%zu open at once), %s up / %s down, %d thread(s): "
-        "merge %.2f GB/s (%.3f s a round: arrivals %.3f, merges %.3f), copy %.2f GB/s (ratio %.2f), "
-        "peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
-        N, M, P, open, cmd.codec.c_str(), cmd.down_codec.c_str(), threads, merge_gbps, seconds, arrivals, merges,
+        "syncer: %zu params, %d learners, %zu fragments, %d shard(s) of %d thread(s), %s up / %s down: "
+        "merge %.2f GB/s (%.3f s a round: arrivals %.3f, merges %.3f; the slowest shard's), copy %.2f GB/s "
+        "(ratio %.2f), peak RSS %.0f MB (%.0f before the model; %.1f bytes/param above it)\n",
+        N, M, P, S, threads, cmd.codec.c_str(), cmd.down_codec.c_str(), merge_gbps, seconds, arrivals, merges,
         copy_gbps, ratio, peak_rss_mb, base_rss_mb, bytes_per_param);
   }
   return 0;

@@ -173,6 +173,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
 
 int Syncer::shard() const { return impl_->options.shard; }
 const std::string& Syncer::state_path() const { return impl_->store->state_path(); }
+const std::vector<uint32_t>& Syncer::owned_fragments() const { return impl_->shards.FragmentsOf(impl_->options.shard); }
 
 void Syncer::GlobalParams(float* flat) const {
   for (uint32_t p : impl_->shards.FragmentsOf(impl_->options.shard))

@@ -197,6 +197,7 @@ class Syncer {
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
   int shard() const;
+  const std::vector<uint32_t>& owned_fragments() const;  // the fragments this shard merges
   // After Run: Θ of this shard's fragments (every fragment with one syncer) scattered into a flat
   // parameter buffer; the other shards fill in theirs.
   void GlobalParams(float* flat) const;

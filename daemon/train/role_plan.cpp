@@ -59,11 +59,16 @@ RolePlan PlanLocal(const RunConfig& cfg, bool own_devices, int cores) {
   return plan;
 }
 
-ShardMap ShardMapOf(const RunConfig& cfg) {
+ShardLayout ShardLayoutOf(const RunConfig& cfg) {
   std::vector<Fragment> frags;
+  ShardLayout out;
   if (!PartitionFragments(gpt_tensor_table(GptConfigOf(cfg.model)), EffectiveFragments(cfg.sync), &frags).ok())
-    return ShardMap();
-  return ShardMap::Of(frags, cfg.sync.syncers);
+    return out;
+  out.map = ShardMap::Of(frags, cfg.sync.syncers);
+  out.shares.assign(out.map.shards(), 0.0);
+  const std::vector<double> weights = FragmentWeights(frags);
+  for (size_t p = 0; p < frags.size(); p++) out.shares[out.map.OwnerOf(p)] += weights[p];
+  return out;
 }
 
 bool LearnersOwnDevices(const TrainConfig& tc, int learners) {

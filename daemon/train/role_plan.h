@@ -46,8 +46,13 @@ RolePlan PlanSite(const RunConfig& cfg, const std::string& site, int host, int c
 // train.ranks GPUs of its own (LearnersOwnDevices); else they share train.device.
 RolePlan PlanLocal(const RunConfig& cfg, bool own_devices, int cores);
 
-// Which syncer shard merges which fragment of the run's model (sync.syncers, sync/shards.h).
-ShardMap ShardMapOf(const RunConfig& cfg);
+// Which syncer shard merges which fragment of the run's model (sync.syncers, sync/shards.h), and
+// each shard's share of the model's parameters (sum 1).
+struct ShardLayout {
+  ShardMap map;
+  std::vector<double> shares;
+};
+ShardLayout ShardLayoutOf(const RunConfig& cfg);
 
 // Whether `learners` learners of train.ranks ranks each find GPUs of their own on this machine
 // (false on the CPU): PlanLocal's own_devices, as LearnerDevice (trainer.h) decides it.

@@ -133,7 +133,16 @@ struct Role::Impl {
     DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
     LiveGoodputOptions go;
     go.learners = cfg.sync.learners;
+    // A shard accounts its own fragments, as if they were the model (JoinShardResults weighs the
+    // shards' figures by their shares).
     go.fragment_weights = FragmentWeights(frags);
+    if (cfg.sync.syncers > 1) {
+      const ShardMap shards = ShardMap::Of(frags, cfg.sync.syncers);
+      double share = 0;
+      for (size_t p = 0; p < frags.size(); p++) share += shards.Owns(options.shard, p) ? go.fragment_weights[p] : 0;
+      for (size_t p = 0; p < frags.size(); p++)
+        go.fragment_weights[p] = shards.Owns(options.shard, p) ? go.fragment_weights[p] / share : 0;
+    }
     go.tokens_per_step = (double)LearnerTokensPerStep(cfg);
     go.inner_steps = cfg.sync.inner_steps;
     go.merges = &merges;
@@ -514,6 +523,8 @@ nlohmann::json Role::Progress() const {
     }
     nlohmann::json out = SyncerCountersJson(s);
     out.update({{"role", "syncer"},
+                {"shard", im.options.shard},
+                {"fragments", syncer->owned_fragments()},
                 {"running", s.running},
                 {"impostor_messages", s.impostors},
                 {"learners", learners},

@@ -13,6 +13,7 @@ diloco_test(control_tests
   control/test_hostile_bench.cpp
   control/test_daemon_e2e.cpp
   control/test_daemon_hardening.cpp
+  control/test_shard_join.cpp
 )
 target_link_libraries(control_tests PRIVATE diloco_control diloco_export nlohmann_json::nlohmann_json)
 # The e2e cases start the real binaries.

@@ -75,9 +75,9 @@ TEST_CASE("three daemons run a submitted job, status shows both learners, SIGTER
   CHECK_THAT(learner_metrics, Catch::Contains("dilocod_learner_steps{job=\"" + job + "\",learner=\"1\"}"));
   CHECK_THAT(syncer_metrics, Catch::Contains("# TYPE dilocod_syncer_merges_total counter"));
   CHECK_THAT(syncer_metrics, Catch::Contains("dilocod_jobs{state=\"running\"}"));
-  CHECK_THAT(syncer_metrics, Catch::Contains("dilocod_job_goodput_ratio{job=\"" + job + "\"}") &&
-                                 Catch::Contains("dilocod_job_uptime_ratio{job=\"" + job + "\"}") &&
-                                 Catch::Contains("dilocod_job_waste_ratio{job=\"" + job + "\",cause=\"down\"}"));
+  CHECK_THAT(syncer_metrics, Catch::Contains("dilocod_job_goodput_ratio{job=\"" + job + "\",shard=\"0\"}") &&
+                                 Catch::Contains("dilocod_job_uptime_ratio{job=\"" + job + "\",shard=\"0\"}") &&
+                                 Catch::Contains("dilocod_job_waste_ratio{job=\"" + job + "\",shard=\"0\",cause=\"down\"}"));
 
   const nlohmann::json s = WaitStatus(*c, "site-b", job, Completed, 60, "the job to complete");
   const nlohmann::json& sum = s["summary"];

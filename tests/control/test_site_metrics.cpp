@@ -40,24 +40,33 @@ TEST_CASE("site metrics: a syncer's progress becomes its series, per learner apa
   MirrorRoleProgress(&r, "j1", "learner-0", {{"learner", 0}, {"step", 40}, {"tokens", 4000}, {"loss", 2.5}});
   MirrorRoleProgress(&r, "j1", "learner-1", {{"learner", 1}, {"phase", "starting"}});  // nothing yet
   const std::string text = r.Render();
-  for (const char* line : {"dilocod_syncer_merges_total{job=\"j1\"} 12\n",
-                           "dilocod_syncer_version{job=\"j1\",fragment=\"1\"} 4\n",
-                           "dilocod_syncer_received_bytes_total{job=\"j1\"} 1000\n",
-                           "dilocod_syncer_live_learners{job=\"j1\"} 1\n",
-                           "dilocod_syncer_learner_up{job=\"j1\",learner=\"1\"} 0\n",
-                           "dilocod_syncer_learner_merged_deltas_total{job=\"j1\",learner=\"1\"} 5\n",
-                           "dilocod_syncer_learner_merged_tokens_total{job=\"j1\",learner=\"0\"} 700\n",
-                           "dilocod_syncer_learner_rejected_deltas_total{job=\"j1\",learner=\"1\"} 2\n",
-                           "dilocod_syncer_rounds_total{job=\"j1\",reason=\"grace_expired\"} 2\n",
-                           "dilocod_syncer_merged_staleness_versions_total{job=\"j1\"} 6\n",
-                           "dilocod_syncer_merged_contributions_total{job=\"j1\"} 12\n",
-                           "dilocod_syncer_max_staleness_versions{job=\"j1\"} 2\n",
-                           "dilocod_job_waste_ratio{job=\"j1\",cause=\"down\"} 0.1\n",
+  for (const char* line : {"dilocod_syncer_merges_total{job=\"j1\",shard=\"0\"} 12\n",
+                           "dilocod_syncer_version{job=\"j1\",shard=\"0\",fragment=\"1\"} 4\n",
+                           "dilocod_syncer_received_bytes_total{job=\"j1\",shard=\"0\"} 1000\n",
+                           "dilocod_syncer_live_learners{job=\"j1\",shard=\"0\"} 1\n",
+                           "dilocod_syncer_learner_up{job=\"j1\",shard=\"0\",learner=\"1\"} 0\n",
+                           "dilocod_syncer_learner_merged_deltas_total{job=\"j1\",shard=\"0\",learner=\"1\"} 5\n",
+                           "dilocod_syncer_learner_merged_tokens_total{job=\"j1\",shard=\"0\",learner=\"0\"} 700\n",
+                           "dilocod_syncer_learner_rejected_deltas_total{job=\"j1\",shard=\"0\",learner=\"1\"} 2\n",
+                           "dilocod_syncer_rounds_total{job=\"j1\",shard=\"0\",reason=\"grace_expired\"} 2\n",
+                           "dilocod_syncer_merged_staleness_versions_total{job=\"j1\",shard=\"0\"} 6\n",
+                           "dilocod_syncer_merged_contributions_total{job=\"j1\",shard=\"0\"} 12\n",
+                           "dilocod_syncer_max_staleness_versions{job=\"j1\",shard=\"0\"} 2\n",
+                           "dilocod_job_waste_ratio{job=\"j1\",shard=\"0\",cause=\"down\"} 0.1\n",
                            "dilocod_learner_steps{job=\"j1\",learner=\"0\"} 40\n"}) {
     INFO(line);
     CHECK(text.find(line) != std::string::npos);
   }
   CHECK(text.find("dilocod_learner_steps{job=\"j1\",learner=\"1\"}") == std::string::npos);
+  // A shard of several: its own label, and only the versions of the fragments it merges.
+  nlohmann::json shard1 = syncer;
+  shard1["shard"] = 1;
+  shard1["fragments"] = {1};
+  MirrorRoleProgress(&r, "j1", "syncer-1", shard1);
+  const std::string text1 = r.Render();
+  CHECK(text1.find("dilocod_syncer_version{job=\"j1\",shard=\"1\",fragment=\"1\"} 4\n") != std::string::npos);
+  CHECK(text1.find("dilocod_syncer_version{job=\"j1\",shard=\"1\",fragment=\"0\"}") == std::string::npos);
+  CHECK(text1.find("dilocod_syncer_merges_total{job=\"j1\",shard=\"1\"} 12\n") != std::string::npos);
 }
 
 TEST_CASE("promtool accepts every daemon's /metrics while a job trains", "[e2e]") {
