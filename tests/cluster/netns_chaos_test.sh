@@ -69,19 +69,7 @@ log "after the faults: versions $after, learners $(jq -c '[.learners[] | {site, 
 check "the learners were still training when the faults ended (steps < $steps)" \
   "$(jq '[.learners[] | (.progress.step // 0) < '"$steps"'] | all' <<< "$last_status")"
 
-log "waiting for the job to end"
-wait_rc=0
-"$cluster" wait "$job" --timeout 150 > "$dir/wait.out" 2>&1 || wait_rc=$?
-cat "$dir/wait.out"
-final=$(status_json "$job")
-[[ -n $final ]] || final='{}'
-
-check "the job completed (netns-cluster.sh wait exit $wait_rc, state $(jq -r '.state // "?"' <<< "$final"))" \
-  "$([[ $wait_rc -eq 0 ]] && jq '.state == "completed" and has("summary")' <<< "$final" || echo false)"
-for i in 0 1; do
-  check "learner-$i reached train.steps ($(jq -c ".learners[$i].result.steps // .learners[$i].progress.step // null" <<< "$final") of $steps)" \
-    "$(jq ".learners[$i].state == \"completed\" and .learners[$i].result.steps == $steps" <<< "$final")"
-done
+wait_job_end 150 2 "$steps"
 final_versions=$(jq -c '.summary.versions // []' <<< "$final")
 check "every fragment's global version went up after the faults ($after -> $final_versions)" \
   "$(jq -n --argjson a "$after" --argjson b "$final_versions" \

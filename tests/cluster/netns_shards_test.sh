@@ -58,17 +58,7 @@ wait_for "status with the learners after the outage" 30 '[.learners[] | has("pro
 check "the learners were still training when syncer-1 came back (steps < $steps)" \
   "$(jq '[.learners[] | (.progress.step // 0) < '"$steps"'] | all' <<< "$last_status")"
 
-log "waiting for the job to end"
-wait_rc=0
-"$cluster" wait "$job" --timeout 240 > "$dir/wait.out" 2>&1 || wait_rc=$?
-cat "$dir/wait.out"
-final=$(status_json "$job")
-[[ -n $final ]] || final='{}'
-check "the job completed (wait exit $wait_rc, state $(jq -r '.state // "?"' <<< "$final"))" \
-  "$([[ $wait_rc -eq 0 ]] && jq '.state == "completed" and has("summary")' <<< "$final" || echo false)"
-for i in 0 1 2; do
-  check "learner-$i reached train.steps" "$(jq ".learners[$i].result.steps == $steps" <<< "$final")"
-done
+wait_job_end 240 3 "$steps"
 check "the summary counts two shards and each one's merges ($(jq -c '.summary.shard_merges' <<< "$final"))" \
   "$(jq '.summary.syncers == 2 and (.summary.shard_merges | length) == 2 and (.summary.shard_merges | all(. > 0))' <<< "$final")"
 check "the joined model learned (val loss $(jq '.summary.initial_val_loss' <<< "$final") -> $(jq '.summary.final_val_loss' <<< "$final"))" \

@@ -6,8 +6,8 @@
 #                 run of the same test (killed before its trap ran) can be told and removed
 #   daemon_dirs   the daemons' directories under the cluster's (site0 site1 ...) whose logs a
 #                 failure shows
-# and may read afterwards: root, cluster, dir, job, failures, last_status, corpus, and the
-# functions log, check, status_json, wait_for. NETNS_CHAOS_KEEP=1 keeps the cluster's directory
+# and may read afterwards: root, cluster, dir, job, failures, last_status, final, corpus, and the
+# functions log, check, status_json, wait_for, wait_job_end. NETNS_CHAOS_KEEP=1 keeps the cluster's directory
 # after a pass too.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -121,6 +121,24 @@ wait_for() {
       return 1
     fi
     sleep 0.5
+  done
+}
+
+# wait_job_end TIMEOUT_S LEARNERS STEPS: waits for the job to end (netns-cluster.sh wait), sets
+# final to its last status (JSON, '{}' without one), and checks that it completed with a summary
+# and that learners 0 .. LEARNERS-1 each reached STEPS.
+wait_job_end() {
+  local timeout=$1 learners=$2 steps=$3 wait_rc=0 i
+  log "waiting for the job to end"
+  "$cluster" wait "$job" --timeout "$timeout" > "$dir/wait.out" 2>&1 || wait_rc=$?
+  cat "$dir/wait.out"
+  final=$(status_json "$job")
+  [[ -n $final ]] || final='{}'
+  check "the job completed (netns-cluster.sh wait exit $wait_rc, state $(jq -r '.state // "?"' <<< "$final"))" \
+    "$([[ $wait_rc -eq 0 ]] && jq '.state == "completed" and has("summary")' <<< "$final" || echo false)"
+  for ((i = 0; i < learners; i++)); do
+    check "learner-$i reached train.steps ($(jq -c ".learners[$i].result.steps // .learners[$i].progress.step // null" <<< "$final") of $steps)" \
+      "$(jq ".learners[$i].state == \"completed\" and .learners[$i].result.steps == $steps" <<< "$final")"
   done
 }
 

@@ -64,19 +64,8 @@ check "the syncer still sees two learners" "$(jq '(.syncer.progress.learners | l
 check "site1's job.log says the incarnation ended" \
   "$(grep -q "ring incarnation $inc0 ended" "$dir/site1/state/jobs/$job/job.log" 2> /dev/null && echo true || echo false)"
 
-log "waiting for the job to end"
-wait_rc=0
 # A slow CI machine (AVX2, other tests beside it) took 175 s for 6000 steps with the kill.
-"$cluster" wait "$job" --timeout 300 > "$dir/wait.out" 2>&1 || wait_rc=$?
-cat "$dir/wait.out"
-final=$(status_json "$job")
-[[ -n $final ]] || final='{}'
-check "the job completed (netns-cluster.sh wait exit $wait_rc, state $(jq -r '.state // "?"' <<< "$final"))" \
-  "$([[ $wait_rc -eq 0 ]] && jq '.state == "completed" and has("summary")' <<< "$final" || echo false)"
-for i in 0 1; do
-  check "learner-$i reached train.steps ($(jq -c ".learners[$i].result.steps // .learners[$i].progress.step // null" <<< "$final") of $steps)" \
-    "$(jq ".learners[$i].state == \"completed\" and .learners[$i].result.steps == $steps" <<< "$final")"
-done
+wait_job_end 300 2 "$steps"
 for m in site1h1 site2h1; do
   st=$(timeout 20 bash -c "until '$DILOCO_BIN/dilococtl' list --json --socket '$dir/$m/state/control.sock' 2>/dev/null | jq -e '[.[] | select(.id == \"$job\")][0].state | . == \"completed\"' >/dev/null; do sleep 0.5; done; '$DILOCO_BIN/dilococtl' list --json --socket '$dir/$m/state/control.sock'" 2> /dev/null || echo '[]')
   check "$m's ring member ended with its learner ($(jq -c "[.[] | select(.id == \"$job\")][0] | {state, roles}" <<< "$st" 2> /dev/null | head -c 240))" \

@@ -169,11 +169,16 @@ struct Fixture {
   // A request on the snapshot endpoint from learner (a Hello or a SnapshotRequest), as the
   // runtime hands it in; the core's answers land in port.replies.
   void Request(int learner, const MessageBody& body, MessageType type) {
+    RequestAs(LearnerName(learner), Incarnation(learner), "", body, type);
+  }
+  // The same from any sender (another syncer shard), with the CURVE key it came with.
+  void RequestAs(const std::string& sender, uint64_t incarnation, const std::string& peer_key, const MessageBody& body,
+                 MessageType type) {
     EnvelopeHeader h;
     h.job_id = kJob;
-    h.sender = LearnerName(learner);
+    h.sender = sender;
     h.seq = 1;
-    h.incarnation = Incarnation(learner);
+    h.incarnation = incarnation;
     OutgoingMessage om;
     REQUIRE(BuildMessage(h, body, {}, &om).ok());
     const net::Message msg = net::ToMessage(std::move(om), nullptr);
@@ -184,7 +189,8 @@ struct Fixture {
     const auto spans = msg.spans();
     REQUIRE(ParseEnvelope(spans, expect, &parsed).ok());
     net::Received r;
-    r.peer = "peer-" + std::to_string(learner);
+    r.peer = "peer-" + sender;
+    r.peer_key = peer_key;
     REQUIRE(core->OnRequest(r, parsed).ok());
   }
 
@@ -386,6 +392,32 @@ TEST_CASE("SyncerCore: a syncer shard merges its own fragments, signs as its sha
     CHECK(part.get<SnapshotMsg>()->num_parts == mine.size());
   }
   CHECK(served == mine);
+}
+
+// A dilocod job's home shard takes the other shards' final fragments (shard_fetch.h): only once
+// the shard is final (Flush ran), only with the home site's key.
+TEST_CASE("SyncerCore: a shard hands its final fragments to the home shard, and only then", "[unit]") {
+  SyncConfig s = Decoupled(2, 1);
+  s.fragments = 4;
+  s.syncers = 2;
+  Fixture fx(s, 0x5eed, /*shard=*/1);
+  fx.options.shard_keys = {"HOME-KEY", "SHARD1-KEY"};
+  fx.core = std::make_unique<SyncerCore>(fx.options, fx.fragments, &fx.state, fx.table, 0x5eed, &fx.port);
+  const std::vector<uint32_t> mine = ShardMap::Of(fx.fragments, 2).FragmentsOf(1);
+  SnapshotRequestMsg rq;
+  rq.request_id = 3;
+  fx.RequestAs("syncer-0", 77, "HOME-KEY", rq, MessageType::kSnapshotRequest);
+  CHECK(fx.port.replies.empty());  // still merging: the home asks again
+  REQUIRE(fx.core->Flush().ok());
+  fx.RequestAs("syncer-0", 77, "ANOTHER-KEY", rq, MessageType::kSnapshotRequest);
+  CHECK(fx.port.replies.empty());  // not the home site's key
+  REQUIRE_FALSE(fx.port.notes.empty());
+  CHECK_THAT(fx.port.notes.back(), Catch::Contains("naming syncer-0 sent with key ANOTHER-KEY"));
+  fx.RequestAs("syncer-0", 77, "HOME-KEY", rq, MessageType::kSnapshotRequest);
+  std::vector<uint32_t> served;
+  for (const ParsedMessage& part : fx.Replies(MessageType::kSnapshot)) served.push_back(part.get<SnapshotMsg>()->fragment);
+  CHECK(served == mine);
+  CHECK(fx.core->counters().home_fetches == 1);
 }
 
 TEST_CASE("SyncerCore: Hello is answered busy until the learner's uplink is heard", "[unit]") {

@@ -571,8 +571,11 @@ namespace {
 // --resume with several learners: the syncer continues from global_state.bin (versions go on
 // from where they were), the learners join from a snapshot at the step they had logged.
 TEST_CASE("local run: a decoupled run resumes from its global state", "[e2e]") {
+  // One syncer, or two shards each resuming from its own state (sync.syncers).
+  const int syncers = GENERATE(1, 2);
   TempDir tmp;
   TrainOptions o = TinyRun(tmp, 2);
+  o.config.sync.syncers = syncers;
   o.config.train.lr_decay_steps = 60;
   o.config.train.steps = 30;
   TrainSummary first;

@@ -75,27 +75,6 @@ TEST_CASE("local run: two syncer shards each merge their own fragments into one 
   CHECK(joined.merges == s.outer_steps);
 }
 
-TEST_CASE("local run: a run of two syncer shards resumes from each shard's state", "[e2e][shards]") {
-  TempDir tmp;
-  TrainOptions o = ShardedRun(tmp, 2);
-  o.config.train.lr_decay_steps = 60;
-  o.config.train.steps = 30;
-  TrainSummary first;
-  Status st = RunLocal(o, &first);
-  INFO(st.message());
-  REQUIRE(st.ok());
-  o.config.train.steps = 60;
-  o.resume = true;
-  TrainSummary s;
-  st = RunLocal(o, &s);
-  INFO(st.message());
-  REQUIRE(st.ok());
-  CHECK(s.initial_val_loss == Approx(first.final_val_loss).epsilon(1e-6));
-  REQUIRE(s.versions.size() == first.versions.size());
-  for (size_t p = 0; p < s.versions.size(); p++) CHECK(s.versions[p] > first.versions[p]);
-  MergeTimesByFragment(o);  // no version twice across the two runs
-}
-
 // A shard's failure stays its own (issue 45, item 3): while syncer-1 is down the learners keep
 // training and syncer-0's fragments keep merging; syncer-1 comes back from its own store at its
 // last versions, and the learners' deltas for its fragments go to it again.
