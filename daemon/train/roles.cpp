@@ -245,6 +245,7 @@ Status Role::RunSyncer(net::NetContext& context, nlohmann::json* result) {
   // home evaluates the joined model.
   if (!im.options.evaluate || im.options.shard != 0) {
     *result = SyncerCountersJson(sr);
+    if (im.options.evaluate && !goodput.is_null()) (*result)["goodput"] = goodput;  // its fragments'
     return Status::Ok();
   }
   const RunConfig& cfg = im.options.config;

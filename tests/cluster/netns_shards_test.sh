@@ -61,6 +61,8 @@ check "the learners were still training when syncer-1 came back (steps < $steps)
 wait_job_end 240 3 "$steps"
 check "the summary counts two shards and each one's merges ($(jq -c '.summary.shard_merges' <<< "$final"))" \
   "$(jq '.summary.syncers == 2 and (.summary.shard_merges | length) == 2 and (.summary.shard_merges | all(. > 0))' <<< "$final")"
+check "the summary's goodput joins both shards' ($(jq '.summary.goodput' <<< "$final"))" \
+  "$(jq '(.summary.goodput | type) == "number" and .summary.goodput > 0' <<< "$final")"
 check "the joined model learned (val loss $(jq '.summary.initial_val_loss' <<< "$final") -> $(jq '.summary.final_val_loss' <<< "$final"))" \
   "$(jq '.summary.final_val_loss < .summary.initial_val_loss' <<< "$final")"
 
