@@ -10,6 +10,11 @@ namespace fs = std::filesystem;
 std::vector<std::string> JobRunDirs(const nlohmann::json& status, std::vector<std::string>* unreachable) {
   std::vector<std::string> sites;
   if (status.contains("syncer_site") && status["syncer_site"].is_string()) sites.push_back(status["syncer_site"]);
+  // The other syncer shards' sites: each holds its shard's merge tape.
+  if (status.contains("shards") && status["shards"].is_array()) {
+    for (const nlohmann::json& s : status["shards"])
+      if (s.is_object() && s.contains("site") && s["site"].is_string()) sites.push_back(s["site"]);
+  }
   if (status.contains("learners") && status["learners"].is_array()) {
     for (const nlohmann::json& l : status["learners"]) {
       if (l.is_object() && l.contains("site") && l["site"].is_string()) sites.push_back(l["site"]);

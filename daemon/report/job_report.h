@@ -14,8 +14,9 @@
 
 namespace diloco {
 
-// The run directories of the job's sites, the syncer's site first (its config.yaml and
-// merge tape), then the learners' sites in placement order. Sites whose directory is not
+// The run directories of the job's sites, the syncer's (home shard's) site first (its config.yaml
+// and merge tape), the other syncer shards' sites (their merge tapes), then the learners' sites in
+// placement order. Sites whose directory is not
 // readable here (another machine) go to *unreachable as "site-b: /path".
 std::vector<std::string> JobRunDirs(const nlohmann::json& status, std::vector<std::string>* unreachable);
 

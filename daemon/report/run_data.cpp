@@ -256,6 +256,9 @@ void FinishLoading(LoadState* ls, RunData* run) {
   // Without an eval line (older daemon jobs): the summary's final loss at its step.
   if (run->evals.empty() && std::isfinite(run->summary.final_val_loss) && std::isfinite(run->summary.steps))
     run->evals.push_back({static_cast<long>(run->summary.steps), run->summary.final_val_loss});
+  // The parts' tapes as one (a sharded job's shards each keep their own): in time order.
+  std::stable_sort(run->merges.begin(), run->merges.end(),
+                   [](const MergeRecord& a, const MergeRecord& b) { return a.time_ms < b.time_ms; });
   DeriveWallTime(run);
 }
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "daemon/report/html_report.h"
+#include "daemon/report/job_report.h"
 #include "daemon/report/run_data.h"
 #include "tests/report/xml_check.h"
 #include "tests/temp_dir.h"
@@ -120,6 +121,36 @@ TEST_CASE("A daemon job's run directory has one metrics file per learner", "[uni
   CHECK(run.traces[1].learner == 1);  // from the file name when the line does not say
   CHECK(run.traces[1].points[0].loss == 4.5);
   CHECK_FALSE(run.has_events_log);
+}
+
+// A job of two syncer shards: each shard's site keeps its own merge tape; the job's report reads
+// them all (JobRunDirs) and plots one tape, in time order.
+TEST_CASE("A sharded job's report joins every shard's merge tape in time order", "[unit]") {
+  TempDir home, other;
+  home.Write("events.log",
+             "{\"event\":\"merge\",\"time_ms\":1000,\"fragment\":0,\"version\":1,\"contributors\":[]}\n"
+             "{\"event\":\"merge\",\"time_ms\":3000,\"fragment\":0,\"version\":2,\"contributors\":[]}\n");
+  other.Write("events.log",
+              "{\"event\":\"merge\",\"time_ms\":2000,\"fragment\":1,\"version\":1,\"contributors\":[]}\n");
+  const nlohmann::json status = {
+      {"id", "j"},
+      {"syncer_site", "s"},
+      {"shards", {{{"shard", 0}, {"site", "s"}}, {{"shard", 1}, {"site", "t"}}}},
+      {"learners", {{{"site", "a"}}}},
+      {"sites",
+       {{"s", {{"run_dir", home.path().string()}}},
+        {"t", {{"run_dir", other.path().string()}}},
+        {"a", {{"run_dir", "/nonexistent/run"}}}}}};
+  std::vector<std::string> unreachable;
+  const std::vector<std::string> dirs = JobRunDirs(status, &unreachable);
+  CHECK(dirs == std::vector<std::string>{home.path().string(), other.path().string()});
+  CHECK(unreachable == std::vector<std::string>{"a: /nonexistent/run"});
+  RunData run;
+  REQUIRE(LoadJobRun(status, "", &run).ok());
+  REQUIRE(run.merges.size() == 3);
+  CHECK(run.merges[0].time_ms == 1000);
+  CHECK(run.merges[1].fragment == 1);
+  CHECK(run.merges[2].time_ms == 3000);
 }
 
 TEST_CASE("LoadRunDir fails only on a missing directory", "[unit]") {
