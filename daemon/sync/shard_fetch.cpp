@@ -9,17 +9,12 @@
 #include "daemon/net/wire_transport.h"
 #include "daemon/sync/protocol.h"
 #include "daemon/util/crc32c.h"
+#include "daemon/util/unix_time.h"
 
 namespace diloco {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t UnixMsNowFetch() {
-  return (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // One shard's answer, asked again every retry_ms until whole.
 class ShardAsker {
@@ -61,7 +56,7 @@ class ShardAsker {
     h.sender = me_;
     h.seq = ++seq_;
     h.incarnation = incarnation_;
-    h.sent_unix_ms = UnixMsNowFetch();
+    h.sent_unix_ms = (uint64_t)UnixMsNow();
     OutgoingMessage om;
     DL_RETURN_IF_ERROR(BuildMessage(h, rq, {}, &om));
     net::Message m = net::ToMessage(std::move(om), nullptr);

@@ -171,7 +171,7 @@ Status Syncer::Create(net::NetContext& context, const SyncerOptions& options, co
   return Status::Ok();
 }
 
-int Syncer::shard() const { return impl_->options.shard; }
+const ShardMap& Syncer::shards() const { return impl_->shards; }
 const std::string& Syncer::state_path() const { return impl_->store->state_path(); }
 const std::vector<uint32_t>& Syncer::owned_fragments() const { return impl_->shards.FragmentsOf(impl_->options.shard); }
 

@@ -76,6 +76,7 @@
 #include "daemon/sync/fragments.h"
 #include "daemon/sync/global_state.h"
 #include "daemon/sync/protocol.h"
+#include "daemon/sync/shards.h"
 #include "daemon/sync/syncer_endpoints.h"
 #include "daemon/util/status.h"
 #include "kernels/tensor_table.h"
@@ -103,9 +104,9 @@ struct SyncerOptions {
   // placed it on); others are dropped and counted as impostors. Empty: names are not bound to
   // keys (local mode, plaintext).
   std::vector<std::string> learner_keys;
-  // With shards in a dilocod job: shard s's site key (shard_keys[s]), which the home shard's
-  // request for this shard's final fragments must come with (ServeHome). Empty: not checked.
-  std::vector<std::string> shard_keys;
+  // With shards in a dilocod job and CURVE: the home shard's site key, which its request for this
+  // shard's final fragments must come with (ServeHome). Empty: not checked.
+  std::string home_key;
   // A shard other than the home (shard 0) of a dilocod job: after its end (merged, saved) it
   // answers the home's request for its fragments (the home evaluates the joined model) and
   // leaves once it has, or after this long. 0: leaves at once.
@@ -196,7 +197,7 @@ class Syncer {
   SyncerStatusSnapshot CurrentStatus() const;
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
-  int shard() const;
+  const ShardMap& shards() const;                       // which shard merges which fragment
   const std::vector<uint32_t>& owned_fragments() const;  // the fragments this shard merges
   // After Run: Θ of this shard's fragments (every fragment with one syncer) scattered into a flat
   // parameter buffer; the other shards fill in theirs.

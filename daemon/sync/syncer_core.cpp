@@ -264,8 +264,7 @@ Status SyncerCore::OnRequest(const net::Received& r, const ParsedMessage& m) {
 // Only a snapshot request, only with the home site's key, and only once this shard is final: the
 // home asks again until then.
 Status SyncerCore::HandleHomeRequest(const net::Received& r, const ParsedMessage& m) {
-  const std::vector<std::string>& keys = options_.shard_keys;
-  if (!keys.empty() && r.peer_key != keys[0]) {
+  if (!options_.home_key.empty() && r.peer_key != options_.home_key) {
     port_.Note("dropped a request naming " + m.header.sender + " sent with key " +
                (r.peer_key.empty() ? std::string("(none)") : r.peer_key) + ", not its site's");
     return Status::Ok();

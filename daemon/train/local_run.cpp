@@ -316,7 +316,7 @@ Status RunLocal(const TrainOptions& options, TrainSummary* summary, const LocalR
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   end.merges = &merges;
   // The shards' states as one (each fragment from its owner, counters summed).
-  const GlobalState joined = JoinShardStates(shard_states, ShardMap::Of(syncers.get(0)->fragments(), syncers.shards()));
+  const GlobalState joined = JoinShardStates(shard_states, syncers.get(0)->shards());
   if (syncers.shards() > 1) {
     DL_RETURN_IF_ERROR(SaveGlobalState((fs::path(options.run_dir) / "global_state.bin").string(), joined));
     for (const GlobalState* st : shard_states) end.shard_merges.push_back(st->merges);

@@ -108,8 +108,7 @@ struct Role::Impl {
     so.curve = options.curve;
     if (so.curve) so.curve->server = true;
     so.learner_keys = options.learner_keys;
-    if (so.curve)
-      for (const SyncerEndpoints& e : options.syncers) so.shard_keys.push_back(e.curve_server_key);
+    if (so.curve) so.home_key = options.syncers.front().curve_server_key;
     // A dilocod job's other shards stay to hand the home their final fragments (it evaluates the
     // joined model); local mode joins its shards in-process (evaluate false).
     if (options.evaluate && cfg.sync.syncers > 1 && options.shard != 0) so.serve_home_ms = 180000;
@@ -129,20 +128,15 @@ struct Role::Impl {
       if (st.ok()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    std::vector<Fragment> frags;
-    DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
     LiveGoodputOptions go;
     go.learners = cfg.sync.learners;
     // A shard accounts its own fragments, as if they were the model (JoinShardResults weighs the
     // shards' figures by their shares).
-    go.fragment_weights = FragmentWeights(frags);
-    if (cfg.sync.syncers > 1) {
-      const ShardMap shards = ShardMap::Of(frags, cfg.sync.syncers);
-      double share = 0;
-      for (size_t p = 0; p < frags.size(); p++) share += shards.Owns(options.shard, p) ? go.fragment_weights[p] : 0;
-      for (size_t p = 0; p < frags.size(); p++)
-        go.fragment_weights[p] = shards.Owns(options.shard, p) ? go.fragment_weights[p] / share : 0;
-    }
+    const std::vector<double> weights = FragmentWeights(syncer->fragments());
+    go.fragment_weights.assign(weights.size(), 0.0);
+    double share = 0;
+    for (uint32_t p : syncer->owned_fragments()) share += weights[p];
+    for (uint32_t p : syncer->owned_fragments()) go.fragment_weights[p] = weights[p] / share;
     go.tokens_per_step = (double)LearnerTokensPerStep(cfg);
     go.inner_steps = cfg.sync.inner_steps;
     go.merges = &merges;
@@ -153,18 +147,14 @@ struct Role::Impl {
   // The home shard (shard 0 of a dilocod job's several): the other shards' final fragments into
   // flat and versions (sync/shard_fetch.h).
   Status FetchOtherShards(net::NetContext& context, float* flat, std::vector<uint64_t>* versions) {
-    const RunConfig& cfg = options.config;
-    const TensorTable table = gpt_tensor_table(GptConfigOf(cfg.model));
-    std::vector<Fragment> frags;
-    DL_RETURN_IF_ERROR(PartitionFragments(table, EffectiveFragments(cfg.sync), &frags));
     ShardFetchOptions fo;
     fo.job_id = options.job_id;
     fo.syncers = options.syncers;
     fo.allow_plaintext = options.allow_plaintext;
     fo.curve = options.curve;
-    fo.model_params = table.total_numel();
+    fo.model_params = gpt_tensor_table(GptConfigOf(options.config.model)).total_numel();
     Log("taking the other shards' final fragments for the joined model");
-    return FetchShardFragments(context, fo, frags, ShardMap::Of(frags, cfg.sync.syncers), flat, versions)
+    return FetchShardFragments(context, fo, syncer->fragments(), syncer->shards(), flat, versions)
         .WithContext("the joined model");
   }
   std::mutex metrics_mu;

@@ -401,7 +401,7 @@ TEST_CASE("SyncerCore: a shard hands its final fragments to the home shard, and 
   s.fragments = 4;
   s.syncers = 2;
   Fixture fx(s, 0x5eed, /*shard=*/1);
-  fx.options.shard_keys = {"HOME-KEY", "SHARD1-KEY"};
+  fx.options.home_key = "HOME-KEY";
   fx.core = std::make_unique<SyncerCore>(fx.options, fx.fragments, &fx.state, fx.table, 0x5eed, &fx.port);
   const std::vector<uint32_t> mine = ShardMap::Of(fx.fragments, 2).FragmentsOf(1);
   SnapshotRequestMsg rq;
